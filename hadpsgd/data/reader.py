@@ -1,0 +1,253 @@
+"""Reading and validating the HDF5 feature format (see DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import h5py
+import numpy as np
+
+from hadpsgd.data._schema import (
+    FEATS,
+    FORMAT_VERSION,
+    LABELS,
+    NORM_MEAN,
+    NORM_STD,
+    OFFSETS,
+    REQUIRED_ATTRS,
+    REQUIRED_DATASETS,
+    UTT_IDS,
+    FeatureFileError,
+)
+
+# Labels are checked at open in blocks of this many frames: bounded memory on large files.
+_LABEL_BLOCK = 1 << 22
+
+_FIX_WRITER = "rewrite it with hadpsgd.data.write_features (or re-run the import)"
+
+
+class FeatureFile:
+    """One split's feature file: metadata checked at open, frames read on demand.
+
+    Everything that can be checked without reading the features is checked at construction
+    (attributes, dataset shapes, the utterance index, every label), so a malformed file fails
+    before training starts. Non-finite feature values are found by :meth:`read`.
+
+    The HDF5 handle is opened lazily and re-opened in a process whose pid differs from the
+    opener's: a handle inherited through ``fork`` (DataLoader workers) must not be shared, and
+    pickling drops it, so a ``FeatureFile`` can be sent to spawned workers too.
+
+    Args:
+        path: The ``.h5`` file.
+        expected_feat_dim: If given, the feature dimension the caller needs (the model's input
+            size); a different one is an error.
+
+    Raises:
+        FeatureFileError: If the file is missing, not HDF5 or malformed; the message names the
+            file and what is wrong.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], expected_feat_dim: int | None = None):
+        self.path = Path(path)
+        self._h5: h5py.File | None = None
+        self._pid: int | None = None
+        self._utt_ids: list[str] | None = None
+        h5 = self._open()
+        try:
+            self._validate(h5, expected_feat_dim)
+        finally:
+            # Close the validation handle: an open handle must not be inherited by forked
+            # workers. The first read() opens a fresh one.
+            h5.close()
+
+    def _error(self, what: str) -> FeatureFileError:
+        return FeatureFileError(f"{self.path}: {what}")
+
+    def _open(self) -> h5py.File:
+        if not self.path.is_file():
+            raise self._error("feature file does not exist (check the path, or generate one "
+                              "with python -m hadpsgd.data.synth)")
+        try:
+            # The default 1 MiB chunk cache is smaller than a default feats chunk, so HDF5 reads
+            # just the requested rows of an uncompressed chunk rather than the whole chunk:
+            # what random 21-frame reads want.
+            return h5py.File(self.path, "r")
+        except OSError as exc:
+            raise self._error(f"not a readable HDF5 file ({exc})") from exc
+
+    def _validate(self, h5: h5py.File, expected_feat_dim: int | None) -> None:
+        for attr in REQUIRED_ATTRS:
+            if attr not in h5.attrs:
+                raise self._error(f"missing attribute '{attr}'; {_FIX_WRITER}")
+        version = int(h5.attrs["format_version"])
+        if version != FORMAT_VERSION:
+            raise self._error(f"unsupported format_version {version}; this hadpsgd reads "
+                              f"format_version {FORMAT_VERSION}, {_FIX_WRITER}")
+        for name in REQUIRED_DATASETS:
+            if not isinstance(h5.get(name), h5py.Dataset):
+                raise self._error(f"missing dataset '{name}'; {_FIX_WRITER}")
+        feats, labels, offsets_ds = h5[FEATS], h5[LABELS], h5[OFFSETS]
+
+        self.num_classes = int(h5.attrs["num_classes"])
+        self.feat_dim = int(h5.attrs["feat_dim"])
+        if self.num_classes < 1:
+            raise self._error(f"attribute num_classes is {self.num_classes}, must be >= 1")
+        if feats.ndim != 2 or feats.dtype.kind != "f":
+            raise self._error(f"dataset 'feats' must be a 2-D float array [frames, dim], got "
+                              f"shape {list(feats.shape)} dtype {feats.dtype}")
+        if feats.shape[1] != self.feat_dim:
+            raise self._error(f"feature-dim mismatch: attribute feat_dim={self.feat_dim} but "
+                              f"dataset 'feats' has {feats.shape[1]} columns; {_FIX_WRITER}")
+        if expected_feat_dim is not None and expected_feat_dim != self.feat_dim:
+            raise self._error(f"feature-dim mismatch: the file has {self.feat_dim}-dim features "
+                              f"but {expected_feat_dim} are expected; use matching data or a "
+                              f"model built with input_dim={self.feat_dim}")
+        self.num_frames = int(feats.shape[0])
+        if labels.ndim != 1 or labels.dtype.kind not in "iu":
+            raise self._error(f"dataset 'labels' must be a 1-D integer array, got shape "
+                              f"{list(labels.shape)} dtype {labels.dtype}")
+        if labels.shape[0] != self.num_frames:
+            raise self._error(f"dataset 'labels' has {labels.shape[0]} entries but 'feats' has "
+                              f"{self.num_frames} frames (one label per frame expected)")
+        self._validate_offsets(offsets_ds)
+        if h5[UTT_IDS].shape != (self.num_utts,):
+            raise self._error(f"dataset 'utt_ids' has shape {list(h5[UTT_IDS].shape)} but "
+                              f"'offsets' describes {self.num_utts} utterances")
+        self._validate_labels(labels)
+        self._validate_norm(h5)
+
+    def _validate_offsets(self, ds: h5py.Dataset) -> None:
+        if ds.ndim != 1 or ds.dtype.kind not in "iu" or ds.shape[0] < 1:
+            raise self._error(f"dataset 'offsets' must be a non-empty 1-D integer array, got "
+                              f"shape {list(ds.shape)} dtype {ds.dtype}")
+        offsets = ds[()].astype(np.int64)
+        if offsets[0] != 0:
+            raise self._error(f"offsets must start at 0, got {offsets[0]}")
+        steps = np.diff(offsets)
+        if (steps < 0).any():
+            u = int(np.argmax(steps < 0))
+            raise self._error(f"offsets are not monotonic non-decreasing: offsets[{u}]="
+                              f"{offsets[u]} > offsets[{u + 1}]={offsets[u + 1]}")
+        if offsets[-1] != self.num_frames:
+            raise self._error(f"offsets end at {offsets[-1]} but 'feats' has {self.num_frames} "
+                              f"frames (the last offset must equal the frame count)")
+        self.offsets: np.ndarray = offsets
+        self.num_utts = len(offsets) - 1
+
+    def _validate_labels(self, ds: h5py.Dataset) -> None:
+        for lo in range(0, self.num_frames, _LABEL_BLOCK):
+            block = ds[lo:lo + _LABEL_BLOCK]
+            bad = (block < 0) | (block >= self.num_classes)
+            if bad.any():
+                frame = lo + int(np.argmax(bad))
+                raise self._error(
+                    f"label {int(block[frame - lo])} at frame {frame} (utterance index "
+                    f"{self.utterance_of(frame)}) is outside [0, num_classes={self.num_classes})"
+                    f"; the num_classes attribute is too small or the labels are corrupt")
+
+    def _validate_norm(self, h5: h5py.File) -> None:
+        self.norm_mean: np.ndarray | None = None
+        self.norm_std: np.ndarray | None = None
+        self._inv_std: np.ndarray | None = None
+        has_mean, has_std = NORM_MEAN in h5, NORM_STD in h5
+        if not (has_mean or has_std):
+            return
+        if has_mean != has_std:
+            raise self._error("'norm/mean' and 'norm/std' must be present together")
+        mean, std = h5[NORM_MEAN][()], h5[NORM_STD][()]
+        for name, arr in (("norm/mean", mean), ("norm/std", std)):
+            if arr.shape != (self.feat_dim,):
+                raise self._error(f"norm shape mismatch: '{name}' has shape {list(arr.shape)}, "
+                                  f"expected [{self.feat_dim}] (feat_dim)")
+        mean, std = mean.astype(np.float32), std.astype(np.float32)
+        if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+            raise self._error("'norm/mean' must be finite and 'norm/std' finite and > 0")
+        self.norm_mean, self.norm_std = mean, std
+        # Multiplying by a precomputed reciprocal is cheaper than dividing every read.
+        self._inv_std = (1.0 / std).astype(np.float32)
+
+    def utterance_of(self, frame: int) -> int:
+        """Index of the utterance that holds global frame ``frame``."""
+        # side="right" skips zero-length utterances that share the same offset.
+        return int(np.searchsorted(self.offsets, frame, side="right")) - 1
+
+    @property
+    def utt_ids(self) -> list[str]:
+        """Utterance names, in file order (read on first access)."""
+        if self._utt_ids is None:
+            self._utt_ids = [str(s) for s in self._handle()[UTT_IDS].asstr()[()]]
+        return self._utt_ids
+
+    def _handle(self) -> h5py.File:
+        pid = os.getpid()
+        if self._h5 is None or self._pid != pid:
+            # A handle inherited from the parent process is dropped, never used or closed here.
+            self._h5 = self._open()
+            self._pid = pid
+        return self._h5
+
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read the contiguous global frame range ``[start, stop)``.
+
+        Args:
+            start: First frame.
+            stop: One past the last frame; ``start <= stop <= num_frames``.
+
+        Returns:
+            ``(feats, labels)``: float32 ``[n, feat_dim]`` (normalised with ``norm/mean`` and
+            ``norm/std`` when the file has them) and int64 ``[n]``.
+
+        Raises:
+            IndexError: If the range is outside the file.
+            FeatureFileError: If a frame in the range holds NaN or Inf.
+        """
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self.num_frames:
+            raise IndexError(f"{self.path}: frame range [{start}, {stop}) is outside "
+                             f"[0, {self.num_frames})")
+        h5 = self._handle()
+        feats = np.asarray(h5[FEATS][start:stop], dtype=np.float32)
+        labels = h5[LABELS][start:stop].astype(np.int64)
+        finite = np.isfinite(feats)
+        if not finite.all():
+            frame = start + int(np.argmax(~finite.all(axis=1)))
+            utt = self.utterance_of(frame)
+            raise self._error(
+                f"non-finite feature value (NaN or Inf) at frame {frame} in the frame range "
+                f"[{start}, {stop}), utterance {utt} ({self.utt_ids[utt]!r}); fix or drop that "
+                f"utterance and rewrite the file")
+        if self.norm_mean is not None:
+            feats -= self.norm_mean
+            feats *= self._inv_std
+        return feats, labels
+
+    def close(self) -> None:
+        """Close this process's HDF5 handle (a later :meth:`read` reopens it)."""
+        if self._h5 is not None and self._pid == os.getpid():
+            self._h5.close()
+        self._h5 = None
+        self._pid = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # h5py handles cannot be pickled; the receiving process opens its own.
+        state = self.__dict__.copy()
+        state["_h5"] = None
+        state["_pid"] = None
+        return state
+
+    def __enter__(self) -> FeatureFile:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"FeatureFile({str(self.path)!r}, utts={self.num_utts}, "
+                f"frames={self.num_frames}, feat_dim={self.feat_dim}, "
+                f"num_classes={self.num_classes})")

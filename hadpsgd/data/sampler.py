@@ -1,0 +1,152 @@
+"""Cutting utterances into fixed-length chunks and splitting shuffled chunks across learners."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+def chunk_starts(offsets: np.ndarray, chunk_len: int) -> np.ndarray:
+    """Global start frames of the non-overlapping ``chunk_len``-frame chunks of each utterance.
+
+    Utterance u yields ``offsets[u] + k * chunk_len`` for every k with the chunk inside the
+    utterance; the tail shorter than ``chunk_len`` is dropped. Starts are in file order.
+
+    Args:
+        offsets: ``[U+1]`` utterance boundaries (as in the feature file).
+        chunk_len: Frames per chunk (the BLSTM unroll length, 21 in the paper).
+
+    Returns:
+        int64 array of start frames.
+
+    Raises:
+        ValueError: If ``chunk_len < 1``.
+    """
+    if chunk_len < 1:
+        raise ValueError(f"chunk_len must be >= 1, got {chunk_len}")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    per_utt = np.diff(offsets) // chunk_len
+    total = int(per_utt.sum())
+    # Vectorised: utterance u's start repeated per_utt[u] times, plus k * chunk_len where k
+    # counts 0, 1, ... within each utterance (position minus the utterance's first position).
+    first = np.cumsum(per_utt) - per_utt
+    k = np.arange(total, dtype=np.int64) - np.repeat(first, per_utt)
+    return np.repeat(offsets[:-1], per_utt) + k * chunk_len
+
+
+class ChunkBatchSampler(Sampler[list[int]]):
+    """Per-step batches of chunk indices for one learner, shuffled per epoch.
+
+    Each epoch permutes all chunks with ``np.random.default_rng([seed, epoch])`` (or keeps file
+    order when ``shuffle=False``), identically on every rank. With global batch
+    ``G = batch_size * world_size``, step s gives rank r the slice
+    ``perm[s*G + r*batch_size : s*G + (r+1)*batch_size]``: the ranks' batches at one step are
+    disjoint and, concatenated rank-major, equal what one rank with batch ``G`` would get.
+
+    With ``drop_last=True`` there are ``num_chunks // G`` steps and the remainder is unused this
+    epoch. With ``drop_last=False`` (evaluation) the remainder is one extra step, split into
+    ``world_size`` contiguous parts whose sizes differ by at most one (possibly empty lists),
+    so every chunk is visited exactly once over all ranks and every rank takes the same
+    number of steps (collectives stay matched).
+
+    Args:
+        num_chunks: Number of chunks in the dataset.
+        batch_size: Chunks per learner per step.
+        rank: This learner's rank.
+        world_size: Number of learners.
+        seed: Shuffling seed, the same on every rank.
+        shuffle: Permute per epoch (training) or keep file order.
+        drop_last: Drop the incomplete last global batch.
+        start_step: Skip this many batches of the first epoch iterated (mid-epoch resume).
+
+    Raises:
+        ValueError: On invalid arguments, or when ``drop_last`` leaves no step at all.
+    """
+
+    def __init__(
+        self, num_chunks: int, batch_size: int, rank: int, world_size: int, seed: int,
+        shuffle: bool = True, drop_last: bool = True, start_step: int = 0,
+    ) -> None:
+        if num_chunks < 0:
+            raise ValueError(f"num_chunks must be >= 0, got {num_chunks}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.num_chunks = int(num_chunks)
+        self.batch_size = int(batch_size)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.global_batch = self.batch_size * self.world_size
+        if drop_last and self.num_chunks < self.global_batch:
+            raise ValueError(
+                f"the data has {self.num_chunks} chunks but the global batch needs "
+                f"{self.global_batch} ({self.batch_size} per learner x {self.world_size} "
+                f"learners); reduce --batch-size or use more data")
+        self.full_steps = self.num_chunks // self.global_batch
+        self.remainder = self.num_chunks - self.full_steps * self.global_batch
+        self.epoch = 0
+        self._fresh = True  # no set_epoch() yet: the constructor's start_step still applies
+        self.start_step = self._check_start_step(start_step)
+
+    def _check_start_step(self, start_step: int) -> int:
+        if not 0 <= start_step <= len(self):
+            raise ValueError(f"start_step must be in [0, {len(self)}] (steps per epoch), "
+                             f"got {start_step}")
+        return int(start_step)
+
+    def set_epoch(self, epoch: int, start_step: int | None = None) -> None:
+        """Select the epoch whose permutation the next iteration uses.
+
+        Args:
+            epoch: Epoch number (>= 0), mixed into the shuffling seed.
+            start_step: Batches of this epoch to skip. ``None`` keeps the constructor's
+                ``start_step`` on the first call after construction (so ``ChunkBatchSampler(
+                ..., start_step=k)`` followed by ``set_epoch(e)`` resumes epoch e at step k)
+                and means 0 on every later call.
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = int(epoch)
+        if start_step is not None:
+            self.start_step = self._check_start_step(start_step)
+        elif not self._fresh:
+            self.start_step = 0
+        self._fresh = False
+
+    def permutation(self) -> np.ndarray:
+        """All chunk indices in this epoch's order (the same on every rank)."""
+        if self.shuffle:
+            return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_chunks)
+        return np.arange(self.num_chunks)
+
+    def __len__(self) -> int:
+        """Steps per epoch (the same on every rank), counting skipped ``start_step`` ones."""
+        extra = 0 if self.drop_last or self.remainder == 0 else 1
+        return self.full_steps + extra
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield this rank's chunk indices for each step of the epoch, from ``start_step``."""
+        # Iterating also ends the "fresh" state: a later set_epoch() without start_step must
+        # not re-apply the constructor's skip.
+        self._fresh = False
+        perm = self.permutation()
+        g, b, r = self.global_batch, self.batch_size, self.rank
+        for step in range(self.start_step, self.full_steps):
+            lo = step * g + r * b
+            yield perm[lo:lo + b].tolist()
+        if self.start_step <= self.full_steps and len(self) > self.full_steps:
+            # The remainder as world_size contiguous near-equal parts: the first
+            # (remainder % world_size) ranks get one chunk more.
+            base, extra = divmod(self.remainder, self.world_size)
+            lo = self.full_steps * g + r * base + min(r, extra)
+            yield perm[lo:lo + base + (r < extra)].tolist()

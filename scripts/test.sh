@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# README command 2: set up ./.venv (first time only) and run the whole test suite: unit tests,
+# multi-rank tests under real mpirun on CPU, and GPU tests (skipped without CUDA).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not mpi"`.
+set -euo pipefail
+source "$(dirname "$0")/_venv.sh"
+cd "$root"
+exec "$venv/bin/python" -m pytest -ra "$@"

@@ -1,0 +1,75 @@
+import argparse
+import json
+
+import pytest
+
+from hadpsgd.cli import add_arguments, field_docs, from_dict, from_namespace, to_dict
+from hadpsgd.config import (
+    CommConfig,
+    ConfigError,
+    DataConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+)
+from hadpsgd.run import parse_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_arguments(p, RunConfig)
+    return p
+
+
+def test_every_field_has_a_docstring_and_a_flag():
+    import dataclasses
+
+    help_text = _parser().format_help()
+    for cls in (DataConfig, OptimConfig, TrainConfig, CommConfig):
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+            assert "--" + f.name.replace("_", "-") in help_text
+
+
+def test_cli_round_trip_and_defaults():
+    cfg = parse_config(["--lr", "0.3", "--batch-size", "8", "--no-progress", "--preset", "tiny"])
+    assert cfg.optim.lr == 0.3 and cfg.train.batch_size == 8 and cfg.train.progress is False
+    assert cfg.model.preset == "tiny"
+    assert cfg.train.epochs == TrainConfig().epochs  # untouched options keep their default
+    again = from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg))))
+    assert again == cfg
+
+
+def test_unknown_algo_lists_registered(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--algo", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "ssgd" in err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "cls", "needle"),
+    [
+        ({"lr": -1.0}, OptimConfig, "--lr"),
+        ({"beta1": 1.0}, OptimConfig, "--beta1"),
+        ({"anneal": 0.0}, OptimConfig, "--anneal"),
+        ({"batch_size": 0}, TrainConfig, "--batch-size"),
+        ({"resume": "auto"}, TrainConfig, "--out-dir"),
+        ({"train": "a.h5"}, DataConfig, "--heldout"),
+        ({"chunk_len": 0}, DataConfig, "--chunk-len"),
+        ({"ranks_per_node": 0}, CommConfig, "--ranks-per-node"),
+    ],
+)
+def test_validation_names_the_option(kwargs, cls, needle):
+    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
+        cls(**kwargs)
+
+
+def test_bad_value_exits_with_message(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--warmup-epochs", "-2"])
+    assert "--warmup-epochs must be >= 0" in capsys.readouterr().err
+    ns = _parser().parse_args([])
+    assert from_namespace(RunConfig, ns) == RunConfig()
