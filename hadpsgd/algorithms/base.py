@@ -116,7 +116,7 @@ class Algorithm(ABC):
         self.grads.gather_grads()
         self.grads.zero_()
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 - a no-op is right for always-synchronous algorithms
         """Force agreement of the replicas now (before evaluation and checkpoints)."""
 
     def state_dict(self) -> dict[str, Any]:

@@ -34,8 +34,8 @@ GENERATOR_VERSION = 1
 
 _LATENT = 24  # dimension of the latent "articulatory" space the views are drawn from
 _SPEAKER = 8  # dimension of the latent speaker vector behind the i-vector and mel shift
-_MIN_DUR = 3  # shortest segment (frames)
-_MEAN_EXTRA_DUR = 6.0  # mean of the geometric part of a segment's duration
+_MIN_DUR = int(os.environ.get("SD", 3))  # shortest segment (frames)
+_MEAN_EXTRA_DUR = float(os.environ.get("SE", 6.0))  # mean of the geometric part of a segment's duration
 _SUCCESSORS = 3  # sparse transitions: each state can be followed by this many others
 _CONTEXT = float(os.environ.get("SC", 0.9))  # scale of the previous/next segment's shift on the latent trajectory
 _NOISE = float(os.environ.get("SN", 2.2))  # per-frame noise scale of each view (relative to unit-scale state targets)

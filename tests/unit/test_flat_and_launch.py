@@ -19,14 +19,15 @@ def test_flat_grad_buffer_views_and_reattach():
     model(torch.randn(5, 3)).sum().backward()
     flat.gather_grads()
     assert torch.equal(buf, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-    assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(model.parameters(), flat.views))
+    pairs = zip(model.parameters(), flat.views, strict=True)
+    assert all(p.grad.data_ptr() == v.data_ptr() for p, v in pairs)
 
 
 def test_flat_data_buffer_backs_parameters():
     model = nn.Linear(3, 2)
     before = [p.detach().clone() for p in model.parameters()]
     flat = FlatBuffer(model.parameters(), kind="data")
-    for p, b in zip(model.parameters(), before):
+    for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, b)
     flat.buffers[torch.float32].add_(1.0)
     assert torch.equal(model.bias, before[1] + 1.0)
