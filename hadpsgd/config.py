@@ -157,10 +157,18 @@ class CommConfig:
     HADPSGD_RANKS_PER_NODE)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Compute device: auto picks CUDA when available."""
+    intra_backend: Literal["auto", "mpi", "gloo", "nccl"] = "auto"
+    """Intra-node backend: auto = nccl on CUDA (with CuPy), mpi (shared memory) on CPU."""
+    hier_algo: Literal["auto", "shard", "leader"] = "auto"
+    """Hierarchical allreduce form: shard (reduce-scatter / inter-node / allgather; equal
+    nodes) or leader (reduce / leaders' allreduce / broadcast); auto picks shard when it can."""
+    bucket_mb: float = 64.0
+    """Large buffers are reduced in buckets of this many MiB."""
 
     def __post_init__(self) -> None:
         if self.ranks_per_node is not None:
             _positive(self, "ranks_per_node")
+        _positive(self, "bucket_mb")
 
 
 @dataclass

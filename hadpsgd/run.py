@@ -83,6 +83,7 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
     if cfg.train.resume:
         _resume(trainer, cfg, topo, out_dir)
     if topo.rank == 0:
+        print(f"[hadpsgd] comm: {topo.describe()}", flush=True)
         print(f"[hadpsgd] {cfg.train.algo} on {topo.size} learners ({topo.num_nodes} nodes), "
               f"{cfg.model.preset} BLSTM with {count_parameters(model):,} parameters, "
               f"{len(train_set):,} training chunks, global batch "
@@ -121,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     cfg = parse_config(argv)
     try:
-        topo = comm.init(cfg.comm.ranks_per_node, cfg.comm.device)
+        topo = comm.init(cfg.comm.ranks_per_node, cfg.comm.device, cfg.comm.intra_backend,
+                         cfg.comm.hier_algo, cfg.comm.bucket_mb)
     except comm.TopologyError as err:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
         return 2
@@ -137,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The peers may be blocked in a collective this rank will never join.
             topo.abort(2 if user else 1)
         return 2 if user else 1
+    topo.close()
     return 0
 
 

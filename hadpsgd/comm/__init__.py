@@ -1,8 +1,13 @@
-"""Communication layer (contract): topology discovery and collectives on flat tensors."""
+"""Communication layer (contract): topology discovery and collectives on flat tensors.
 
-from hadpsgd.comm.deadline import CommTimeoutError, timeout_from_env
+``init()`` returns a :class:`Topology` with hierarchical ``allreduce_`` (intra-node backend
++ MPI between nodes), ``broadcast_``, the gossip pair ``exchange`` and their deadlines.
+"""
+
+from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
 from hadpsgd.comm.flat import FlatBuffer
-from hadpsgd.comm.topology import Topology, TopologyError, init
+from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
+from hadpsgd.comm.topology import Topology, TopologyError
 
-__all__ = ["CommTimeoutError", "FlatBuffer", "Topology", "TopologyError", "init",
-           "timeout_from_env"]
+__all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "CommTimeoutError", "FlatBuffer", "Topology",
+           "TopologyError", "Watchdog", "init", "timeout_from_env"]

@@ -1,20 +1,35 @@
-"""Deadlines on every blocking wait, so that a dead or missing peer becomes an error, not a hang."""
+"""Deadlines on every blocking wait, so that a dead or missing peer becomes an error, not a hang.
+
+When a collective times out, the ranks that are stuck in it tell each other so over a separate
+control communicator; whoever does not answer within a short grace period is named in the
+error as the peer that never arrived.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
+from collections.abc import Callable
+from typing import Any
 
 DEFAULT_TIMEOUT_S = 300.0
 """Deadline in seconds when ``HADPSGD_TIMEOUT`` is not set."""
 
+_DIAG_TAG = 7_771
+"""Tag of the "I am stuck in operation #seq" messages on the control communicator."""
+
 
 class CommTimeoutError(RuntimeError):
-    """A communication operation did not complete before its deadline."""
+    """A communication operation did not complete before its deadline.
+
+    Attributes:
+        missing: Ranks (of the communicator that timed out, as world ranks) that never
+            arrived, when they could be determined.
+    """
+
+    def __init__(self, message: str, missing: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
 
 
 def timeout_from_env() -> float:
@@ -37,34 +52,110 @@ def timeout_from_env() -> float:
     return value
 
 
-def wait(request: MPI.Request, timeout: float, what: str) -> None:
-    """Wait for a non-blocking MPI request, polling until ``timeout`` seconds have passed.
+def poll(done: Callable[[], bool], timeout: float) -> bool:
+    """Call ``done()`` until it returns True or ``timeout`` seconds pass; returns the last value.
 
-    Polling with a growing sleep (instead of a blocking ``Wait``) is what makes a deadline
-    possible at all, and it leaves the cores to the other ranks when several share a CPU.
-
-    Args:
-        request: The pending request (e.g. from ``Iallreduce``).
-        timeout: Seconds before giving up.
-        what: Description of the operation and the peers involved, used in the error.
-
-    Raises:
-        CommTimeoutError: If the request is still pending at the deadline.
+    A short spin first (most operations finish within microseconds of the last arrival), then
+    a growing sleep that leaves the cores to the other ranks when several share a CPU.
     """
-    if request.Test():
-        return
-    deadline = time.monotonic() + timeout
-    # Spin briefly first: most collectives finish within microseconds of the last arrival.
+    if done():
+        return True
     for _ in range(200):
-        if request.Test():
-            return
+        if done():
+            return True
+    deadline = time.monotonic() + timeout
     pause = 20e-6
-    while not request.Test():
+    while not done():
         if time.monotonic() > deadline:
-            raise CommTimeoutError(
-                f"{what} did not complete within {timeout:g} s (HADPSGD_TIMEOUT); a peer is "
-                "dead, stuck or never called it. Check the other ranks' logs; raise "
-                "HADPSGD_TIMEOUT if the peers are merely slow."
-            )
+            return False
         time.sleep(pause)
         pause = min(pause * 2, 2e-3)
+    return True
+
+
+class Watchdog:
+    """Waits on MPI requests with a deadline and names the missing peers on a timeout.
+
+    Args:
+        control: A communicator duplicated from the world, used only for diagnosis.
+        timeout: Deadline in seconds.
+    """
+
+    def __init__(self, control: Any, timeout: float) -> None:
+        self.control = control
+        self.timeout = timeout
+        self.seq = 0
+        """Operations waited on so far; peers compare it to spot who is behind."""
+
+    def wait(self, request: Any, what: str, group: list[int] | None = None) -> None:
+        """Wait for ``request`` (an MPI request), raising :class:`CommTimeoutError` at the deadline.
+
+        Args:
+            request: The pending non-blocking request.
+            what: The operation, for the error message.
+            group: World ranks taking part (default: everyone); only they are asked.
+        """
+        self.seq += 1
+        if poll(request.Test, self.timeout):
+            return
+        self.fail(what, group)
+
+    def wait_all(self, requests: list[Any], what: str, group: list[int] | None = None) -> None:
+        """Wait for every request in ``requests`` (see :meth:`wait`)."""
+        self.seq += 1
+        pending = list(requests)
+
+        def done() -> bool:
+            pending[:] = [r for r in pending if not r.Test()]
+            return not pending
+
+        if poll(done, self.timeout):
+            return
+        self.fail(what, group)
+
+    def wait_until(self, done: Callable[[], bool], what: str,
+                   group: list[int] | None = None) -> None:
+        """Wait for any completion test ``done`` (e.g. a gloo work item or a CUDA event)."""
+        self.seq += 1
+        if poll(done, self.timeout):
+            return
+        self.fail(what, group)
+
+    def fail(self, what: str, group: list[int] | None = None) -> None:
+        """Find out which peers of ``group`` are not stuck with us and raise the error."""
+        me = self.control.Get_rank()
+        peers = [r for r in (group if group is not None else range(self.control.Get_size()))
+                 if r != me]
+        missing = self._diagnose(peers)
+        who = (f"rank(s) {', '.join(map(str, missing))} never arrived" if missing
+               else "every peer is waiting too (a mismatched call order?)")
+        raise CommTimeoutError(
+            f"rank {me}: {what} (operation #{self.seq}) did not complete within "
+            f"{self.timeout:g} s (HADPSGD_TIMEOUT): {who}. A peer is dead, stuck or took "
+            "another code path; see its log. Raise HADPSGD_TIMEOUT if peers are merely slow.",
+            missing=missing,
+        )
+
+    def _diagnose(self, peers: list[int]) -> list[int]:
+        import numpy as np
+
+        note = np.array([self.seq], dtype=np.int64)
+        for p in peers:  # fire and forget: a dead peer must not block us
+            self.control.Isend(note, dest=p, tag=_DIAG_TAG)
+        heard: set[int] = set()
+        grace = min(5.0, max(1.0, self.timeout / 2))
+        end = time.monotonic() + grace
+        buf = np.empty(1, dtype=np.int64)
+        status = self._status()
+        while time.monotonic() < end and len(heard) < len(peers):
+            if self.control.Iprobe(source=-1, tag=_DIAG_TAG, status=status):
+                self.control.Recv(buf, source=status.Get_source(), tag=_DIAG_TAG)
+                heard.add(status.Get_source())
+            else:
+                time.sleep(1e-3)
+        return [p for p in peers if p not in heard]
+
+    def _status(self) -> Any:
+        from mpi4py import MPI
+
+        return MPI.Status()

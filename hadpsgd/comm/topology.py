@@ -10,8 +10,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from hadpsgd.comm.deadline import timeout_from_env, wait
-from hadpsgd.comm.mpi import as_mpi_array, check_thread_level, mpi
+from hadpsgd.comm.backends import IntraBackend
+from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.hierarchical import Path, Reducer, as_native
+from hadpsgd.comm.mpi import as_mpi_array
+from hadpsgd.comm.objects import bcast_object
+from hadpsgd.comm.staging import Stager
 
 ReduceOp = Literal["avg", "sum"]
 
@@ -39,6 +43,10 @@ class Topology:
         device: The torch device this learner computes on.
         timeout: Deadline in seconds of every blocking wait.
         thread_level: MPI thread level granted.
+        intra_backend: Name of the intra-node backend (``mpi``, ``gloo`` or ``nccl``).
+        cuda_aware: Whether the MPI library accepts device buffers.
+        node_ranks: World ranks of this node's learners, by local rank.
+        inter_ranks: World ranks in ``inter``, by node.
     """
 
     comm: Any
@@ -55,9 +63,17 @@ class Topology:
     device: torch.device
     timeout: float
     thread_level: int
+    intra_backend: str
+    cuda_aware: bool
+    node_ranks: list[int]
+    inter_ranks: list[int]
+    watchdog: Watchdog = field(repr=False)
+    reducer: Reducer = field(repr=False)
+    _backend: IntraBackend = field(repr=False)
     _mpi: Any = field(repr=False, default=None)
+    _stager: Stager = field(repr=False, default_factory=Stager)
 
-    # ------------------------------------------------------------------ layout checks
+    # ------------------------------------------------------------------ layout
     @property
     def equal_nodes(self) -> bool:
         """Whether every node holds the same number of learners."""
@@ -71,32 +87,59 @@ class Topology:
                 f"sizes {self.node_sizes}; launch a multiple of --ranks-per-node ranks"
             )
 
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        kind = "emulated " if self.emulated else ""
+        if self.device.type != "cuda":
+            inter = "host buffers"
+        else:
+            inter = "CUDA-aware" if self.cuda_aware else "staged through pinned host buffers"
+        return (f"{self.size} learners on {self.num_nodes} {kind}nodes {self.node_sizes}, "
+                f"device {self.device}, intra-node {self.intra_backend}, inter-node MPI "
+                f"({inter}), {self.reducer.algo} hierarchy, deadline {self.timeout:g} s")
+
     # ------------------------------------------------------------------ collectives
-    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
+    def _reduce(self, tensor: torch.Tensor, op: ReduceOp, fn: Any, count: int) -> torch.Tensor:
+        if op not in ("avg", "sum"):
+            raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
+        work, copied = as_native(tensor)
+        fn(work.view(-1))
+        if op == "avg" and count > 1:
+            work.div_(count)
+        if copied:
+            tensor.copy_(work)
+        return tensor
+
+    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg",
+                   path: Path = "auto") -> torch.Tensor:
         """Reduce ``tensor`` in place over all learners (``avg`` or ``sum``) and return it.
 
-        One MPI message per call: callers pass flat buffers (see :mod:`hadpsgd.comm.flat`).
+        Args:
+            tensor: Any contiguous tensor (flat buffers make one message per bucket).
+            op: ``avg`` or ``sum``.
+            path: ``hier`` (intra-node reduce, inter-node allreduce, intra-node copy-out),
+                ``flat`` (one MPI allreduce over the world) or ``auto`` (hierarchical when
+                there are several nodes with several learners).
         """
-        if op not in ("avg", "sum"):
-            raise ValueError(f"allreduce_: op must be 'avg' or 'sum', got {op!r}")
-        if self.size > 1:
-            buf, staged = as_mpi_array(tensor)
-            req = self.comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
-            wait(req, self.timeout, f"allreduce of {tensor.numel()} {tensor.dtype} on rank "
-                 f"{self.rank} (world of {self.size})")
-            if staged is not None:
-                tensor.copy_(staged)
-        if op == "avg" and self.size > 1:
-            tensor.div_(self.size)
-        return tensor
+        return self._reduce(tensor, op, lambda t: self.reducer.world_sum_(t, path), self.size)
+
+    def intra_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
+        """Reduce ``tensor`` over the learners of this node only (one super-learner)."""
+        return self._reduce(tensor, op, self.reducer.intra_sum_, self.local_size)
+
+    def inter_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
+        """Reduce across nodes a ``tensor`` identical on the learners of each node.
+
+        That is a super-learner's model; ``avg`` divides by the number of nodes.
+        """
+        return self._reduce(tensor, op, self.reducer.inter_sum_, self.num_nodes)
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` on every learner with ``root``'s and return it."""
         if self.size > 1:
             buf, staged = as_mpi_array(tensor)
-            req = self.comm.Ibcast(buf, root=root)
-            wait(req, self.timeout, f"broadcast of {tensor.numel()} {tensor.dtype} from rank "
-                 f"{root} to rank {self.rank}")
+            self.watchdog.wait(self.comm.Ibcast(buf, root=root),
+                               f"broadcast of {tensor.numel()} {tensor.dtype} from rank {root}")
             if staged is not None:
                 tensor.copy_(staged)
         return tensor
@@ -106,41 +149,47 @@ class Topology:
 
         Both sides must call it with the other's rank; sizes and dtypes must match.
         """
+        if send.numel() != recv.numel() or send.dtype != recv.dtype:
+            raise ValueError("exchange: send and recv must have the same size and dtype")
         sbuf, _ = as_mpi_array(send)
         rbuf, staged = as_mpi_array(recv)
-        reqs = [self.comm.Irecv(rbuf, source=peer, tag=tag), self.comm.Isend(sbuf, dest=peer,
-                                                                            tag=tag)]
-        for req in reqs:
-            wait(req, self.timeout, f"pair exchange between ranks {self.rank} and {peer}")
+        reqs = [self.comm.Irecv(rbuf, source=peer, tag=tag),
+                self.comm.Isend(sbuf, dest=peer, tag=tag)]
+        self.watchdog.wait_all(reqs, f"pair exchange of {send.numel()} {send.dtype} between "
+                               f"ranks {self.rank} and {peer}", [peer])
         if staged is not None:
             recv.copy_(staged)
 
     def barrier(self) -> None:
         """Wait until every learner arrives (with the deadline)."""
         if self.size > 1:
-            wait(self.comm.Ibarrier(), self.timeout, f"barrier on rank {self.rank}")
+            self.watchdog.wait(self.comm.Ibarrier(), "barrier")
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         """Broadcast a picklable object from ``root`` (with the deadline) and return it."""
-        if self.size == 1:
-            return obj
-        payload = pickle.dumps(obj) if self.rank == root else b""
-        length = np.array([len(payload)], dtype=np.int64)
-        wait(self.comm.Ibcast(length, root=root), self.timeout, "object broadcast (length)")
-        data = np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == root else \
-            np.empty(int(length[0]), dtype=np.uint8)
-        wait(self.comm.Ibcast(data, root=root), self.timeout, "object broadcast (payload)")
-        return obj if self.rank == root else pickle.loads(data.tobytes())
+        return bcast_object(self.comm, self.watchdog, obj, root)
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Gather a picklable object from every learner onto every learner."""
         if self.size == 1:
             return [obj]
-        return [self.bcast_object(obj, root=r) for r in range(self.size)]
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        lengths = np.empty(self.size, dtype=np.int64)
+        self.watchdog.wait(self.comm.Iallgather(np.array([payload.size], dtype=np.int64),
+                                                lengths), "object allgather (lengths)")
+        out = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.watchdog.wait(self.comm.Iallgatherv(payload, [out, lengths]),
+                           "object allgather (payload)")
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        return [pickle.loads(out[bounds[i]:bounds[i + 1]].tobytes()) for i in range(self.size)]
 
     def abort(self, code: int = 1) -> None:
         """Abort the whole job (every rank), used when an error would otherwise hang peers."""
         self.comm.Abort(code)
+
+    def close(self) -> None:
+        """Release the intra-node backend (the MPI communicators live until exit)."""
+        self._backend.close()
 
 
 def _resolve_ranks_per_node(ranks_per_node: int | None) -> int | None:
@@ -171,66 +220,3 @@ def _resolve_device(device: str, local_rank: int) -> torch.device:
             )
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     raise TopologyError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-
-
-def init(ranks_per_node: int | None = None, device: str = "auto") -> Topology:
-    """Initialise MPI, discover (or emulate) nodes and build the communicators.
-
-    Args:
-        ranks_per_node: Emulate nodes of this many consecutive ranks (also env
-            ``HADPSGD_RANKS_PER_NODE``); ``None`` uses the real nodes from
-            ``Split_type(COMM_TYPE_SHARED)``.
-        device: ``auto`` (CUDA if available), ``cpu`` or ``cuda``.
-
-    Returns:
-        The :class:`Topology` of this learner.
-
-    Raises:
-        TopologyError: For an impossible layout or device request.
-    """
-    MPI = mpi()  # noqa: N806 - conventional name of the module
-    thread_level = check_thread_level(MPI)
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    host_size = host.Get_size()
-
-    rpn = _resolve_ranks_per_node(ranks_per_node)
-    if rpn is not None:
-        if rpn > size:
-            raise TopologyError(
-                f"ranks_per_node={rpn} is larger than the {size} launched ranks; launch at least "
-                f"{rpn} ranks or lower --ranks-per-node"
-            )
-        host.Free()
-        node = rank // rpn
-        intra = world.Split(color=node, key=rank)
-        num_nodes = (size + rpn - 1) // rpn
-        node_sizes = [min(rpn, size - n * rpn) for n in range(num_nodes)]
-    else:
-        intra = host
-        # Number the nodes by their leaders' world ranks, so node indices are stable.
-        is_leader = intra.Get_rank() == 0
-        leaders = world.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
-        node = leaders.Get_rank() if is_leader else -1
-        if is_leader:
-            leaders.Free()
-        node = intra.bcast(node, root=0)
-        node_sizes_by_rank = world.allgather((node, intra.Get_size()))
-        num_nodes = max(n for n, _ in node_sizes_by_rank) + 1
-        node_sizes = [0] * num_nodes
-        for n, s in node_sizes_by_rank:
-            node_sizes[n] = s
-    local_rank, local_size = intra.Get_rank(), intra.Get_size()
-    inter = world.Split(color=local_rank, key=node)
-
-    dev = _resolve_device(device, local_rank)
-    if dev.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # Ranks sharing a machine would otherwise each start one thread per core and thrash.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
-    return Topology(
-        comm=world, intra=intra, inter=inter, rank=rank, size=size, local_rank=local_rank,
-        local_size=local_size, node=node, num_nodes=num_nodes, node_sizes=node_sizes,
-        emulated=rpn is not None, device=dev, timeout=timeout_from_env(),
-        thread_level=thread_level, _mpi=MPI,
-    )

@@ -3,6 +3,10 @@
 The Kaldi importer (:mod:`hadpsgd.data.kaldi`) is not imported here: kaldiio is optional.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from hadpsgd.data.format import (
     FORMAT_VERSION,
     FeatureFile,
@@ -12,7 +16,22 @@ from hadpsgd.data.format import (
 )
 from hadpsgd.data.loader import ChunkDataset, make_loader
 from hadpsgd.data.sampler import ChunkBatchSampler, chunk_starts
-from hadpsgd.data.synth import SynthSpec, default_dataset, generate
+
+if TYPE_CHECKING:
+    from hadpsgd.data.synth import SynthSpec, default_dataset, generate
+
+# The generator's names load on first use (PEP 562): importing hadpsgd.data.synth here would
+# make ``python -m hadpsgd.data.synth`` warn that the module was imported before running.
+_SYNTH = ("SynthSpec", "default_dataset", "generate")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SYNTH:
+        from hadpsgd.data import synth
+
+        return getattr(synth, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["FORMAT_VERSION", "ChunkBatchSampler", "ChunkDataset", "FeatureFile",
            "FeatureFileError", "FeatureWriter", "SynthSpec", "chunk_starts", "default_dataset",

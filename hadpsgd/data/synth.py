@@ -1,10 +1,13 @@
 """A synthetic, learnable stand-in for the Switchboard features (``python -m hadpsgd.data.synth``).
 
 Labels follow a sticky, sparse Markov chain over states (phone-like durations). Each frame is a
-noisy view of a latent trajectory that depends on the state and on the states of the previous
-and next segments (coarticulation), smoothed in time. A per-frame classifier sees the context
-effects as extra noise; a BLSTM can average over the segment and infer the neighbours, so it is
-clearly better: the data rewards temporal modelling like real speech does.
+heavily noisy view of a latent trajectory that depends on the state and on the states of the
+previous and next segments (coarticulation), smoothed in time. States come in pairs with nearly
+equal targets (like context-dependent variants of one phone) that differ in their neighbours.
+A per-frame classifier sees the noise and the context effects and cannot separate the pairs; a
+BLSTM can average over the segment and use the neighbours, so it is clearly better (on the
+default spec about 0.47 vs 0.81 held-out frame accuracy for a linear model vs the ``small``
+preset): the data rewards temporal modelling as real speech does.
 
 The features mimic the SWB layout: 40 "fMLLR" dims, a 100-dim "i-vector" (a per-utterance
 speaker vector, constant within an utterance) and 120 "log-mel + deltas" (40 log-mel-like dims
@@ -34,11 +37,12 @@ GENERATOR_VERSION = 1
 
 _LATENT = 24  # dimension of the latent "articulatory" space the views are drawn from
 _SPEAKER = 8  # dimension of the latent speaker vector behind the i-vector and mel shift
-_MIN_DUR = int(os.environ.get("SD", 3))  # shortest segment (frames)
-_MEAN_EXTRA_DUR = float(os.environ.get("SE", 6.0))  # mean of the geometric part of a segment's duration
+_MIN_DUR = 3  # shortest segment (frames)
+_MEAN_EXTRA_DUR = 6.0  # mean of the geometric part of a segment's duration
 _SUCCESSORS = 3  # sparse transitions: each state can be followed by this many others
-_CONTEXT = float(os.environ.get("SC", 0.9))  # scale of the previous/next segment's shift on the latent trajectory
-_NOISE = float(os.environ.get("SN", 2.2))  # per-frame noise scale of each view (relative to unit-scale state targets)
+_CONTEXT = 0.9  # scale of the previous/next segment's shift of the latent trajectory
+_VARIANT = 0.3  # scale of the part that tells the two states of a pair apart
+_NOISE = 4.0  # per-frame noise of each view (state targets have unit scale)
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,11 @@ class _Generator:
         succ = [rng.choice(np.delete(np.arange(k), s), size=min(_SUCCESSORS, k - 1),
                            replace=False) for s in range(k)]
         self.successors = np.stack(succ)
-        self.targets = rng.standard_normal((k, _LATENT))
+        # States come in pairs (like context-dependent variants of one phone) whose targets
+        # differ only by a small part; their different neighbours tell them apart, which a
+        # model with temporal context can use and a per-frame classifier cannot.
+        pair = rng.standard_normal(((k + 1) // 2, _LATENT))[np.arange(k) // 2]
+        self.targets = pair + _VARIANT * rng.standard_normal((k, _LATENT))
         self.left = _CONTEXT * rng.standard_normal((k, _LATENT))
         self.right = _CONTEXT * rng.standard_normal((k, _LATENT))
         scale = 1.0 / np.sqrt(_LATENT)
@@ -187,7 +195,10 @@ def generate(out_dir: str | os.PathLike[str], spec: SynthSpec | None = None) -> 
     paths = out / "train.h5", out / "heldout.h5"
     for path, (feats, labels, offsets), name in zip(paths, (train, heldout),
                                                     ("train", "heldout"), strict=True):
-        with FeatureWriter(path, spec.feat_dim, spec.num_classes) as writer:
+        # Chunks no longer than the file: HDF5 allocates whole chunks, so a small file with
+        # 4096-frame chunks would take megabytes of padding.
+        chunk = min(4096, int(offsets[-1]))
+        with FeatureWriter(path, spec.feat_dim, spec.num_classes, chunk_frames=chunk) as writer:
             for u in range(len(offsets) - 1):
                 lo, hi = offsets[u], offsets[u + 1]
                 writer.append(f"synth-{name}-{u:06d}", feats[lo:hi], labels[lo:hi])

@@ -1,5 +1,10 @@
-"""Worker: allreduce / broadcast / pair exchange against NumPy references on every rank."""
+"""Worker: every collective against a NumPy reference, on whatever layout it is launched with.
 
+Integer-valued data make every sum exact, so the hierarchical and the flat results must be
+equal bit for bit, and so must every rank's copy. Prints ``OK rank r`` or the failures.
+"""
+
+import hashlib
 import sys
 
 import numpy as np
@@ -9,7 +14,7 @@ from hadpsgd import comm
 
 topo = comm.init()
 r, n = topo.rank, topo.size
-failures = []
+failures: list[str] = []
 
 
 def check(name: str, ok: bool) -> None:
@@ -17,33 +22,57 @@ def check(name: str, ok: bool) -> None:
         failures.append(name)
 
 
+def make(k: int, dtype: torch.dtype, size: int) -> torch.Tensor:
+    g = np.random.default_rng([k, size])
+    return torch.from_numpy(g.integers(-8, 8, size).astype(np.float64)).to(dtype)
+
+
+def same_on_all(t: torch.Tensor) -> bool:
+    digest = hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+    return len(set(topo.allgather_object(digest))) == 1
+
+
+# Sizes: 1, odd, and (with a tiny HADPSGD_BUCKET_MB) not a multiple of the bucket or nodes.
 for dtype in (torch.float32, torch.float64, torch.float16):
     for size in (1, 7, 1001):
-        def make(k: int, dtype=dtype, size=size) -> torch.Tensor:
-            g = np.random.default_rng([k, size])
-            return torch.from_numpy(g.integers(-8, 8, size).astype(np.float64)).to(dtype)
-
-        ref = sum(make(k).double() for k in range(n))
+        ref = sum(make(k, dtype, size).double() for k in range(n))
+        node_ref = sum(make(k, dtype, size).double() for k in topo.node_ranks)
         for op in ("sum", "avg"):
-            t = make(r)
-            topo.allreduce_(t, op=op)
-            want = ref if op == "sum" else ref / n
-            check(f"allreduce {op} {dtype} {size}", torch.allclose(t.double(), want, atol=1e-2))
-        t = make(r)
+            div = 1 if op == "sum" else n
+            hier = topo.allreduce_(make(r, dtype, size), op=op, path="hier")
+            flat = topo.allreduce_(make(r, dtype, size), op=op, path="flat")
+            auto = topo.allreduce_(make(r, dtype, size), op=op)
+            tag = f"{op} {dtype} n={size}"
+            check(f"hier {tag}", torch.allclose(hier.double(), ref / div, atol=1e-2))
+            check(f"hier==flat {tag}", torch.equal(hier, flat) and torch.equal(hier, auto))
+            check(f"identical {tag}", same_on_all(hier))
+            ndiv = 1 if op == "sum" else topo.local_size
+            intra = topo.intra_allreduce_(make(r, dtype, size), op=op)
+            check(f"intra {tag}", torch.allclose(intra.double(), node_ref / ndiv, atol=1e-2))
+            # inter: the super-learner's value is the same on its members (node-indexed data)
+            inter = topo.inter_allreduce_(make(1000 + topo.node, dtype, size), op=op)
+            inter_ref = sum(make(1000 + k, dtype, size).double() for k in range(topo.num_nodes))
+            idiv = 1 if op == "sum" else topo.num_nodes
+            check(f"inter {tag}", torch.allclose(inter.double(), inter_ref / idiv, atol=1e-2))
+            check(f"inter identical {tag}", same_on_all(inter))
+        t = make(r, dtype, size)
         topo.broadcast_(t, root=n - 1)
-        check(f"broadcast {dtype} {size}", torch.equal(t, make(n - 1)))
+        check(f"broadcast {dtype} {size}", torch.equal(t, make(n - 1, dtype, size)))
 
-# Pair exchange: ring neighbours in even/odd pairs (a rank without a partner sits out).
+# Pair exchange: even/odd neighbours (a rank without a partner sits out).
 peer = r + 1 if r % 2 == 0 else r - 1
 if 0 <= peer < n:
-    send = torch.full((33,), float(r))
-    recv = torch.empty(33)
-    topo.exchange(send, recv, peer)
-    check("exchange", torch.equal(recv, torch.full((33,), float(peer))))
+    for dtype in (torch.float32, torch.float16):
+        send = torch.full((33,), float(r), dtype=dtype)
+        recv = torch.empty(33, dtype=dtype)
+        topo.exchange(send, recv, peer)
+        check(f"exchange {dtype}", torch.equal(recv, torch.full((33,), float(peer), dtype=dtype)))
 check("bcast_object", topo.bcast_object({"x": r}, root=1 % n) == {"x": 1 % n})
 check("allgather_object", topo.allgather_object(r) == list(range(n)))
+check("layout", sum(topo.node_sizes) == n and topo.node_ranks[topo.local_rank] == r)
 topo.barrier()
+topo.close()
 if failures:
     print(f"FAIL rank {r}: {failures}", flush=True)
     sys.exit(1)
-print(f"OK rank {r}", flush=True)
+print(f"OK rank {r} {topo.describe()}", flush=True)

@@ -1,0 +1,154 @@
+"""Intra-node backends on CPU: MPI collectives on the node communicator, or gloo.
+
+Both sum in place on contiguous CPU tensors of a native dtype (the caller stages half
+precision and device tensors). Every wait goes through the :class:`Watchdog`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import torch
+
+from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.objects import bcast_object
+
+
+class IntraBackend:
+    """Sum-reductions among the learners of one node.
+
+    Attributes:
+        name: ``mpi``, ``gloo`` or ``nccl``.
+        size: Learners on the node.
+        rank: This learner's rank on the node.
+    """
+
+    name = "base"
+
+    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int]) -> None:
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.watchdog = watchdog
+        self.world_ranks = world_ranks
+        """World ranks of the node's learners, by local rank (for error messages)."""
+
+    def allreduce_(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the node in place."""
+        raise NotImplementedError
+
+    def reduce_scatter_(self, t: torch.Tensor, out: torch.Tensor) -> None:
+        """Sum ``t`` (``size * out.numel()`` elements) over the node; shard ``rank`` to ``out``."""
+        raise NotImplementedError
+
+    def allgather_(self, shard: torch.Tensor, out: torch.Tensor) -> None:
+        """Concatenate every learner's ``shard`` into ``out`` (in local-rank order)."""
+        raise NotImplementedError
+
+    def reduce_(self, t: torch.Tensor, root: int = 0) -> None:
+        """Sum ``t`` over the node into local rank ``root``'s ``t``."""
+        raise NotImplementedError
+
+    def bcast_(self, t: torch.Tensor, root: int = 0) -> None:
+        """Copy local rank ``root``'s ``t`` to every learner of the node."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release backend resources."""
+
+
+class MPIIntra(IntraBackend):
+    """MPI collectives on the node communicator (shared-memory transport inside a node)."""
+
+    name = "mpi"
+
+    def _wait(self, req: Any, what: str) -> None:
+        self.watchdog.wait(req, f"intra-node {what} (mpi)", self.world_ranks)
+
+    def allreduce_(self, t: torch.Tensor) -> None:  # noqa: D102
+        from mpi4py import MPI
+
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM), "allreduce")
+
+    def reduce_scatter_(self, t: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
+        from mpi4py import MPI
+
+        self._wait(self.comm.Ireduce_scatter_block(t.numpy(), out.numpy(), op=MPI.SUM),
+                   "reduce-scatter")
+
+    def allgather_(self, shard: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
+        self._wait(self.comm.Iallgather(shard.numpy(), out.numpy()), "allgather")
+
+    def reduce_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
+        from mpi4py import MPI
+
+        buf = t.numpy()
+        send = MPI.IN_PLACE if self.rank == root else buf
+        self._wait(self.comm.Ireduce(send, buf, op=MPI.SUM, root=root), "reduce")
+
+    def bcast_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
+        self._wait(self.comm.Ibcast(t.numpy(), root=root), "broadcast")
+
+
+class GlooIntra(IntraBackend):
+    """torch.distributed's gloo on the node.
+
+    The rendezvous goes through a FileStore whose path is broadcast over MPI (no TCP store,
+    no environment variables).
+    """
+
+    name = "gloo"
+
+    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int]) -> None:
+        super().__init__(comm, watchdog, world_ranks)
+        import torch.distributed as dist
+
+        self._dist = dist
+        path = None
+        if self.rank == 0:
+            path = os.path.join(tempfile.gettempdir(), f"hadpsgd-gloo-{uuid.uuid4().hex}")
+        path = bcast_object(comm, watchdog, path, root=0, group=world_ranks)
+        self._path = path
+        store = dist.FileStore(path, self.size)
+        timeout = datetime.timedelta(seconds=watchdog.timeout)
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore("hadpsgd-intra", store), self.rank,
+                                        self.size, timeout)
+
+    def _wait(self, work: Any, what: str) -> None:
+        # Some gloo operations only run inside wait(), so completion cannot be polled; gloo's
+        # own timeout bounds the wait and the watchdog then names the missing peers.
+        self.watchdog.seq += 1
+        try:
+            work.wait(datetime.timedelta(seconds=self.watchdog.timeout))
+        except RuntimeError:
+            self.watchdog.fail(f"intra-node {what} (gloo)", self.world_ranks)
+
+    def allreduce_(self, t: torch.Tensor) -> None:  # noqa: D102
+        self._wait(self.pg.allreduce([t]), "allreduce")
+
+    def reduce_scatter_(self, t: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
+        self._wait(self.pg.reduce_scatter([out], [list(t.chunk(self.size))]), "reduce-scatter")
+
+    def allgather_(self, shard: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
+        self._wait(self.pg.allgather([list(out.chunk(self.size))], [shard]), "allgather")
+
+    def reduce_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
+        opts = self._dist.ReduceOptions()
+        opts.rootRank = root
+        self._wait(self.pg.reduce([t], opts), "reduce")
+
+    def bcast_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
+        opts = self._dist.BroadcastOptions()
+        opts.rootRank = root
+        self._wait(self.pg.broadcast([t], opts), "broadcast")
+
+    def close(self) -> None:  # noqa: D102
+        if self.rank == 0 and self._path and os.path.exists(self._path):
+            try:
+                os.unlink(self._path)
+            except OSError:
+                pass

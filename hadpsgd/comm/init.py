@@ -1,0 +1,159 @@
+"""``hadpsgd.comm.init``: start MPI, find (or emulate) the nodes, pick the backends."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+
+from hadpsgd.comm.backends import GlooIntra, IntraBackend, MPIIntra
+from hadpsgd.comm.deadline import Watchdog, timeout_from_env
+from hadpsgd.comm.hierarchical import HierAlgo, Reducer
+from hadpsgd.comm.mpi import check_thread_level, mpi
+from hadpsgd.comm.staging import mpi_is_cuda_aware
+from hadpsgd.comm.topology import (
+    Topology,
+    TopologyError,
+    _resolve_device,
+    _resolve_ranks_per_node,
+)
+
+log = logging.getLogger("hadpsgd.comm")
+
+INTRA_BACKENDS = ("auto", "mpi", "gloo", "nccl")
+DEFAULT_CPU_INTRA = "mpi"
+"""Intra-node backend on CPU when not chosen: MPI's shared-memory path measured faster than
+gloo here for every size (``python -m benchmarks.comm``; see the README)."""
+DEFAULT_BUCKET_MB = 64.0
+"""Bucket size when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise TopologyError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise TopologyError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+def _make_backend(name: str, intra: object, watchdog: Watchdog, node_ranks: list[int],
+                  device: torch.device) -> IntraBackend:
+    if name == "auto":
+        name = os.environ.get("HADPSGD_INTRA_BACKEND", "").strip() or "auto"
+    if name not in INTRA_BACKENDS:
+        raise TopologyError(f"intra-node backend {name!r} is unknown; choose one of "
+                            f"{', '.join(INTRA_BACKENDS)}")
+    if name == "auto":
+        from hadpsgd.comm.nccl import nccl_available
+
+        name = "nccl" if device.type == "cuda" and nccl_available() else DEFAULT_CPU_INTRA
+    if name == "nccl":
+        if device.type != "cuda":
+            raise TopologyError("the nccl intra-node backend needs --device cuda; on CPU use "
+                                "mpi or gloo")
+        from hadpsgd.comm.nccl import NCCLIntra
+
+        return NCCLIntra(intra, watchdog, node_ranks, device)
+    if name == "gloo":
+        return GlooIntra(intra, watchdog, node_ranks)
+    return MPIIntra(intra, watchdog, node_ranks)
+
+
+def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend: str = "auto",
+         hier_algo: HierAlgo = "auto", bucket_mb: float | None = None) -> Topology:
+    """Initialise MPI, discover (or emulate) nodes and build the communicators and backends.
+
+    Args:
+        ranks_per_node: Emulate nodes of this many consecutive ranks (also env
+            ``HADPSGD_RANKS_PER_NODE``); ``None`` uses the real nodes from
+            ``Split_type(COMM_TYPE_SHARED)``.
+        device: ``auto`` (CUDA if available), ``cpu`` or ``cuda``.
+        intra_backend: ``auto``, ``mpi``, ``gloo`` or ``nccl`` (env ``HADPSGD_INTRA_BACKEND``).
+        hier_algo: ``auto``, ``shard`` or ``leader`` (see :mod:`hadpsgd.comm.hierarchical`).
+        bucket_mb: Bucket size in MiB for large buffers (env ``HADPSGD_BUCKET_MB``, default 64).
+
+    Returns:
+        The :class:`Topology` of this learner.
+
+    Raises:
+        TopologyError: For an impossible layout, device or backend request.
+    """
+    MPI = mpi()  # noqa: N806 - conventional name of the module
+    thread_level = check_thread_level(MPI)
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    watchdog = Watchdog(world.Dup(), timeout_from_env())
+    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    host_size = host.Get_size()
+
+    rpn = _resolve_ranks_per_node(ranks_per_node)
+    if rpn is not None:
+        if rpn > size:
+            raise TopologyError(
+                f"ranks_per_node={rpn} is larger than the {size} launched ranks; launch at least "
+                f"{rpn} ranks or lower --ranks-per-node"
+            )
+        node = rank // rpn
+        intra = world.Split(color=node, key=rank)
+        num_nodes = -(-size // rpn)
+        node_sizes = [min(rpn, size - n * rpn) for n in range(num_nodes)]
+    else:
+        intra = host
+        # Number the nodes by their leaders' world ranks, so node indices are stable.
+        is_leader = intra.Get_rank() == 0
+        leaders = world.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
+        mine = np.array([leaders.Get_rank() if is_leader else -1], dtype=np.int64)
+        if is_leader:
+            leaders.Free()
+        watchdog.wait(intra.Ibcast(mine, root=0), "node discovery (broadcast)")
+        node = int(mine[0])
+        pairs = np.empty(2 * size, dtype=np.int64)
+        watchdog.wait(world.Iallgather(np.array([node, intra.Get_size()], dtype=np.int64),
+                                       pairs), "node discovery (allgather)")
+        num_nodes = int(pairs[0::2].max()) + 1
+        node_sizes = [0] * num_nodes
+        for n, s in zip(pairs[0::2], pairs[1::2], strict=True):
+            node_sizes[int(n)] = int(s)
+    local_rank, local_size = intra.Get_rank(), intra.Get_size()
+    inter = world.Split(color=local_rank, key=node)
+    node_ranks = np.empty(local_size, dtype=np.int64)
+    watchdog.wait(intra.Iallgather(np.array([rank], dtype=np.int64), node_ranks),
+                  "node discovery (node ranks)")
+    inter_ranks = np.empty(inter.Get_size(), dtype=np.int64)
+    watchdog.wait(inter.Iallgather(np.array([rank], dtype=np.int64), inter_ranks),
+                  "node discovery (inter ranks)")
+
+    dev = _resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # Ranks sharing a machine would otherwise each start one thread per core and thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
+    backend = _make_backend(intra_backend, intra, watchdog, node_ranks.tolist(), dev)
+    cuda_aware = dev.type == "cuda" and mpi_is_cuda_aware()
+    bucket = bucket_mb if bucket_mb is not None else _env_float("HADPSGD_BUCKET_MB",
+                                                                 DEFAULT_BUCKET_MB)
+    if bucket <= 0:
+        raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
+    try:
+        reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,
+                          int(bucket * 2**20), hier_algo, cuda_aware)
+    except ValueError as err:
+        raise TopologyError(str(err)) from None
+    topo = Topology(
+        comm=world, intra=intra, inter=inter, rank=rank, size=size, local_rank=local_rank,
+        local_size=local_size, node=node, num_nodes=num_nodes, node_sizes=node_sizes,
+        emulated=rpn is not None, device=dev, timeout=watchdog.timeout,
+        thread_level=thread_level, intra_backend=backend.name, cuda_aware=cuda_aware,
+        node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
+        reducer=reducer, _backend=backend, _mpi=MPI,
+    )
+    log.info("hadpsgd.comm: %s", topo.describe())
+    return topo

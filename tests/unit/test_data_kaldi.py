@@ -1,0 +1,119 @@
+"""Importing Kaldi feature archives and pdf-id alignments."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+kaldiio = pytest.importorskip("kaldiio")
+
+from hadpsgd.data import FeatureFile  # noqa: E402
+from hadpsgd.data.kaldi import alignment_rspecifier, import_kaldi, main  # noqa: E402
+
+D = 5
+LENGTHS = {"spk1-u1": 10, "spk1-u2": 7, "spk2-noali": 4, "spk2-short": 6, "spk2-u3": 3}
+
+
+@pytest.fixture
+def kaldi_dir(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    feats = {u: rng.standard_normal((n, D)).astype(np.float32) for u, n in LENGTHS.items()}
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path / 'feats.ark'},{tmp_path / 'feats.scp'}") as w:
+        for utt, mat in feats.items():
+            w(utt, mat)
+    ali = {u: rng.integers(0, 9, size=n).astype(np.int32) for u, n in LENGTHS.items()
+           if u != "spk2-noali"}
+    ali["spk2-short"] = ali["spk2-short"][:5]  # one frame short: a length mismatch
+    ali["spk1-u2"][0] = 11  # the largest pdf-id: num_classes defaults to 12
+    ali["only-ali"] = np.zeros(3, np.int32)  # an alignment without features
+    kaldiio.save_ark(str(tmp_path / "ali.ark"), ali, scp=str(tmp_path / "ali.scp"))
+    np.savez(tmp_path / "expected.npz", **{f"f/{u}": m for u, m in feats.items()},
+             **{f"a/{u}": a for u, a in ali.items()})
+    return tmp_path
+
+
+def expected(kaldi_dir: Path, utts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    data = np.load(kaldi_dir / "expected.npz")
+    return (np.concatenate([data[f"f/{u}"] for u in utts]),
+            np.concatenate([data[f"a/{u}"] for u in utts]))
+
+
+GOOD = ["spk1-u1", "spk1-u2", "spk2-u3"]
+
+
+@pytest.mark.parametrize("ali", ["ali.ark", "ark:ali.ark", "ali.scp", "scp:ali.scp"])
+def test_import_round_trip(kaldi_dir: Path, ali: str) -> None:
+    prefix, _, name = ali.rpartition(":")
+    spec = f"{prefix}:{kaldi_dir / name}" if prefix else str(kaldi_dir / name)
+    out = kaldi_dir / "train.h5"
+    summary = import_kaldi(str(kaldi_dir / "feats.scp"), spec, out, compute_norm=False)
+    assert summary["utts"] == 3 and summary["frames"] == 20
+    assert summary["num_classes"] == 12 and summary["feat_dim"] == D
+    assert summary["skipped"] == {"no alignment": 1, "length mismatch": 1}
+    assert summary["skipped_utts"] == {"no alignment": ["spk2-noali"],
+                                       "length mismatch": ["spk2-short"]}
+    assert summary["unused_alignments"] == 1
+    ff = FeatureFile(out)
+    assert ff.utt_ids == GOOD and ff.num_classes == 12 and ff.norm_mean is None
+    feats, labels = ff.read(0, ff.num_frames)
+    want_feats, want_labels = expected(kaldi_dir, GOOD)
+    np.testing.assert_array_equal(feats, want_feats)
+    np.testing.assert_array_equal(labels, want_labels)
+    np.testing.assert_array_equal(ff.offsets, [0, 10, 17, 20])
+
+
+def test_import_with_norm_and_num_classes(kaldi_dir: Path) -> None:
+    out = kaldi_dir / "n.h5"
+    import_kaldi(f"scp:{kaldi_dir / 'feats.scp'}", str(kaldi_dir / "ali.ark"), out,
+                 num_classes=20)
+    ff = FeatureFile(out)
+    assert ff.num_classes == 20
+    want, _ = expected(kaldi_dir, GOOD)
+    np.testing.assert_allclose(ff.norm_mean, want.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ff.norm_std, want.std(0), rtol=1e-5)
+    with h5py.File(out) as f:  # stored raw; normalised on read
+        np.testing.assert_array_equal(f["feats"][()], want)
+
+
+def test_import_errors(kaldi_dir: Path) -> None:
+    scp, out = str(kaldi_dir / "feats.scp"), kaldi_dir / "bad.h5"
+    with pytest.raises(ValueError, match="raise it to at least 12"):
+        import_kaldi(scp, str(kaldi_dir / "ali.ark"), out, num_classes=5)
+    kaldiio.save_ark(str(kaldi_dir / "other.ark"), {"x": np.zeros(2, np.int32)})
+    with pytest.raises(ValueError, match="no utterance .* could be imported"):
+        import_kaldi(scp, str(kaldi_dir / "other.ark"), out)
+    assert not out.exists()
+    assert not [p for p in kaldi_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_missing_kaldiio_message(kaldi_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kaldiio", None)  # makes "import kaldiio" fail
+    with pytest.raises(ImportError, match=r"pip install 'hadpsgd\[kaldi\]'"):
+        import_kaldi(str(kaldi_dir / "feats.scp"), "ali.ark", kaldi_dir / "x.h5")
+
+
+def test_alignment_rspecifier() -> None:
+    assert alignment_rspecifier("a/ali.ark") == "ark:a/ali.ark"
+    assert alignment_rspecifier("a/ali.scp") == "scp:a/ali.scp"
+    assert alignment_rspecifier("ark,t:ali.txt") == "ark,t:ali.txt"
+    assert alignment_rspecifier("ark:gunzip -c ali.gz |") == "ark:gunzip -c ali.gz |"
+
+
+def test_cli(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = kaldi_dir / "cli.h5"
+    assert main(["--feats-scp", str(kaldi_dir / "feats.scp"), "--alignments",
+                 f"ark:{kaldi_dir / 'ali.ark'}", "--out", str(out), "--num-classes", "16",
+                 "--no-norm"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 utterances, 20 frames" in printed
+    assert "skipped 1 (no alignment): spk2-noali" in printed
+    assert "skipped 1 (length mismatch): spk2-short" in printed
+    ff = FeatureFile(out)
+    assert ff.num_classes == 16 and ff.norm_mean is None
+    assert main(["--feats-scp", str(kaldi_dir / "feats.scp"), "--alignments",
+                 str(kaldi_dir / "ali.ark"), "--out", str(out), "--num-classes", "3"]) == 1
+    assert "at least 12" in capsys.readouterr().err
