@@ -149,6 +149,17 @@ class TrainConfig:
 
 
 @dataclass
+class AlgoConfig:
+    """Options of the distributed algorithms.
+
+    Each algorithm reads the ones it declares in its ``config_keys``.
+    """
+
+    def __post_init__(self) -> None:
+        pass
+
+
+@dataclass
 class CommConfig:
     """Communication layout."""
 
@@ -183,5 +194,7 @@ class RunConfig:
     """Optimizer and schedule options."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Loop options."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Algorithm options."""
     comm: CommConfig = field(default_factory=CommConfig)
     """Communication options."""

@@ -68,8 +68,8 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model.preset, train_set.file.feat_dim,
                         train_set.file.num_classes).to(topo.device)
-    algo = algorithms.build(cfg.train.algo, model, build_optimizer(cfg.optim, model), topo,
-                            max_grad_norm=cfg.optim.max_grad_norm)
+    algo_cls = algorithms.get(cfg.train.algo)
+    algo = algo_cls(model, build_optimizer(cfg.optim, model), topo, **algo_cls.options_from(cfg))
     out_dir = make_out_dir(cfg, topo)
     metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
     schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch, cfg.train.batch_size * topo.size,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -68,6 +69,20 @@ class Algorithm(ABC):
     """
 
     name: str = "base"
+    config_keys: dict[str, str] = {"max_grad_norm": "optim.max_grad_norm"}
+    """Constructor keyword -> dotted path in :class:`hadpsgd.config.RunConfig`; ``run.py``
+    passes exactly these, so every algorithm declares which options it reads."""
+
+    @classmethod
+    def options_from(cls, cfg: Any) -> dict[str, Any]:
+        """The constructor keywords of this algorithm, read from a ``RunConfig``."""
+        out = {}
+        for kwarg, dotted in cls.config_keys.items():
+            value = cfg
+            for part in dotted.split("."):
+                value = getattr(value, part)
+            out[kwarg] = value
+        return out
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  topo: Topology, max_grad_norm: float = 0.0) -> None:
@@ -118,6 +133,15 @@ class Algorithm(ABC):
 
     def sync(self) -> None:  # noqa: B027 - a no-op is right for always-synchronous algorithms
         """Force agreement of the replicas now (before evaluation and checkpoints)."""
+
+    @contextlib.contextmanager
+    def evaluation_parameters(self) -> Iterator[nn.Module]:
+        """Context in which ``self.model`` holds the parameters to evaluate and deploy.
+
+        For SSGD that is the local replica. Algorithms that keep a separate global model
+        (BMUF's theta_n) swap it in here and restore the local parameters on exit.
+        """
+        yield self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: the algorithm's counters and the optimizer state."""

@@ -83,8 +83,13 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint content: model, algorithm (with optimizer), position, config."""
+        with self.algo.evaluation_parameters() as model:
+            # The parameters to evaluate / deploy (BMUF's global model); the algorithm's own
+            # state holds whatever else it needs to resume exactly.
+            evaluated = {k: v.clone() for k, v in model.state_dict().items()}
         return {
             "model": self.algo.model.state_dict(),
+            "eval_model": evaluated,
             "algo": self.algo.state_dict(),
             "progress": asdict(self.pos),
             "history": [asdict(r) for r in self.history],
@@ -177,8 +182,9 @@ class Trainer:
 
     def _evaluate(self) -> EvalResult:
         self.algo.sync()
-        result = evaluate(self.algo.model, self.heldout_set, self.topo,
-                          batch_size=4 * self.opts.batch_size)
+        with self.algo.evaluation_parameters() as model:
+            result = evaluate(model, self.heldout_set, self.topo,
+                              batch_size=4 * self.opts.batch_size)
         self.history.append(result)
         self.metrics.write("eval", self.pos.global_step, epoch=self.pos.epoch,
                            heldout_loss=result.loss, heldout_acc=result.accuracy,
