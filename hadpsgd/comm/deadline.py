@@ -122,11 +122,20 @@ class Watchdog:
         self.fail(what, group)
 
     def fail(self, what: str, group: list[int] | None = None) -> None:
-        """Find out which peers of ``group`` are not stuck with us and raise the error."""
+        """Find out which peers are not stuck with us and raise the error.
+
+        Every rank that times out tells every other rank so, whatever the group of the
+        operation: in a hierarchical collective a rank may be blocked by a peer of a peer
+        (the inter-node partner waits on its own node), and only the whole picture names the
+        rank that really is missing.
+        """
         me = self.control.Get_rank()
-        peers = [r for r in (group if group is not None else range(self.control.Get_size()))
-                 if r != me]
-        missing = self._diagnose(peers)
+        everyone = [r for r in range(self.control.Get_size()) if r != me]
+        missing = self._diagnose(everyone)
+        if group is not None:
+            # Prefer the culprits among this operation's own peers when they are among them.
+            in_group = [r for r in missing if r in group]
+            missing = in_group or missing
         who = (f"rank(s) {', '.join(map(str, missing))} never arrived" if missing
                else "every peer is waiting too (a mismatched call order?)")
         raise CommTimeoutError(

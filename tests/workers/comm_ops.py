@@ -5,6 +5,7 @@ equal bit for bit, and so must every rank's copy. Prints ``OK rank r`` or the fa
 """
 
 import hashlib
+import os
 import sys
 
 import numpy as np
@@ -12,8 +13,9 @@ import torch
 
 from hadpsgd import comm
 
-topo = comm.init()
+topo = comm.init(device=os.environ.get("HADPSGD_TEST_DEVICE", "cpu"))
 r, n = topo.rank, topo.size
+dev = topo.device
 failures: list[str] = []
 
 
@@ -24,11 +26,11 @@ def check(name: str, ok: bool) -> None:
 
 def make(k: int, dtype: torch.dtype, size: int) -> torch.Tensor:
     g = np.random.default_rng([k, size])
-    return torch.from_numpy(g.integers(-8, 8, size).astype(np.float64)).to(dtype)
+    return torch.from_numpy(g.integers(-8, 8, size).astype(np.float64)).to(dev, dtype)
 
 
 def same_on_all(t: torch.Tensor) -> bool:
-    digest = hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+    digest = hashlib.sha256(t.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
     return len(set(topo.allgather_object(digest))) == 1
 
 
@@ -37,6 +39,7 @@ for dtype in (torch.float32, torch.float64, torch.float16):
     for size in (1, 7, 1001):
         ref = sum(make(k, dtype, size).double() for k in range(n))
         node_ref = sum(make(k, dtype, size).double() for k in topo.node_ranks)
+        # (references are on the same device as the data)
         for op in ("sum", "avg"):
             div = 1 if op == "sum" else n
             hier = topo.allreduce_(make(r, dtype, size), op=op, path="hier")
@@ -63,10 +66,11 @@ for dtype in (torch.float32, torch.float64, torch.float16):
 peer = r + 1 if r % 2 == 0 else r - 1
 if 0 <= peer < n:
     for dtype in (torch.float32, torch.float16):
-        send = torch.full((33,), float(r), dtype=dtype)
-        recv = torch.empty(33, dtype=dtype)
+        send = torch.full((33,), float(r), dtype=dtype, device=dev)
+        recv = torch.empty(33, dtype=dtype, device=dev)
         topo.exchange(send, recv, peer)
-        check(f"exchange {dtype}", torch.equal(recv, torch.full((33,), float(peer), dtype=dtype)))
+        want = torch.full((33,), float(peer), dtype=dtype, device=dev)
+        check(f"exchange {dtype}", torch.equal(recv, want))
 check("bcast_object", topo.bcast_object({"x": r}, root=1 % n) == {"x": 1 % n})
 check("allgather_object", topo.allgather_object(r) == list(range(n)))
 check("layout", sum(topo.node_sizes) == n and topo.node_ranks[topo.local_rank] == r)

@@ -1,0 +1,59 @@
+"""The two-level communication layer under real mpirun, on emulated node layouts.
+
+Layout ``NxK`` is N emulated nodes of K consecutive ranks (``HADPSGD_RANKS_PER_NODE=K``).
+"""
+
+import re
+
+import pytest
+
+from tests.conftest import assert_ok, run_worker
+
+pytestmark = pytest.mark.mpi
+
+# A bucket of ~100 bytes: 1001 floats span many buckets, the last one partial, and bucket
+# lengths are not multiples of the node size, so padding and bucketing are both exercised.
+TINY_BUCKET = {"HADPSGD_BUCKET_MB": "0.0001"}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "per_node", "backend"),
+    [(2, 2, "mpi"), (3, 2, "mpi"), (2, 3, "mpi"), (1, 4, "mpi"),
+     (2, 2, "gloo"), (3, 2, "gloo"), (2, 3, "gloo"), (1, 4, "gloo")],
+)
+def test_hierarchical_equals_flat(nodes, per_node, backend):
+    n = nodes * per_node
+    res = run_worker(n, "comm_ops", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": str(per_node),
+                                         "HADPSGD_INTRA_BACKEND": backend})
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == n
+    assert f"{nodes} emulated nodes" in res.stdout and f"intra-node {backend}" in res.stdout
+
+
+def test_leader_form_and_unequal_nodes():
+    # 5 ranks in nodes of 2 -> sizes [2, 2, 1]: only the leader form can work there.
+    res = run_worker(5, "comm_ops", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": "2"})
+    assert_ok(res)
+    assert "[2, 2, 1]" in res.stdout and "leader hierarchy" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_flat_world(nprocs):
+    res = run_worker(nprocs, "comm_ops")
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs
+
+
+@pytest.mark.parametrize(("nprocs", "per_node"), [(3, None), (4, "2")])
+def test_missing_peer_is_named_within_deadline(nprocs, per_node):
+    env = {"HADPSGD_TIMEOUT": "4"}
+    if per_node:
+        env["HADPSGD_RANKS_PER_NODE"] = per_node
+    res = run_worker(nprocs, "deadline", env=env, timeout=150)
+    lines = re.findall(r"TIMEOUT rank (\d) after ([\d.]+)s missing=\[(.*?)\]: (.*)", res.stdout)
+    assert sorted(int(r) for r, *_ in lines) == list(range(1, nprocs)), res.output
+    for _, seconds, missing, msg in lines:
+        assert float(seconds) < 4 + 6  # the deadline plus the diagnosis grace period
+        assert missing == "0", msg  # every rank names rank 0, even through the hierarchy
+        assert "rank(s) 0 never arrived" in msg and "HADPSGD_TIMEOUT" in msg
+    assert res.returncode != 0
