@@ -155,8 +155,42 @@ class AlgoConfig:
     Each algorithm reads the ones it declares in its ``config_keys``.
     """
 
+    sync_period: int = 8
+    """BMUF: local steps per block (tau) between two block syncs across super-learners."""
+    block_momentum: float | None = None
+    """BMUF: block momentum eta in [0, 1) (default 1 - 1/N for N super-learners, so 0 for
+    one node)."""
+    block_lr: float = 1.0
+    """BMUF: block learning rate zeta (> 0; the paper uses 1)."""
+    nesterov: bool = True
+    """BMUF: Nesterov block momentum (the next block starts at theta_n + eta * Delta_n);
+    --no-nesterov for classical block momentum (it starts at theta_n)."""
+    adam_moments: Literal["corrected", "average", "local", "reset"] = "corrected"
+    """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
+    fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
+    buffer is treated the same way with beta = --momentum."""
+    bmuf_warmup_steps: int = 0
+    """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
+    warmed model with Delta = 0."""
+    super_learner_size: int | None = None
+    """ADPSGD: learners per super-learner (consecutive ranks; 1 = flat ADPSGD); default: the
+    nodes (or --ranks-per-node)."""
+    max_staleness: int = 0
+    """ADPSGD: a learner more than this many local steps past its last completed exchange
+    waits for the next one (0: never wait)."""
+
     def __post_init__(self) -> None:
-        pass
+        _positive(self, "sync_period")
+        _positive(self, "bmuf_warmup_steps", "max_staleness", allow_zero=True)
+        if self.super_learner_size is not None:
+            _positive(self, "super_learner_size")
+        _positive(self, "block_lr")
+        if self.block_momentum is not None and not 0.0 <= self.block_momentum < 1.0:
+            raise ConfigError(f"{flag('block_momentum')} must be in [0, 1) (omit it for "
+                              f"1 - 1/N), got {self.block_momentum}")
+        if self.adam_moments not in ("corrected", "average", "local", "reset"):
+            raise ConfigError(f"{flag('adam_moments')} must be corrected, average, local or "
+                              f"reset, got {self.adam_moments!r}")
 
 
 @dataclass

@@ -122,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     cfg = parse_config(argv)
     try:
-        topo = comm.init(cfg.comm.ranks_per_node, cfg.comm.device, cfg.comm.intra_backend,
+        # A super-learner is a node; --super-learner-size regroups ranks like emulated nodes.
+        rpn = cfg.algo.super_learner_size or cfg.comm.ranks_per_node
+        topo = comm.init(rpn, cfg.comm.device, cfg.comm.intra_backend,
                          cfg.comm.hier_algo, cfg.comm.bucket_mb)
     except comm.TopologyError as err:
         print(f"hadpsgd: error: {err}", file=sys.stderr)

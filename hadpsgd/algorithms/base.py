@@ -143,6 +143,10 @@ class Algorithm(ABC):
         """
         yield self.model
 
+    def metrics(self) -> dict[str, float]:
+        """Algorithm-specific figures for the training log (empty by default)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: the algorithm's counters and the optimizer state."""
         return {"name": self.name, "steps": self.steps, "optimizer": self.optimizer.state_dict()}

@@ -55,21 +55,25 @@ def timeout_from_env() -> float:
 def poll(done: Callable[[], bool], timeout: float) -> bool:
     """Call ``done()`` until it returns True or ``timeout`` seconds pass; returns the last value.
 
-    A short spin first (most operations finish within microseconds of the last arrival), then
-    a growing sleep that leaves the cores to the other ranks when several share a CPU.
+    It spins (yielding the core between tests) for the first millisecond, where almost every
+    operation completes, as a blocking MPI call would; then it sleeps with a growing pause,
+    which leaves the cores to the other ranks when a peer is slow or several share a CPU.
     """
     if done():
         return True
-    for _ in range(200):
+    start = time.monotonic()
+    spin_until = start + 1e-3
+    while time.monotonic() < spin_until:
         if done():
             return True
-    deadline = time.monotonic() + timeout
-    pause = 20e-6
+        os.sched_yield()
+    deadline = start + timeout
+    pause = 50e-6
     while not done():
         if time.monotonic() > deadline:
             return False
         time.sleep(pause)
-        pause = min(pause * 2, 2e-3)
+        pause = min(pause * 1.5, 1e-3)
     return True
 
 

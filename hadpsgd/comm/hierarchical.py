@@ -118,6 +118,18 @@ class Reducer:
         else:
             self.intra.allreduce_(t)
 
+    def intra_bcast_(self, t: torch.Tensor, root: int = 0) -> None:
+        """Copy local rank ``root``'s ``t`` to every learner of this node."""
+        if self.intra.size == 1:
+            return
+        if self._host_intra(t):
+            host = self.stager.buffer(t.dtype, t.numel(), slot=2)
+            host.copy_(t)
+            self.intra.bcast_(host, root)
+            t.copy_(host)
+        else:
+            self.intra.bcast_(t, root)
+
     def inter_sum_(self, t: torch.Tensor) -> None:
         """Sum ``t`` across nodes, assuming it is identical on the learners of each node.
 

@@ -134,6 +134,14 @@ class Topology:
         """
         return self._reduce(tensor, op, self.reducer.inter_sum_, self.num_nodes)
 
+    def intra_broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` on this node's learners with local rank ``root``'s."""
+        work, copied = as_native(tensor)
+        self.reducer.intra_bcast_(work.view(-1), root)
+        if copied:
+            tensor.copy_(work)
+        return tensor
+
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` on every learner with ``root``'s and return it."""
         if self.size > 1:

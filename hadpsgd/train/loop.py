@@ -168,7 +168,8 @@ class Trainer:
                 elapsed = time.perf_counter() - tic
                 fps = window * frames_per_step / max(elapsed, 1e-9)
                 self.metrics.write("train", self.pos.global_step, epoch=epoch, lr=lr,
-                                   loss=float(mean_loss), frames_per_s=round(fps, 1))
+                                   loss=float(mean_loss), frames_per_s=round(fps, 1),
+                                   **self.algo.metrics())
                 if bar is not None:
                     bar.set_postfix(loss=f"{float(mean_loss):.3f}", fps=f"{fps:.0f}")
                 tic, window = time.perf_counter(), 0

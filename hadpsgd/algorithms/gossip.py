@@ -1,0 +1,220 @@
+"""The background gossip of ADPSGD: matched ring pairs, snapshot exchange, clean termination.
+
+Super-learners sit on a ring. In even rounds the pairs are (0,1), (2,3), ...; in odd rounds
+(1,2), (3,4), ... and, with an even count, (N-1, 0). Each round's pairing is a matching, so
+the mixing matrix of every round is symmetric and doubly stochastic, and an odd ring simply
+lets one super-learner sit out a round. Every thread walks the rounds in order and a round
+needs both partners, which rules out deadlock: the thread at the lowest round always has its
+partner waiting for it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from hadpsgd.comm import Watchdog
+
+
+def partner(node: int, num_nodes: int, round_: int) -> int | None:
+    """The super-learner that ``node`` averages with in ``round_``, or None if it sits out."""
+    if num_nodes < 2:
+        return None
+    first_even = round_ % 2 == 0
+    p = node + 1 if (node % 2 == 0) == first_even else node - 1
+    if num_nodes % 2 == 0:
+        return p % num_nodes  # the ring closes: (N-1, 0) in odd rounds
+    return p if 0 <= p < num_nodes else None
+
+
+class GossipThread(threading.Thread):
+    """Exchanges snapshots of one super-learner's flat parameters with its ring partners.
+
+    The main thread owns the parameters; this thread takes a snapshot under ``lock``,
+    exchanges it, and publishes ``delta = (w_peer - w_own) / 2`` for the main thread to add at
+    its next step (so local steps taken meanwhile are never lost). The partner computes the
+    exact negation, so gossip conserves the sum of all replicas. A round starts only after
+    the main thread has stepped and applied the previous delta: at most one exchange per step.
+
+    Args:
+        flat: The super-learner's flat parameter buffer (this leader's).
+        lock: Guards ``flat`` against the optimizer step.
+        comm: Communicator of the super-learner leaders (rank = node index), used only here.
+        watchdog: Deadline keeper for this thread (its own control communicator).
+        world_ranks: World rank of each node's leader (for error messages).
+        jitter: Upper bound of a random sleep before each exchange (tests the asynchrony).
+    """
+
+    def __init__(self, flat: torch.Tensor, lock: threading.Lock, comm: Any,
+                 watchdog: Watchdog, world_ranks: list[int], jitter: float = 0.0) -> None:
+        super().__init__(name="hadpsgd-gossip", daemon=True)
+        self.flat = flat
+        self.lock = lock
+        self.comm = comm
+        self.watchdog = watchdog
+        self.world_ranks = world_ranks
+        self.node = comm.Get_rank()
+        self.num_nodes = comm.Get_size()
+        self.jitter = jitter
+        self.rng = random.Random(1000 + self.node)
+        n = flat.numel()
+        # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
+        # both partners then skip the round, which keeps the pair's deltas opposite.
+        self._send = torch.empty(n + 1, dtype=flat.dtype)
+        self._recv = torch.empty(n + 1, dtype=flat.dtype)
+        self._cond = threading.Condition()
+        self._steps = 0
+        self._delta: torch.Tensor | None = None
+        self._taken = False
+        self._closing = False
+        self.error: BaseException | None = None
+        self.exchanges = 0
+        self.skipped_nonfinite = 0
+        self.rounds = 0
+        self.last_exchange_step = 0
+
+    # ------------------------------------------------------------------ main-thread side
+    def notify_step(self) -> None:
+        """The main thread finished a step (lets the next round start)."""
+        with self._cond:
+            self._steps += 1
+            self._cond.notify_all()
+
+    def take_delta(self) -> torch.Tensor | None:
+        """The published delta, if any; the caller must apply it and call :meth:`applied`."""
+        with self._cond:
+            if self._delta is None or self._taken:
+                return None
+            self._taken = True
+            return self._delta
+
+    def applied(self) -> None:
+        """The delta returned by :meth:`take_delta` is now part of the parameters."""
+        with self._cond:
+            self._delta = None
+            self._taken = False
+            self._cond.notify_all()
+
+    def close(self) -> torch.Tensor | None:
+        """Ask the thread to run the termination protocol; the caller then joins it.
+
+        Returns:
+            A published delta the main thread had not taken yet: the caller applies it
+            (from now on the thread applies its deltas itself).
+        """
+        with self._cond:
+            self._closing = True
+            pending = None if self._taken else self._delta
+            self._delta = None
+            self._taken = False
+            self._cond.notify_all()
+        return pending
+
+    # ------------------------------------------------------------------ thread side
+    def run(self) -> None:  # noqa: D102
+        try:
+            self._loop()
+        except BaseException as err:  # noqa: BLE001 - reported to the main thread
+            self.error = err
+
+    def _loop(self) -> None:
+        seen = 0
+        while True:
+            with self._cond:
+                # Pace: one round per main-thread step, after the last delta was applied.
+                while not self._closing and (self._steps <= seen or self._delta is not None):
+                    self._cond.wait(0.05)
+                if self._closing:
+                    break
+                seen = self._steps
+            self._round(apply_now=False)
+        self._terminate()
+
+    def _round(self, apply_now: bool, terminating: Any = None) -> None:
+        p = partner(self.node, self.num_nodes, self.rounds)
+        r = self.rounds
+        self.rounds += 1
+        if p is None:
+            return
+        if self.jitter:
+            time.sleep(self.rng.uniform(0, self.jitter))
+        n = self.flat.numel()
+        with self.lock:
+            self._send[:n].copy_(self.flat)
+        self._send[n] = 1.0 if bool(torch.isfinite(self._send[:n]).all()) else 0.0
+        tag = r % 32_000
+        reqs = [self.comm.Irecv(self._recv.numpy(), source=p, tag=tag),
+                self.comm.Isend(self._send.numpy(), dest=p, tag=tag)]
+        what = (f"gossip exchange (round {r}) between super-learner {self.node} and "
+                f"{p} (rank {self.world_ranks[p]})")
+        if terminating is None:
+            self.watchdog.wait_all(reqs, what, [self.world_ranks[p]])
+        else:
+            # While waiting, keep the termination agreement moving (see _terminate).
+            pending = list(reqs)
+
+            def done() -> bool:
+                terminating()
+                pending[:] = [q for q in pending if not q.Test()]
+                return not pending
+
+            self.watchdog.wait_until(done, what, [self.world_ranks[p]])
+        if self._send[n] == 0.0 or self._recv[n] == 0.0:
+            self.skipped_nonfinite += 1
+            return
+        delta = (self._recv[:n] - self._send[:n]).mul_(0.5)
+        self.exchanges += 1
+        if not apply_now:
+            with self._cond:
+                # Once closing, the main thread no longer steps: apply the delta here.
+                apply_now = self._closing
+                if not apply_now:
+                    self._delta = delta
+                    self.last_exchange_step = self._steps
+        if apply_now:
+            with self.lock:
+                self.flat.add_(delta)
+
+    def _terminate(self) -> None:
+        """Serve rounds until every super-learner is closing, then up to an agreed last round.
+
+        Closing leaders enter a non-blocking barrier and keep exchanging (a learner far
+        behind still needs its partners). When the barrier completes, each contributes the
+        number of rounds it has started to a MAX reduction, and every thread finishes exactly
+        that many rounds, so no exchange is left without its partner.
+        """
+        from mpi4py import MPI
+
+        barrier = self.comm.Ibarrier()
+        state: dict[str, Any] = {"red": None, "final": None, "buf": np.zeros(1, np.int64)}
+
+        def drive() -> None:
+            if state["final"] is not None:
+                return
+            if state["red"] is None and barrier.Test():
+                mine = np.array([self.rounds], dtype=np.int64)
+                state["red"] = self.comm.Iallreduce(mine, state["buf"], op=MPI.MAX)
+            if state["red"] is not None and state["red"].Test():
+                state["final"] = int(state["buf"][0])
+
+        deadline = time.monotonic() + self.watchdog.timeout
+        while True:
+            drive()
+            final = state["final"]
+            if final is not None and self.rounds >= final:
+                return
+            if state["red"] is not None and final is None:
+                # Agreement in flight: start no new round until the last one is known.
+                if time.monotonic() > deadline:
+                    self.watchdog.fail("gossip termination agreement", None)
+                time.sleep(1e-3)
+                continue
+            self._round(apply_now=True, terminating=drive)
+            deadline = time.monotonic() + self.watchdog.timeout
+            if final is None:
+                time.sleep(2e-3)  # closing peers need not spin at full speed

@@ -1,0 +1,75 @@
+"""Worker: ADPSGD invariants. Usage: adpsgd_props.py MODE OUTDIR.
+
+conserve  : constant per-rank gradients, plain SGD, jittered gossip; after close() the sum of
+            all replicas must be S*w0 - lr*T*sum_r g_r; super-learner replicas bit-identical
+            after every step.
+consensus : lr 0 and different starting replicas per super-learner: spread after close.
+stall     : rank 0 stalls after its first step until rank 1 has finished all its steps.
+dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within the deadline naming it.
+Each rank writes OUTDIR/rank<r>.json with what the test checks.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hadpsgd import comm
+from hadpsgd.algorithms import ADPSGD
+
+mode, out = sys.argv[1], Path(sys.argv[2])
+topo = comm.init()
+r = topo.rank
+torch.manual_seed(0)
+model = torch.nn.Linear(40, 25).double()  # 1025 parameters, one dtype
+lr = 0.0 if mode == "consensus" else 0.05
+opt = torch.optim.SGD(model.parameters(), lr=lr)
+algo = ADPSGD(model, opt, topo, gossip_jitter=0.004)
+w0 = algo.flat.clone()
+if mode == "consensus":  # different starting replicas, identical inside a super-learner
+    algo.flat.add_(torch.linspace(-1, 1, algo.flat.numel(), dtype=torch.float64) * topo.node)
+steps = int(os.environ.get("ADPSGD_TEST_STEPS", "40"))
+g = torch.full_like(algo.flat, 0.01 * (r + 1))  # constant, different on every rank
+record = {"rank": r, "node": topo.node, "identical": True}
+try:
+    for step in range(steps):
+        time.sleep(0.01)  # stands in for forward/backward, so gossip overlaps compute
+        algo.grads.buffers[torch.float64].copy_(g)  # as if backward() produced g
+        algo.step()
+        algo.grads.zero_()
+        if mode == "conserve" and topo.local_size > 1:
+            digest = hashlib.sha256(algo.flat.numpy().tobytes()).hexdigest()
+            record["identical"] &= len(set(topo.intra.allgather(digest))) == 1
+        if mode == "stall" and r == 0 and step == 0:
+            flag = out / "rank1.done"
+            deadline = time.monotonic() + 120
+            while not flag.exists():  # a global barrier anywhere would deadlock here
+                if time.monotonic() > deadline:
+                    print("STALL TIMEOUT: rank 1 never finished", flush=True)
+                    os._exit(4)
+                time.sleep(0.05)
+        if mode == "dead" and r == 2 and step == 3:
+            # Frozen without a word, like a node that died under it. (A rank that exits is
+            # noticed by mpirun itself, which ends the job; a frozen one only by deadlines.)
+            os.kill(os.getpid(), signal.SIGSTOP)
+    if mode == "stall" and r == 1:
+        (out / "rank1.done").write_text("done")
+    record["finished_steps_at"] = time.time()
+    algo.close()
+except Exception as err:  # noqa: BLE001
+    print(f"FAILED rank {r}: {err}", flush=True)
+    (out / f"rank{r}.json").write_text(json.dumps({"rank": r, "error": str(err)}))
+    os._exit(3)
+record["flat"] = algo.flat.tolist()
+record["w0"] = w0.tolist()
+record["g"] = float(g[0])
+record["lr"] = lr
+record["steps"] = steps
+record["exchanges"] = algo.thread.exchanges if algo.thread else 0
+(out / f"rank{r}.json").write_text(json.dumps(record))
+print(f"OK rank {r} exchanges={record['exchanges']}", flush=True)
