@@ -9,6 +9,7 @@ background thread, without any global barrier. With one learner per super-learne
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import torch
@@ -55,6 +56,10 @@ class ADPSGD(Algorithm):
         if len(self.params.buffers) != 1:
             raise ValueError("adpsgd: all trainable parameters must share one dtype, found "
                              f"{sorted(str(d) for d in self.params.buffers)}")
+        if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
+            warnings.warn("adpsgd with a single super-learner has nobody to gossip with: it "
+                          "is synchronous SGD. Set --super-learner-size (1 = flat ADPSGD) or "
+                          "--ranks-per-node.", RuntimeWarning, stacklevel=2)
         self.flat = next(iter(self.params.buffers.values()))
         self.max_staleness = max_staleness
         self.lock = threading.Lock()
