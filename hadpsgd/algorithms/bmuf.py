@@ -182,8 +182,8 @@ class BMUF(Algorithm):
                 # Identical inside each node (synchronous super-learner), so the cross-node
                 # average is bit-identical on every learner; so is all arithmetic below.
                 self.topo.inter_allreduce_(pack, op="avg")
-            bar, init, delta, glob = parts[0], self.start_point[dtype], self.delta[dtype], \
-                self.global_model[dtype]
+            bar, init = parts[0], self.start_point[dtype]
+            delta, glob = self.delta[dtype], self.global_model[dtype]
             bar.sub_(init)                                   # theta_bar - theta_init_{n-1}
             delta.mul_(eta).add_(bar, alpha=zeta)            # Delta_n
             glob.add_(delta)                                 # theta_n

@@ -187,3 +187,7 @@ class BlockMoments:
                 device = slots[0][0].device
                 self.init[dtype] = [t.to(device=device, dtype=dtype).clone()
                                     for t in saved[str(dtype)]]
+        if self.strategy == "corrected" and self.keys and set(self.init) != set(self.layout):
+            # Saved under another strategy (or before BMUF started): the optimizer's restored
+            # buffers are the start of the current block, as at a fresh start.
+            self.start()

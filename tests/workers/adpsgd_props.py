@@ -5,7 +5,8 @@ conserve  : constant per-rank gradients, plain SGD, jittered gossip; after close
             after every step.
 consensus : lr 0 and different starting replicas per super-learner: spread after close.
 stall     : rank 0 stalls after its first step until rank 1 has finished all its steps.
-dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within the deadline naming it.
+dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within the
+            deadline, naming it.
 Each rank writes OUTDIR/rank<r>.json with what the test checks.
 """
 

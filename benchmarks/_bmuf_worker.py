@@ -1,0 +1,121 @@
+"""Frames/s and bytes per step of BMUF at several sync periods, SSGD, and local-only training.
+
+Run by ``benchmarks/bmuf.py`` under mpirun: every mode runs in this one process, one after the
+other, on the same ranks, model and per-rank batch (random in-memory data, so only compute and
+communication are measured). Bytes are the payloads handed to the topology's collectives,
+counted by wrapping them. Rank 0 prints one JSON line per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from hadpsgd import comm
+from hadpsgd.algorithms import BMUF, SSGD
+from hadpsgd.models import build_model
+
+
+class ByteCounter:
+    """Wraps a topology's collectives and adds up the bytes of the tensors passed to them."""
+
+    # world allreduce and inter-node allreduce cross super-learners; intra stays in a node
+    CROSSING = {"allreduce_": True, "inter_allreduce_": True, "intra_allreduce_": False}
+
+    def __init__(self, topo: comm.Topology) -> None:
+        self.inter = 0
+        self.intra = 0
+        for name, crossing in self.CROSSING.items():
+            setattr(topo, name, self._wrap(getattr(topo, name), crossing))
+
+    def _wrap(self, fn: Callable[..., Any], crossing: bool) -> Callable[..., Any]:
+        def counted(t: torch.Tensor, *args: Any, **kw: Any) -> Any:
+            nbytes = t.numel() * t.element_size()
+            if crossing:
+                self.inter += nbytes
+            else:
+                self.intra += nbytes
+            return fn(t, *args, **kw)
+
+        return counted
+
+    def reset(self) -> None:
+        self.inter = self.intra = 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="small")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--classes", type=int, default=64)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+    p.add_argument("--adam-moments", default="corrected")
+    p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--chunk-len", type=int, default=21)
+    p.add_argument("--feat-dim", type=int, default=260)
+    a = p.parse_args()
+
+    topo = comm.init(device="cpu")
+    counter = ByteCounter(topo)
+    x = torch.randn(a.batch, a.chunk_len, a.feat_dim, generator=torch.Generator().manual_seed(
+        topo.rank))
+    y = torch.randint(0, a.classes, (a.batch, a.chunk_len))
+    modes = ["local", "ssgd", *[f"bmuf-tau{t}" for t in a.taus]]
+    for mode in modes:
+        torch.manual_seed(0)
+        model = build_model(a.preset, a.feat_dim, a.classes)
+        opt = (torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.5, 0.999))
+               if a.optimizer == "adam" else
+               torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
+        algo: Any = None
+        if mode == "ssgd":
+            algo = SSGD(model, opt, topo)
+        elif mode.startswith("bmuf"):
+            algo = BMUF(model, opt, topo, sync_period=int(mode[len("bmuf-tau"):]),
+                        adam_moments=a.adam_moments)
+
+        def step(model: torch.nn.Module = model, opt: torch.optim.Optimizer = opt,
+                 algo: Any = algo) -> None:
+            loss = F.cross_entropy(model(x).reshape(-1, a.classes), y.reshape(-1))
+            loss.backward()
+            if algo is None:  # local-only: no communication at all
+                opt.step()
+                opt.zero_grad()
+            else:
+                algo.step()
+                algo.zero_grad()
+
+        for _ in range(a.warmup):
+            step()
+        topo.barrier()
+        counter.reset()
+        tic = time.perf_counter()
+        for _ in range(a.steps):
+            step()
+        sec = (time.perf_counter() - tic) / a.steps
+        sec = max(topo.allgather_object(sec))  # the slowest rank sets the pace
+        if algo is not None:
+            algo.close()
+        if topo.rank == 0:
+            print(json.dumps({
+                "mode": mode, "preset": a.preset, "ranks": topo.size,
+                "nodes": topo.num_nodes, "optimizer": a.optimizer,
+                "params": sum(q.numel() for q in model.parameters()),
+                "batch_per_rank": a.batch, "sec_per_step": sec,
+                "frames_per_s": a.batch * a.chunk_len * topo.size / sec,
+                "inter_bytes_per_step": counter.inter / a.steps,
+                "intra_bytes_per_step": counter.intra / a.steps,
+            }), flush=True)
+    topo.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""BMUF without processes: its CLI flags and their validation, Eq. 18's coefficients, the
+moment strategies on a real optimizer state, and the algorithm on a one-learner topology."""
+
+import argparse
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from hadpsgd.algorithms import BMUF, get
+from hadpsgd.algorithms.bmuf_moments import BlockMoments, corrected_coefficients
+from hadpsgd.cli import add_arguments, field_docs
+from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
+from hadpsgd.run import parse_config
+
+BMUF_FIELDS = ["sync_period", "block_momentum", "block_lr", "nesterov", "adam_moments",
+               "bmuf_warmup_steps"]
+
+
+def test_registered_and_flags_documented():
+    assert get("bmuf") is BMUF
+    p = argparse.ArgumentParser()
+    add_arguments(p, RunConfig)
+    help_text = p.format_help()
+    docs = field_docs(AlgoConfig)
+    names = {f.name for f in dataclasses.fields(AlgoConfig)}
+    for name in BMUF_FIELDS:
+        assert name in names and docs.get(name), name
+        assert "--" + name.replace("_", "-") in help_text
+    assert "--no-nesterov" in help_text
+
+
+def test_flags_reach_the_constructor():
+    cfg = parse_config(["--algo", "bmuf", "--sync-period", "4", "--block-momentum", "0.5",
+                        "--block-lr", "0.8", "--no-nesterov", "--adam-moments", "average",
+                        "--bmuf-warmup-steps", "3", "--optimizer", "adam", "--beta1", "0.5",
+                        "--max-grad-norm", "2"])
+    assert BMUF.options_from(cfg) == {
+        "sync_period": 4, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
+        "adam_moments": "average", "warmup_steps": 3, "max_grad_norm": 2.0}
+    assert cfg.optim.optimizer == "adam" and cfg.optim.beta1 == 0.5
+
+
+def test_defaults():
+    opts = BMUF.options_from(parse_config(["--algo", "bmuf"]))
+    assert opts == {"sync_period": 8, "block_momentum": None, "block_lr": 1.0,
+                    "nesterov": True, "adam_moments": "corrected", "warmup_steps": 0,
+                    "max_grad_norm": 0.0}
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"sync_period": 0}, "--sync-period"),
+    ({"block_momentum": 1.0}, "--block-momentum"),
+    ({"block_momentum": -0.1}, "--block-momentum"),
+    ({"block_lr": 0.0}, "--block-lr"),
+    ({"bmuf_warmup_steps": -1}, "--bmuf-warmup-steps"),
+    ({"adam_moments": "median"}, "--adam-moments"),
+])
+def test_validation_names_the_flag(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
+        AlgoConfig(**kwargs)
+
+
+def test_bad_choice_exits(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--algo", "bmuf", "--adam-moments", "median"])
+    assert "--adam-moments" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--algo", "bmuf", "--block-momentum", "1.5"])
+    assert "--block-momentum must be in [0, 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs", [{"sync_period": 0}, {"block_momentum": 1.0},
+                                    {"block_lr": -1.0}, {"warmup_steps": -2},
+                                    {"adam_moments": "median"}])
+def test_constructor_validates_before_communicating(kwargs):
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError):
+        BMUF(model, torch.optim.SGD(model.parameters(), 0.1), None, **kwargs)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize(("tau", "eta_rho"), [(1, 0.0), (3, 2.25), (8, 7.0)])
+def test_eq18_is_eq16_with_eq17(beta, tau, eta_rho):
+    a, b = corrected_coefficients(beta, tau, eta_rho)
+    m_prev, m_bar = 0.3, -1.7
+    e_g = (m_bar - beta ** tau * m_prev) / (1 - beta ** tau)                       # Eq. 17
+    expect = beta ** (tau + eta_rho) * m_prev + (1 - beta ** (tau + eta_rho)) * e_g  # Eq. 16
+    assert a * m_prev + b * m_bar == pytest.approx(expect, rel=1e-12, abs=1e-12)
+    if eta_rho == 0.0:
+        assert (a, b) == (0.0, 1.0)  # eta = 0: corrected is the plain average, exactly
+
+
+def _adam_with_state(strategy: str, **kw: object) -> tuple[torch.nn.Module, torch.optim.Adam,
+                                                           BlockMoments]:
+    model = torch.nn.Linear(3, 2).double()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, betas=(0.5, 0.9), **kw)
+    model(torch.ones(4, 3, dtype=torch.float64)).sum().backward()
+    opt.step()
+    offs, layout = 0, {torch.float64: []}
+    for p in model.parameters():
+        layout[torch.float64].append((p, offs))
+        offs += p.numel()
+    return model, opt, BlockMoments(opt, strategy, layout)
+
+
+@pytest.mark.parametrize("strategy", ["corrected", "average", "local", "reset"])
+def test_strategies_on_adam_state(strategy):
+    model, opt, mom = _adam_with_state(strategy)
+    mom.start()  # m_init_0: the current buffers (here after one step)
+    n = sum(p.numel() for p in model.parameters())
+    bars = [torch.full((n,), 0.25, dtype=torch.float64), torch.full((n,), 0.5,
+                                                                     dtype=torch.float64)]
+    before = copy.deepcopy(opt.state_dict()["state"])
+    mom.apply(torch.float64, bars[:len(mom.sent_keys)], tau=2, eta_rho=1.5)
+    mom.finish(eta_rho=1.5)
+    for i, p in enumerate(model.parameters()):
+        st, old = opt.state[p], before[i]
+        if strategy == "local":
+            assert torch.equal(st["exp_avg"], old["exp_avg"]) and float(st["step"]) == 1.0
+        elif strategy == "reset":
+            assert not st["exp_avg"].any() and not st["exp_avg_sq"].any()
+            assert float(st["step"]) == 0.0
+        elif strategy == "average":
+            assert torch.all(st["exp_avg"] == 0.25) and torch.all(st["exp_avg_sq"] == 0.5)
+            assert float(st["step"]) == 1.0
+        else:
+            a, b = corrected_coefficients(0.5, 2, 1.5)
+            assert torch.allclose(st["exp_avg"], a * old["exp_avg"] + b * 0.25)
+            a, b = corrected_coefficients(0.9, 2, 1.5)
+            assert torch.allclose(st["exp_avg_sq"], a * old["exp_avg_sq"] + b * 0.5)
+            assert float(st["step"]) == 2.5  # k += eta * rho_n
+
+
+def test_amsgrad_needs_local():
+    with pytest.raises(ValueError, match="amsgrad"):
+        _adam_with_state("corrected", amsgrad=True)
+    _adam_with_state("local", amsgrad=True)
+
+
+class OneLearner:
+    """The topology of a single process (one node of one learner): no communication."""
+
+    rank, size, local_rank, local_size, node, num_nodes = 0, 1, 0, 1, 0, 1
+
+    def require_equal_nodes(self, what: str) -> None:
+        pass
+
+    def broadcast_(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        return t
+
+    def allreduce_(self, t: torch.Tensor, op: str = "avg") -> torch.Tensor:
+        return t
+
+
+def _run(algo: BMUF, model: torch.nn.Module, steps: range) -> None:
+    for t in steps:
+        g = torch.Generator().manual_seed(t)
+        x, y = torch.randn(5, 3, generator=g), torch.randn(5, 2, generator=g)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        algo.step()
+        algo.zero_grad()
+
+
+def _make(seed: int, **kw: object) -> tuple[torch.nn.Module, torch.optim.Optimizer, BMUF]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05, betas=(0.5, 0.99))
+    return model, opt, BMUF(model, opt, OneLearner(), sync_period=3, block_momentum=0.5, **kw)
+
+
+def test_mid_block_state_dict_round_trip_and_evaluation_swap():
+    model, opt, algo = _make(0, warmup_steps=2)
+    _run(algo, model, range(9))  # warm-up 2, block of 3, block of 3, 1 step in the third
+    assert algo.started and algo.num_syncs == 2 and algo.block_steps == 1
+    local = [p.detach().clone() for p in model.parameters()]
+    with algo.evaluation_parameters() as m:
+        glob = [p.detach().clone() for p in m.parameters()]
+    assert [torch.equal(a, b) for a, b in zip(local, model.parameters(), strict=True)] == \
+        [True, True]  # restored after the swap
+    assert not all(torch.equal(a, b) for a, b in zip(local, glob, strict=True))
+    state = copy.deepcopy({"model": model.state_dict(), "algo": algo.state_dict()})
+    model2, opt2, algo2 = _make(1, warmup_steps=2)
+    model2.load_state_dict(state["model"])
+    algo2.load_state_dict(state["algo"])
+    _run(algo, model, range(9, 14))
+    _run(algo2, model2, range(9, 14))
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(algo.global_model[torch.float32], algo2.global_model[torch.float32])
+    assert float(opt.state[model.weight]["step"]) == float(opt2.state[model2.weight]["step"])
