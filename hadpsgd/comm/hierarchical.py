@@ -21,6 +21,7 @@ import torch
 
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager
 
 HierAlgo = Literal["auto", "shard", "leader"]
@@ -216,7 +217,7 @@ def as_native(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
     Half precision goes to float32: MPI has no portable half type.
     """
-    native = t.dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8)
+    native = t.dtype in MPI_NATIVE
     if native and t.is_contiguous():
         return t, False
     return t.detach().to(torch.float32 if not native else t.dtype).contiguous(), True

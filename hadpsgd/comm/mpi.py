@@ -11,7 +11,7 @@ import torch
 _THREAD_NAMES = {0: "SINGLE", 1: "FUNNELED", 2: "SERIALIZED", 3: "MULTIPLE"}
 
 # MPI has no portable half type: such buffers are reduced in float32 (see Topology.allreduce_).
-_MPI_NATIVE = {torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8}
+MPI_NATIVE = {torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8}
 
 
 def mpi() -> Any:
@@ -68,8 +68,8 @@ def as_mpi_array(tensor: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]
     Contiguous CPU tensors of a native dtype are passed without copying. Half-precision and
     device tensors are staged in a float32 / host copy that the caller copies back.
     """
-    if tensor.device.type == "cpu" and tensor.dtype in _MPI_NATIVE and tensor.is_contiguous():
+    if tensor.device.type == "cpu" and tensor.dtype in MPI_NATIVE and tensor.is_contiguous():
         return tensor.numpy(), None
-    dtype = tensor.dtype if tensor.dtype in _MPI_NATIVE else torch.float32
+    dtype = tensor.dtype if tensor.dtype in MPI_NATIVE else torch.float32
     staged = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
     return staged.numpy(), staged

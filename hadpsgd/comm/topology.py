@@ -15,7 +15,6 @@ from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Path, Reducer, as_native
 from hadpsgd.comm.mpi import as_mpi_array
 from hadpsgd.comm.objects import bcast_object
-from hadpsgd.comm.staging import Stager
 
 ReduceOp = Literal["avg", "sum"]
 
@@ -71,7 +70,6 @@ class Topology:
     reducer: Reducer = field(repr=False)
     _backend: IntraBackend = field(repr=False)
     _mpi: Any = field(repr=False, default=None)
-    _stager: Stager = field(repr=False, default_factory=Stager)
 
     # ------------------------------------------------------------------ layout
     @property
