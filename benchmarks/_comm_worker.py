@@ -40,6 +40,7 @@ from benchmarks.comm import (
 )
 from hadpsgd import comm as hcomm
 from hadpsgd.comm import Topology
+from hadpsgd.comm.flat import zeros as flat_zeros
 from hadpsgd.comm.hierarchical import Path as ReducePath
 
 Buffer = Any
@@ -151,7 +152,9 @@ class Cases:
 
     @staticmethod
     def _buffer(count: int, numpy: bool) -> Buffer:
-        return np.empty(count, dtype=np.float32) if numpy else torch.empty(count)
+        # hadpsgd's own flat buffers come from hadpsgd.comm.flat.zeros (NumPy-allocated host
+        # memory); benchmark the collectives on the same kind of buffer.
+        return np.empty(count, dtype=np.float32) if numpy else flat_zeros(count)
 
     def _reduction(self, label: str, count: int, expected: float, op: Callable[[Buffer], None],
                    numpy: bool = False) -> Case:

@@ -62,36 +62,44 @@ class IntraBackend:
 
 
 class MPIIntra(IntraBackend):
-    """MPI collectives on the node communicator (shared-memory transport inside a node)."""
+    """MPI collectives on the node communicator (shared-memory transport inside a node).
+
+    Blocking calls (MPI's tuned algorithms) under the watchdog's guard; see
+    :meth:`Watchdog.guard`.
+    """
 
     name = "mpi"
 
-    def _wait(self, req: Any, what: str) -> None:
-        self.watchdog.wait(req, f"intra-node {what} (mpi)", self.world_ranks)
+    def _guard(self, what: str) -> Any:
+        return self.watchdog.guard(f"intra-node {what} (mpi)", self.world_ranks)
 
     def allreduce_(self, t: torch.Tensor) -> None:  # noqa: D102
         from mpi4py import MPI
 
-        self._wait(self.comm.Iallreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM), "allreduce")
+        with self._guard("allreduce"):
+            self.comm.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)
 
     def reduce_scatter_(self, t: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
         from mpi4py import MPI
 
-        self._wait(self.comm.Ireduce_scatter_block(t.numpy(), out.numpy(), op=MPI.SUM),
-                   "reduce-scatter")
+        with self._guard("reduce-scatter"):
+            self.comm.Reduce_scatter_block(t.numpy(), out.numpy(), op=MPI.SUM)
 
     def allgather_(self, shard: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
-        self._wait(self.comm.Iallgather(shard.numpy(), out.numpy()), "allgather")
+        with self._guard("allgather"):
+            self.comm.Allgather(shard.numpy(), out.numpy())
 
     def reduce_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
         from mpi4py import MPI
 
         buf = t.numpy()
         send = MPI.IN_PLACE if self.rank == root else buf
-        self._wait(self.comm.Ireduce(send, buf, op=MPI.SUM, root=root), "reduce")
+        with self._guard("reduce"):
+            self.comm.Reduce(send, buf, op=MPI.SUM, root=root)
 
     def bcast_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
-        self._wait(self.comm.Ibcast(t.numpy(), root=root), "broadcast")
+        with self._guard("broadcast"):
+            self.comm.Bcast(t.numpy(), root=root)
 
 
 class GlooIntra(IntraBackend):

@@ -7,9 +7,12 @@ error as the peer that never arrived.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -90,6 +93,50 @@ class Watchdog:
         self.timeout = timeout
         self.seq = 0
         """Operations waited on so far; peers compare it to spot who is behind."""
+        self._active: tuple[str, list[int] | None, float, int] | None = None
+        self._monitor: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def guard(self, what: str, group: list[int] | None = None) -> Iterator[None]:
+        """Run a *blocking* MPI call under the deadline.
+
+        Blocking collectives use MPI's tuned algorithms and progress by themselves, which is
+        much faster for large buffers than polling a non-blocking one; but they cannot be
+        interrupted. So a monitor thread watches the call: past the deadline it names the
+        missing peers (as :meth:`fail` does), prints the error and aborts the job.
+        """
+        self.seq += 1
+        self._ensure_monitor()
+        self._active = (what, group, time.monotonic() + self.timeout, self.seq)
+        try:
+            yield
+        finally:
+            self._active = None
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None:
+            self._monitor = threading.Thread(target=self._watch, name="hadpsgd-watchdog",
+                                             daemon=True)
+            self._monitor.start()
+
+    def _watch(self) -> None:
+        tick = min(0.2, self.timeout / 10)
+        while True:
+            time.sleep(tick)
+            active = self._active
+            if active is None or time.monotonic() < active[2]:
+                continue
+            what, group, _, seq = active
+            if self._active is None or self._active[3] != seq:
+                continue  # finished just now
+            try:
+                self.fail(what, group)
+            except CommTimeoutError as err:
+                print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+            # Give the other stuck ranks time to print their own diagnosis, then end the job:
+            # the blocked call can never return an error to the caller.
+            time.sleep(1.0)
+            self.control.Abort(3)
 
     def wait(self, request: Any, what: str, group: list[int] | None = None) -> None:
         """Wait for ``request`` (an MPI request), raising :class:`CommTimeoutError` at the deadline.

@@ -4,8 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import nn
+
+
+def zeros(numel: int, dtype: torch.dtype = torch.float32,
+          device: torch.device | str = "cpu") -> torch.Tensor:
+    """A zeroed 1-D tensor whose host memory MPI moves fastest.
+
+    On CPU the memory comes from NumPy's allocator: measured with Open MPI's shared-memory
+    transport, an ``Allreduce`` of 1-8 MiB on it was 10-25 % faster than on memory from
+    torch's CPU allocator (see ``python -m benchmarks.comm``). Other devices and dtypes NumPy
+    lacks use ``torch.zeros``.
+    """
+    if torch.device(device).type == "cpu":
+        try:
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        except TypeError:  # e.g. bfloat16: no NumPy equivalent
+            return torch.zeros(numel, dtype=dtype)
+        return torch.from_numpy(np.zeros(numel, dtype=np_dtype))
+    return torch.zeros(numel, dtype=dtype, device=device)
 
 
 class FlatBuffer:
@@ -32,7 +51,7 @@ class FlatBuffer:
             sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
         for dtype, n in sizes.items():
             device = next(p.device for p in self.params if p.dtype == dtype)
-            self.buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
+            self.buffers[dtype] = zeros(n, dtype, device)
         for p, (dtype, offset) in zip(self.params, slots, strict=True):
             view = self.buffers[dtype][offset:offset + p.numel()].view_as(p)
             if kind == "data":

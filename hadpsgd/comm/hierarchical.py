@@ -21,6 +21,7 @@ import torch
 
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager
 
@@ -74,7 +75,8 @@ class Reducer:
             return
 
         def op(buf: Any) -> None:
-            self.watchdog.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM), what, group)
+            with self.watchdog.guard(what, group):
+                comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
         if t.is_cuda and not self.cuda_aware:
             self.stager.run_staged(t, self._elems(t), op)
@@ -88,7 +90,7 @@ class Reducer:
         key = (t.dtype, t.device, slot)
         buf = self._scratch.get(key)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=t.dtype, device=t.device)
+            buf = zeros(numel, t.dtype, t.device)
             self._scratch[key] = buf
         return buf[:numel]
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hadpsgd.comm.flat import zeros
+
 
 def mpi_is_cuda_aware() -> bool:
     """Whether the loaded MPI library accepts device pointers.
@@ -52,7 +54,8 @@ class Stager:
         key = (dtype, slot)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(max(numel, 1), dtype=dtype, pin_memory=self.pin)
+            buf = (torch.empty(max(numel, 1), dtype=dtype, pin_memory=True) if self.pin
+                   else zeros(max(numel, 1), dtype))
             self._buffers[key] = buf
         return buf[:numel]
 

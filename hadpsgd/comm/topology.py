@@ -144,8 +144,9 @@ class Topology:
         """Overwrite ``tensor`` on every learner with ``root``'s and return it."""
         if self.size > 1:
             buf, staged = as_mpi_array(tensor)
-            self.watchdog.wait(self.comm.Ibcast(buf, root=root),
-                               f"broadcast of {tensor.numel()} {tensor.dtype} from rank {root}")
+            with self.watchdog.guard(f"broadcast of {tensor.numel()} {tensor.dtype} from rank "
+                                     f"{root}"):
+                self.comm.Bcast(buf, root=root)
             if staged is not None:
                 tensor.copy_(staged)
         return tensor
@@ -159,10 +160,10 @@ class Topology:
             raise ValueError("exchange: send and recv must have the same size and dtype")
         sbuf, _ = as_mpi_array(send)
         rbuf, staged = as_mpi_array(recv)
-        reqs = [self.comm.Irecv(rbuf, source=peer, tag=tag),
-                self.comm.Isend(sbuf, dest=peer, tag=tag)]
-        self.watchdog.wait_all(reqs, f"pair exchange of {send.numel()} {send.dtype} between "
-                               f"ranks {self.rank} and {peer}", [peer])
+        with self.watchdog.guard(f"pair exchange of {send.numel()} {send.dtype} between "
+                                 f"ranks {self.rank} and {peer}", [peer]):
+            self.comm.Sendrecv(sbuf, dest=peer, sendtag=tag, recvbuf=rbuf, source=peer,
+                               recvtag=tag)
         if staged is not None:
             recv.copy_(staged)
 

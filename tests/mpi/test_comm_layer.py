@@ -4,6 +4,7 @@ Layout ``NxK`` is N emulated nodes of K consecutive ranks (``HADPSGD_RANKS_PER_N
 """
 
 import re
+import time
 
 import pytest
 
@@ -49,11 +50,13 @@ def test_missing_peer_is_named_within_deadline(nprocs, per_node):
     env = {"HADPSGD_TIMEOUT": "4"}
     if per_node:
         env["HADPSGD_RANKS_PER_NODE"] = per_node
+    start = time.monotonic()
     res = run_worker(nprocs, "deadline", env=env, timeout=150)
-    lines = re.findall(r"TIMEOUT rank (\d) after ([\d.]+)s missing=\[(.*?)\]: (.*)", res.stdout)
-    assert sorted(int(r) for r, *_ in lines) == list(range(1, nprocs)), res.output
-    for _, seconds, missing, msg in lines:
-        assert float(seconds) < 4 + 6  # the deadline plus the diagnosis grace period
-        assert missing == "0", msg  # every rank names rank 0, even through the hierarchy
-        assert "rank(s) 0 never arrived" in msg and "HADPSGD_TIMEOUT" in msg
-    assert res.returncode != 0
+    elapsed = time.monotonic() - start
+    assert res.returncode != 0 and "NO TIMEOUT" not in res.stdout
+    # rank 0 sleeps 60 s: only the deadline (4 s + diagnosis grace) can end the job that soon
+    assert elapsed < 40, res.output
+    errors = re.findall(r"hadpsgd: error: rank (\d): (.*)", res.stderr)
+    assert {int(r) for r, _ in errors} == set(range(1, nprocs)), res.output
+    for _, msg in errors:
+        assert "rank(s) 0 never arrived" in msg and "HADPSGD_TIMEOUT" in msg, msg
