@@ -86,11 +86,14 @@ class Watchdog:
     Args:
         control: A communicator duplicated from the world, used only for diagnosis.
         timeout: Deadline in seconds.
+        thread_multiple: Whether MPI granted THREAD_MULTIPLE: only then may the monitor
+            thread of :meth:`guard` talk to the peers while the main thread is blocked.
     """
 
-    def __init__(self, control: Any, timeout: float) -> None:
+    def __init__(self, control: Any, timeout: float, thread_multiple: bool = True) -> None:
         self.control = control
         self.timeout = timeout
+        self.thread_multiple = thread_multiple
         self.seq = 0
         """Operations waited on so far; peers compare it to spot who is behind."""
         self._active: tuple[str, list[int] | None, float, int] | None = None
@@ -129,10 +132,15 @@ class Watchdog:
             what, group, _, seq = active
             if self._active is None or self._active[3] != seq:
                 continue  # finished just now
-            try:
-                self.fail(what, group)
-            except CommTimeoutError as err:
-                print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+            if self.thread_multiple:
+                try:
+                    self.fail(what, group)
+                except CommTimeoutError as err:
+                    print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+            else:  # MPI may not be called from this thread: no diagnosis, just the facts
+                print(f"hadpsgd: error: rank {self.control.Get_rank()}: {what} did not complete "
+                      f"within {self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job",
+                      file=sys.stderr, flush=True)
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
             # the blocked call can never return an error to the caller.
             time.sleep(1.0)
