@@ -13,31 +13,21 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hadpsgd.launch import launch_env, mpirun_command  # noqa: E402
+from _launch import emit, run_worker  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "_bmuf_worker.py")
 
 
 def run_job(n: int, rpn: int, worker_args: list[str], timeout: float) -> list[dict]:
     """Run the worker on ``n`` ranks; returns its JSON rows (one per mode)."""
-    cmd = mpirun_command(n, [], module="x")[:-3] + [sys.executable, WORKER, *worker_args]
-    env = launch_env(nprocs=n)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["HADPSGD_RANKS_PER_NODE"] = str(rpn)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if out.returncode != 0:
-        raise SystemExit(f"benchmark failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
+    return run_worker(WORKER, worker_args, n, timeout, {"HADPSGD_RANKS_PER_NODE": str(rpn)})
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -93,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     record = {"benchmark": "bmuf", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "cpus": os.cpu_count(), "ranks_per_node": a.ranks_per_node, "rows": rows}
-    print(json.dumps(record))
-    if a.json:
-        a.json.write_text(json.dumps(record, indent=2) + "\n")
+    emit(record, a.json)
     return 0
 
 

@@ -11,30 +11,19 @@ keep their own pace (gossip never blocks compute). The ratio is ADPSGD / SSGD at
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hadpsgd.launch import launch_env, mpirun_command  # noqa: E402
+from _launch import emit, run_worker  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "_straggler_worker.py")
 
 
 def measure(algo: str, k: float, n: int, extra: list[str], timeout: float) -> dict:
-    cmd = mpirun_command(n, [], module="x")[:-3] + [sys.executable, WORKER, "--algo", algo,
-                                                   "--slowdown", str(k), *extra]
-    env = launch_env(nprocs=n)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+    return run_worker(WORKER, ["--algo", algo, "--slowdown", str(k), *extra], n, timeout)[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['adpsgd_frames_per_s']:>16.0f} {r['ratio_adpsgd_vs_ssgd']:>12.2f}")
     record = {"benchmark": "straggler", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "ranks": a.nprocs, "preset": a.preset, "rows": rows}
-    print(json.dumps(record))
-    if a.json:
-        a.json.write_text(json.dumps(record, indent=2) + "\n")
+    emit(record, a.json)
     return 0
 
 

@@ -10,31 +10,19 @@ frames/s with the ratio to the plain loop measured in the same run. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hadpsgd.launch import launch_env, mpirun_command  # noqa: E402
+from _launch import emit, run_worker  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "_throughput_worker.py")
 # Per-rank batch and classes: the paper's 128 x 21 frames and 32,000 classes for swb would
 # take minutes per step on a 2-core CPU, so the CPU defaults are smaller (flags override).
 DEFAULTS = {"small": (32, 64), "swb": (8, 32000)}
-
-
-def run(cmd: list[str], nprocs: int, timeout: float) -> dict:
-    env = launch_env(nprocs=nprocs)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if out.returncode != 0:
-        raise SystemExit(f"benchmark step failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,12 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         batch, classes = a.batch or batch, a.classes or classes
         common = ["--preset", preset, "--batch", str(batch), "--classes", str(classes),
                   "--steps", str(a.steps)]
-        base = run([sys.executable, WORKER, "--mode", "plain", *common], 1, a.timeout)
+        base = run_worker(WORKER, ["--mode", "plain", *common], None, a.timeout)[-1]
         rows.append({**base, "ratio_vs_plain": 1.0})
         for n in a.ranks:
-            cmd = mpirun_command(n, [], module="x")[:-3] + [sys.executable, WORKER,
-                                                           "--mode", "ssgd", *common]
-            res = run(cmd, n, a.timeout)
+            res = run_worker(WORKER, ["--mode", "ssgd", *common], n, a.timeout)[-1]
             res["ratio_vs_plain"] = res["frames_per_s"] / base["frames_per_s"]
             rows.append(res)
 
@@ -71,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ratio_vs_plain']:>8.2f}")
     record = {"benchmark": "train_throughput", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "cpus": os.cpu_count(), "rows": rows}
-    print(json.dumps(record))
-    if a.json:
-        a.json.write_text(json.dumps(record, indent=2) + "\n")
+    emit(record, a.json)
     return 0
 
 

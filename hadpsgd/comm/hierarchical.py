@@ -113,24 +113,14 @@ class Reducer:
         """
         if self.intra.size == 1:
             return
-        if t.is_cuda and self.intra.name != "nccl":
-            host = self.stager.buffer(t.dtype, t.numel(), slot=2)
-            host.copy_(t)
-            self.intra.allreduce_(host)
-            t.copy_(host)
-        else:
+        if not self._via_host(t, self.intra.allreduce_):
             self.intra.allreduce_(t)
 
     def intra_bcast_(self, t: torch.Tensor, root: int = 0) -> None:
         """Copy local rank ``root``'s ``t`` to every learner of this node."""
         if self.intra.size == 1:
             return
-        if self._host_intra(t):
-            host = self.stager.buffer(t.dtype, t.numel(), slot=2)
-            host.copy_(t)
-            self.intra.bcast_(host, root)
-            t.copy_(host)
-        else:
+        if not self._via_host(t, lambda h: self.intra.bcast_(h, root)):
             self.intra.bcast_(t, root)
 
     def inter_sum_(self, t: torch.Tensor) -> None:
@@ -168,12 +158,22 @@ class Reducer:
     def _host_intra(self, b: torch.Tensor) -> bool:
         return b.is_cuda and self.intra.name != "nccl"
 
+    def _via_host(self, t: torch.Tensor, fn: Any) -> bool:
+        """Apply ``fn`` to a host copy of ``t`` if the intra-node backend needs host memory.
+
+        That is a device tensor with the MPI or gloo backend; otherwise nothing is done and
+        the result is False.
+        """
+        if not self._host_intra(t):
+            return False
+        host = self.stager.buffer(t.dtype, t.numel(), slot=2)
+        host.copy_(t)
+        fn(host)
+        t.copy_(host)
+        return True
+
     def _hier_bucket(self, b: torch.Tensor) -> None:
-        if self._host_intra(b):  # MPI / gloo inside the node need host memory
-            host = self.stager.buffer(b.dtype, b.numel(), slot=2)
-            host.copy_(b)
-            self._hier_bucket(host)
-            b.copy_(host)
+        if self._via_host(b, self._hier_bucket):
             return
         what = f"inter-node allreduce of {b.numel()} {b.dtype}"
         if self.algo == "shard":
@@ -191,11 +191,7 @@ class Reducer:
             self.intra.bcast_(b, root=0)
 
     def _inter_bucket(self, b: torch.Tensor) -> None:
-        if self._host_intra(b):
-            host = self.stager.buffer(b.dtype, b.numel(), slot=2)
-            host.copy_(b)
-            self._inter_bucket(host)
-            b.copy_(host)
+        if self._via_host(b, self._inter_bucket):
             return
         what = f"inter-node allreduce of {b.numel()} {b.dtype}"
         if self.algo == "shard" and self.intra.size > 1:
