@@ -152,18 +152,8 @@ class GossipThread(threading.Thread):
                 self.comm.Isend(self._send.numpy(), dest=p, tag=tag)]
         what = (f"gossip exchange (round {r}) between super-learner {self.node} and "
                 f"{p} (rank {self.world_ranks[p]})")
-        if terminating is None:
-            self.watchdog.wait_all(reqs, what, [self.world_ranks[p]])
-        else:
-            # While waiting, keep the termination agreement moving (see _terminate).
-            pending = list(reqs)
-
-            def done() -> bool:
-                terminating()
-                pending[:] = [q for q in pending if not q.Test()]
-                return not pending
-
-            self.watchdog.wait_until(done, what, [self.world_ranks[p]])
+        # While terminating, keep the termination agreement moving as we wait (_terminate).
+        self.watchdog.wait_all(reqs, what, [self.world_ranks[p]], progress=terminating)
         if self._send[n] == 0.0 or self._recv[n] == 0.0:
             self.skipped_nonfinite += 1
             return

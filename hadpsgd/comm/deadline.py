@@ -159,12 +159,19 @@ class Watchdog:
             return
         self.fail(what, group)
 
-    def wait_all(self, requests: list[Any], what: str, group: list[int] | None = None) -> None:
-        """Wait for every request in ``requests`` (see :meth:`wait`)."""
+    def wait_all(self, requests: list[Any], what: str, group: list[int] | None = None,
+                 progress: Callable[[], None] | None = None) -> None:
+        """Wait for every request in ``requests`` (see :meth:`wait`).
+
+        ``progress``, if given, is called at every poll: work the caller must keep moving
+        while it waits (e.g. the gossip thread's termination agreement).
+        """
         self.seq += 1
         pending = list(requests)
 
         def done() -> bool:
+            if progress is not None:
+                progress()
             pending[:] = [r for r in pending if not r.Test()]
             return not pending
 

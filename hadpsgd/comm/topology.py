@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -197,33 +196,3 @@ class Topology:
     def close(self) -> None:
         """Release the intra-node backend (the MPI communicators live until exit)."""
         self._backend.close()
-
-
-def _resolve_ranks_per_node(ranks_per_node: int | None) -> int | None:
-    if ranks_per_node is None:
-        raw = os.environ.get("HADPSGD_RANKS_PER_NODE", "").strip()
-        if raw:
-            try:
-                ranks_per_node = int(raw)
-            except ValueError:
-                raise TopologyError(
-                    f"HADPSGD_RANKS_PER_NODE={raw!r} is not an integer; set it to the number of "
-                    "consecutive ranks that form one emulated node, or unset it"
-                ) from None
-    if ranks_per_node is not None and ranks_per_node < 1:
-        raise TopologyError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
-    return ranks_per_node
-
-
-def _resolve_device(device: str, local_rank: int) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return torch.device("cpu")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise TopologyError(
-                f"device={device!r} was asked for but CUDA is not available; use --device cpu"
-            )
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    raise TopologyError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
