@@ -130,7 +130,21 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Also checkpoint every this many steps (0: only at the end of each epoch and of the run)."""
     resume: str | None = None
-    """Checkpoint to resume from, or 'auto' for the latest one in --out-dir."""
+    """Checkpoint directory to resume from, or 'auto' for the newest complete, valid one in
+    --out-dir (corrupted or incomplete ones are reported and skipped)."""
+    allow_resume_change: bool = False
+    """Let --resume take a checkpoint written with another number of ranks or another --algo:
+    its deployable model (and optimizer state if the optimizer matches) and its epoch position
+    are carried over; the algorithm's own state starts afresh, so the result is not exact."""
+    keep_checkpoints: int = 3
+    """Keep only the newest this many checkpoints in --out-dir (0 keeps all)."""
+    control_every: int = 10
+    """Every this many steps the ranks agree (one tiny allreduce) on stop requests from
+    signals and on non-finite steps; a SIGTERM/SIGINT/SIGUSR1 takes effect at the next one."""
+    max_nonfinite: int = 5
+    """Steps with a non-finite loss or gradient are skipped by every learner sharing them; more
+    than this many such events (rank x step) stop the run with an error naming them (0: stop
+    at the first)."""
     tensorboard: bool = False
     """Also write TensorBoard event files (needs pip install 'hadpsgd[tb]')."""
     progress: bool = True
@@ -143,7 +157,9 @@ class TrainConfig:
                 f"{', '.join(_algo_names())}"
             )
         _positive(self, "epochs", "batch_size", "log_every")
-        _positive(self, "max_steps", "checkpoint_every", allow_zero=True)
+        _positive(self, "control_every")
+        _positive(self, "max_steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite",
+                  allow_zero=True)
         if self.resume == "auto" and self.out_dir is None:
             raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
 

@@ -28,11 +28,25 @@ from hadpsgd.train import (
     latest_checkpoint,
     load_checkpoint,
 )
-from hadpsgd.train.setup import build_optimizer, make_out_dir, resolve_data
+from hadpsgd.train.checkpoint import CheckpointError
+from hadpsgd.train.loop import NonFiniteError
+from hadpsgd.train.setup import (
+    build_optimizer,
+    check_steps,
+    make_out_dir,
+    resolve_data,
+    validate_data,
+)
+from hadpsgd.train.stop import EXIT_STOPPED, FLAG
 
 # Errors a user causes (bad flag, file, layout): reported as one line, without a traceback.
 USER_ERRORS = (ConfigError, FeatureFileError, FileNotFoundError, comm.TopologyError,
-               ImportError, ValueError)
+               CheckpointError, ImportError, ValueError)
+# Failures whose message says everything: one line, no traceback, exit code 1.
+CLEAN_ERRORS = (NonFiniteError, comm.CommTimeoutError)
+
+EXIT_USER_ERROR = 2
+"""Bad flag, file or layout: nothing was trained."""
 
 
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
@@ -63,6 +77,9 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
             f"{heldout_path} has {heldout_set.file.num_classes} classes but {train_path} has "
             f"{train_set.file.num_classes}; both splits must share one label set"
         )
+    # Every bad input must stop the run here, before a model or output directory exists.
+    check_steps(train_set, heldout_set, cfg.train.batch_size, topo.size)
+    validate_data([train_set.file, heldout_set.file], topo)
     # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
     # ranks keeps single-process runs reproducible too.
     torch.manual_seed(cfg.train.seed)
@@ -77,7 +94,10 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
     opts = LoopOptions(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
                        seed=cfg.train.seed, max_steps=cfg.train.max_steps,
                        log_every=cfg.train.log_every, checkpoint_every=cfg.train.checkpoint_every,
-                       progress=cfg.train.progress, num_workers=cfg.data.num_workers)
+                       progress=cfg.train.progress, num_workers=cfg.data.num_workers,
+                       control_every=cfg.train.control_every,
+                       max_nonfinite=cfg.train.max_nonfinite,
+                       keep_checkpoints=cfg.train.keep_checkpoints)
     trainer = Trainer(algo, topo, train_set, heldout_set, schedule, opts, out_dir, metrics,
                       config=to_dict(cfg))
     if cfg.train.resume:
@@ -91,6 +111,8 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
     with algo:
         history = trainer.run()
     metrics.close()
+    if trainer.stopped_by:
+        return trainer
     if topo.rank == 0:
         first, last = history[0], history[-1]
         print(f"[hadpsgd] done in {time.perf_counter() - start:.1f} s: held-out loss "
@@ -102,24 +124,53 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
 
 
 def _resume(trainer: Trainer, cfg: RunConfig, topo: comm.Topology, out_dir: os.PathLike) -> None:
-    path = latest_checkpoint(trainer.ckpt_dir) if cfg.train.resume == "auto" else cfg.train.resume
+    """Load the checkpoint named by --resume; rank 0 picks and verifies, everyone loads it."""
+    path = None
+    if topo.rank == 0:
+        if cfg.train.resume == "auto":
+            path = latest_checkpoint(trainer.ckpt_dir,
+                                     report=lambda msg: print(f"[hadpsgd] {msg}", flush=True))
+        else:
+            path = cfg.train.resume
+            load_checkpoint(path, verify=True)  # fail here, naming it, if it is bad
+    path = topo.bcast_object(path, root=0)
     if path is None:
         if topo.rank == 0:
-            print(f"[hadpsgd] --resume auto: no checkpoint in {trainer.ckpt_dir}, starting fresh")
+            print(f"[hadpsgd] --resume auto: no complete checkpoint in {trainer.ckpt_dir}, "
+                  "starting fresh", flush=True)
         return
-    state = load_checkpoint(path)
-    if state.get("world_size") != topo.size:
-        raise ValueError(
-            f"checkpoint {path} was written by {state.get('world_size')} learners; resume it "
-            f"with the same number of ranks (-np {state.get('world_size')}), not {topo.size}"
-        )
+    state = load_checkpoint(path, verify=False)  # rank 0 verified the checksums
+    old_world, old_algo = state.get("world_size"), state.get("algo", {}).get("name")
+    changed = []
+    if old_world != topo.size:
+        changed.append(f"{old_world} learners (now {topo.size}; same -np {old_world} resumes "
+                       "exactly)")
+    if old_algo != cfg.train.algo:
+        changed.append(f"--algo {old_algo} (now {cfg.train.algo})")
+    if changed and not cfg.train.allow_resume_change:
+        raise ConfigError(f"checkpoint {path} was written with {' and '.join(changed)}; "
+                          "resume it as it was written, or pass --allow-resume-change to carry "
+                          "over its model and epoch (not an exact resume)")
+    if changed:
+        same_opt = state["config"]["optim"]["optimizer"] == cfg.optim.optimizer
+        summary = trainer.adopt(state, same_optimizer=same_opt)
+        if topo.rank == 0:
+            print(f"[hadpsgd] resumed from {path} with a change ({'; '.join(changed)}): "
+                  f"{summary}", flush=True)
+        return
     trainer.load_state_dict(state)
     if topo.rank == 0:
         print(f"[hadpsgd] resumed from {path} at step {trainer.pos.global_step}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
+    """Entry point; returns the process exit code.
+
+    0: trained to the end. 75: stopped on a signal after writing a checkpoint (run again with
+    ``--resume auto``). 2: a bad flag, file or layout, found before training. 1: a failure
+    during training; with more than one rank the whole job is aborted so no peer is left
+    waiting in a collective.
+    """
     cfg = parse_config(argv)
     try:
         # A super-learner is a node; --super-learner-size regroups ranks like emulated nodes.
@@ -128,22 +179,60 @@ def main(argv: Sequence[str] | None = None) -> int:
                          cfg.comm.hier_algo, cfg.comm.bucket_mb)
     except comm.TopologyError as err:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    FLAG.install()
     try:
-        train(cfg, topo)
+        trainer = train(cfg, topo)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
-        user = isinstance(err, USER_ERRORS)
+        user = isinstance(err, USER_ERRORS) and not isinstance(err, CLEAN_ERRORS)
         prefix = f"hadpsgd: rank {topo.rank}: error: " if topo.size > 1 else "hadpsgd: error: "
-        if not user or os.environ.get("HADPSGD_DEBUG"):
+        if not (user or isinstance(err, CLEAN_ERRORS)) or os.environ.get("HADPSGD_DEBUG"):
             traceback.print_exc()
-        print(f"{prefix}{err}", file=sys.stderr, flush=True)
+        print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
+        code = EXIT_USER_ERROR if user else 1
         if topo.size > 1:
             # The peers may be blocked in a collective this rank will never join.
-            topo.abort(2 if user else 1)
-        return 2 if user else 1
+            topo.abort(code)
+        return code
+    finally:
+        FLAG.uninstall()
     topo.close()
+    if trainer.stopped_by:
+        return EXIT_STOPPED
     return 0
 
 
+def _run_as_script() -> int:
+    """``python -m hadpsgd.run``: like ``python -m mpi4py``, an escaped exception aborts the job.
+
+    :func:`main` handles everything raised while training; this catches the rest (an error
+    while importing or setting up, or a failure in another thread's hook) so that no rank is
+    left waiting for a peer that is gone.
+    """
+    import threading
+
+    def thread_failed(args: threading.ExceptHookArgs) -> None:
+        traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
+        _abort_world(1)
+
+    threading.excepthook = thread_failed
+    try:
+        return main()
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        _abort_world(1)
+        return 1
+
+
+def _abort_world(code: int) -> None:
+    from hadpsgd.comm.mpi import mpi
+
+    MPI = mpi()  # noqa: N806
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run_as_script())

@@ -90,12 +90,11 @@ class ADPSGD(Algorithm):
     def step(self) -> None:
         """Node-synchronous local step, then add any finished gossip delta."""
         self._check_thread()
-        self.grads.gather_grads()
+        self.gather_grads()
         for buf in self.grads.buffers.values():
             self.topo.intra_allreduce_(buf, op="avg")
-        self.clip_grads_()
         with self.lock:
-            self.optimizer.step()
+            self.apply_grads()
         self.steps += 1
         self._apply_gossip()
         if self.thread is not None:

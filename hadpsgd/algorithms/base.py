@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -93,7 +94,12 @@ class Algorithm(ABC):
         self.optimizer = optimizer
         self.topo = topo
         self.steps = 0
-        """Optimizer steps taken by this learner."""
+        """Steps taken by this learner (including skipped non-finite ones)."""
+        self.skipped_steps = 0
+        """Steps whose synchronised gradient was not finite, so no update was applied."""
+        self.local_nonfinite = False
+        """Whether this learner's own gradient (before any reduction) was non-finite in the
+        last step: it names the origin of a NaN that the reduction spreads to its peers."""
         self._closed = False
         params = [p for p in model.parameters() if p.requires_grad]
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -108,9 +114,46 @@ class Algorithm(ABC):
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
 
+    separate_eval_model = False
+    """Whether :meth:`evaluation_parameters` differs from the local replica (BMUF), so that a
+    checkpoint must store both."""
+
     @abstractmethod
     def step(self) -> None:
-        """Apply this step's gradients: communicate as the algorithm says and update."""
+        """Apply this step's gradients: communicate as the algorithm says and update.
+
+        Implementations call :meth:`gather_grads` first and :meth:`apply_grads` for the
+        update, which makes a non-finite step a no-op on every learner that shares it.
+        """
+
+    def gather_grads(self) -> None:
+        """Put this step's gradients into the flat buffers and note if they are non-finite.
+
+        The test is one sum per buffer (NaN and Inf propagate through it), cheap next to the
+        backward pass; it runs before the reduction so the error can name the origin rank.
+        """
+        self.grads.gather_grads()
+        self.local_nonfinite = not self._finite()
+
+    def _finite(self) -> bool:
+        return all(math.isfinite(float(b.sum())) for b in self.grads.buffers.values())
+
+    def apply_grads(self) -> bool:
+        """Clip and take the optimizer step, unless the (synchronised) gradient is non-finite.
+
+        Every learner that applies the same reduced gradient reaches the same verdict, so
+        they skip the step together without another message; the step still counts, which
+        keeps periodic collectives (BMUF's block sync, the loop's control points) aligned.
+
+        Returns:
+            Whether the update was applied.
+        """
+        if not self._finite():
+            self.skipped_steps += 1
+            return False
+        self.clip_grads_()
+        self.optimizer.step()
+        return True
 
     def clip_grads_(self) -> None:
         """Scale the gradients down to ``max_grad_norm`` if they exceed it.
@@ -143,13 +186,21 @@ class Algorithm(ABC):
         """
         yield self.model
 
+    def restart_from_model(self) -> None:  # noqa: B027 - stateless algorithms need nothing
+        """Re-derive the algorithm's own state from the current parameters.
+
+        Called after weights were loaded from a checkpoint of another algorithm or world
+        size (``--allow-resume-change``), when the algorithm's saved state does not apply.
+        """
+
     def metrics(self) -> dict[str, float]:
         """Algorithm-specific figures for the training log (empty by default)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: the algorithm's counters and the optimizer state."""
-        return {"name": self.name, "steps": self.steps, "optimizer": self.optimizer.state_dict()}
+        return {"name": self.name, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
@@ -163,6 +214,7 @@ class Algorithm(ABC):
                 f"resume with --algo {state.get('name')}"
             )
         self.steps = int(state["steps"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
@@ -174,4 +226,7 @@ class Algorithm(ABC):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        # On an error the peers may be gone: closing would wait for them (up to the deadline)
+        # and bury the real error under a timeout. The caller aborts the job instead.
+        if exc_type is None:
+            self.close()

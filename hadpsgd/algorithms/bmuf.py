@@ -54,6 +54,8 @@ class BMUF(Algorithm):
         hadpsgd.comm.TopologyError: If the nodes are of unequal size.
     """
 
+    separate_eval_model = True
+
     config_keys = {
         **Algorithm.config_keys,
         "sync_period": "algo.sync_period",
@@ -131,13 +133,12 @@ class BMUF(Algorithm):
     # ------------------------------------------------------------------ steps
     def step(self) -> None:
         """Node-synchronous local step; a block sync after every ``sync_period`` of them."""
-        self.grads.gather_grads()
+        self.gather_grads()
         if not self.started:
             # Warm-up: plain synchronous SGD over every learner.
             for buf in self.grads.buffers.values():
                 self.topo.allreduce_(buf, op="avg")
-            self.clip_grads_()
-            self.optimizer.step()
+            self.apply_grads()
             self.steps += 1
             if self.steps >= self.warmup_steps:
                 self._start()
@@ -146,8 +147,7 @@ class BMUF(Algorithm):
             # The learners of a node form one super-learner: identical steps on the node mean.
             for buf in self.grads.buffers.values():
                 self.topo.intra_allreduce_(buf, op="avg")
-        self.clip_grads_()
-        self.optimizer.step()
+        self.apply_grads()
         self.steps += 1
         self.block_steps += 1
         if self.block_steps >= self.sync_period:
@@ -195,6 +195,11 @@ class BMUF(Algorithm):
         self.moments.finish(eta_rho)
         self.block_steps = 0
         self.num_syncs += 1
+
+    def restart_from_model(self) -> None:
+        """A new filter from the loaded weights: theta = theta_init = them, Delta = 0."""
+        if self.started:
+            self._start()
 
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hadpsgd import faults
 from hadpsgd.comm import Watchdog
 
 
@@ -141,6 +142,8 @@ class GossipThread(threading.Thread):
         self.rounds += 1
         if p is None:
             return
+        if faults.active():  # tests: an exception in this thread, not the main one
+            faults.hit("gossip", self.world_ranks[self.node], self._steps)
         if self.jitter:
             time.sleep(self.rng.uniform(0, self.jitter))
         n = self.flat.numel()

@@ -30,9 +30,8 @@ class SSGD(Algorithm):
 
     def step(self) -> None:
         """Average the gradients over all learners, then take the local optimizer step."""
-        self.grads.gather_grads()
+        self.gather_grads()
         for buf in self.grads.buffers.values():
             self.topo.allreduce_(buf, op="avg")
-        self.clip_grads_()
-        self.optimizer.step()
+        self.apply_grads()
         self.steps += 1

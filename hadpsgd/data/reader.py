@@ -22,6 +22,7 @@ from hadpsgd.data._schema import (
     UTT_IDS,
     FeatureFileError,
 )
+from hadpsgd.data.validate import FIX_DAMAGED, FIX_FRAMES, path_problem
 
 # Labels are checked at open in blocks of this many frames: bounded memory on large files.
 _LABEL_BLOCK = 1 << 22
@@ -34,7 +35,8 @@ class FeatureFile:
 
     Everything that can be checked without reading the features is checked at construction
     (attributes, dataset shapes, the utterance index, every label), so a malformed file fails
-    before training starts. Non-finite feature values are found by :meth:`read`.
+    before training starts. Non-finite feature values are found by :meth:`read`, or up front
+    by :func:`hadpsgd.data.validate.scan_frames`.
 
     The HDF5 handle is opened lazily and re-opened in a process whose pid differs from the
     opener's: a handle inherited through ``fork`` (DataLoader workers) must not be shared, and
@@ -59,6 +61,11 @@ class FeatureFile:
         h5 = self._open()
         try:
             self._validate(h5, expected_feat_dim)
+        except (OSError, KeyError) as exc:
+            # HDF5 reports damaged metadata or label chunks as OSError, or KeyError when an
+            # object header cannot be read; either way the user must replace the file.
+            raise self._error(f"cannot read the file's metadata or labels ({exc}); "
+                              f"{FIX_DAMAGED}") from exc
         finally:
             # Close the validation handle: an open handle must not be inherited by forked
             # workers. The first read() opens a fresh one.
@@ -68,9 +75,9 @@ class FeatureFile:
         return FeatureFileError(f"{self.path}: {what}")
 
     def _open(self) -> h5py.File:
-        if not self.path.is_file():
-            raise self._error("feature file does not exist (check the path, or generate one "
-                              "with python -m hadpsgd.data.synth)")
+        problem = path_problem(self.path)
+        if problem is not None:
+            raise self._error(problem)
         try:
             # No chunk cache: HDF5 then reads just the requested rows of an (uncompressed) chunk
             # straight from the file. Measured on 4096x260 chunks, a random 21-frame read takes
@@ -78,7 +85,12 @@ class FeatureFile:
             # evicts whole 4 MiB chunks. Chunks are never re-read soon enough for a cache to pay.
             return h5py.File(self.path, "r", rdcc_nbytes=0)
         except OSError as exc:
-            raise self._error(f"not a readable HDF5 file ({exc})") from exc
+            if "truncated file" in str(exc):
+                # HDF5 compares the end-of-file address in the header with the actual size.
+                raise self._error(f"not a readable HDF5 file: it is truncated ({exc}); "
+                                  f"{FIX_DAMAGED}") from exc
+            raise self._error(f"not a readable HDF5 file ({exc}); pass an .h5 file written by "
+                              f"hadpsgd.data.write_features, or {FIX_DAMAGED}") from exc
 
     def _validate(self, h5: h5py.File, expected_feat_dim: int | None) -> None:
         for attr in REQUIRED_ATTRS:
@@ -97,6 +109,9 @@ class FeatureFile:
         self.feat_dim = int(h5.attrs["feat_dim"])
         if self.num_classes < 1:
             raise self._error(f"attribute num_classes is {self.num_classes}, must be >= 1")
+        if self.feat_dim < 1:
+            raise self._error(f"attribute feat_dim is {self.feat_dim}, must be >= 1; "
+                              f"{_FIX_WRITER}")
         if feats.ndim != 2 or feats.dtype.kind != "f":
             raise self._error(f"dataset 'feats' must be a 2-D float array [frames, dim], got "
                               f"shape {list(feats.shape)} dtype {feats.dtype}")
@@ -115,12 +130,13 @@ class FeatureFile:
             raise self._error(f"dataset 'labels' has {labels.shape[0]} entries but 'feats' has "
                               f"{self.num_frames} frames (one label per frame expected)")
         self._validate_offsets(offsets_ds)
+        self._validate_not_empty()
         if h5py.check_string_dtype(h5[UTT_IDS].dtype) is None:
             raise self._error(f"dataset 'utt_ids' must hold strings, got dtype "
                               f"{h5[UTT_IDS].dtype}")
         if h5[UTT_IDS].shape != (self.num_utts,):
             raise self._error(f"dataset 'utt_ids' has shape {list(h5[UTT_IDS].shape)} but "
-                              f"'offsets' describes {self.num_utts} utterances")
+                              f"'offsets' describes {self.num_utts} utterances; {_FIX_WRITER}")
         self._validate_labels(labels)
         self._validate_norm(h5)
 
@@ -130,17 +146,28 @@ class FeatureFile:
                               f"shape {list(ds.shape)} dtype {ds.dtype}")
         offsets = ds[()].astype(np.int64)
         if offsets[0] != 0:
-            raise self._error(f"offsets must start at 0, got {offsets[0]}")
+            raise self._error(f"offsets must start at 0, got {offsets[0]}; {_FIX_WRITER}")
         steps = np.diff(offsets)
         if (steps < 0).any():
             u = int(np.argmax(steps < 0))
             raise self._error(f"offsets are not monotonic non-decreasing: offsets[{u}]="
-                              f"{offsets[u]} > offsets[{u + 1}]={offsets[u + 1]}")
+                              f"{offsets[u]} > offsets[{u + 1}]={offsets[u + 1]}; {_FIX_WRITER}")
         if offsets[-1] != self.num_frames:
             raise self._error(f"offsets end at {offsets[-1]} but 'feats' has {self.num_frames} "
-                              f"frames (the last offset must equal the frame count)")
+                              f"frames (the last offset must equal the frame count); "
+                              f"{_FIX_WRITER}")
         self.offsets: np.ndarray = offsets
         self.num_utts = len(offsets) - 1
+
+    def _validate_not_empty(self) -> None:
+        # A file without frames yields no chunk: training would run zero steps and the
+        # held-out loss would average over nothing.
+        if self.num_utts == 0:
+            raise self._error("has no utterances; the import or generation that wrote it "
+                              "found no data, regenerate it with the right inputs")
+        if self.num_frames == 0:
+            raise self._error(f"has no frames: its {self.num_utts} utterances are all empty; "
+                              f"regenerate it with the right inputs")
 
     def _validate_labels(self, ds: h5py.Dataset) -> None:
         for lo in range(0, self.num_frames, _LABEL_BLOCK):
@@ -178,6 +205,13 @@ class FeatureFile:
         """Index of the utterance that holds global frame ``frame``."""
         # side="right" skips zero-length utterances that share the same offset.
         return int(np.searchsorted(self.offsets, frame, side="right")) - 1
+
+    @property
+    def feats_dataset(self) -> h5py.Dataset:
+        """This process's handle on the stored (unnormalised) ``feats``, for bulk scans."""
+        self._handle()
+        assert self._datasets is not None  # set by _handle
+        return self._datasets[0]
 
     @property
     def utt_ids(self) -> list[str]:
@@ -225,8 +259,7 @@ class FeatureFile:
             utt = self.utterance_of(frame)
             raise self._error(
                 f"non-finite feature value (NaN or Inf) at frame {frame} in the frame range "
-                f"[{start}, {stop}), utterance {utt} ({self.utt_ids[utt]!r}); fix or drop that "
-                f"utterance and rewrite the file")
+                f"[{start}, {stop}), utterance {utt} ({self.utt_ids[utt]!r}); {FIX_FRAMES}")
         if self.norm_mean is not None:
             feats -= self.norm_mean
             feats *= self._inv_std

@@ -1,82 +1,257 @@
-"""Atomic checkpoints: write to a temp file, fsync, rename; a crash never leaves half a file."""
+"""Crash-safe checkpoints: one directory per checkpoint, a manifest with checksums, keep last K.
+
+Layout under ``<out-dir>/checkpoints``::
+
+    step-00000120/state.pt        the torch.save'd state
+    step-00000120/MANIFEST.json   size and SHA-256 of every file, step, world size, algorithm
+    latest                        name of the newest complete checkpoint (informative)
+
+A checkpoint is written into a hidden temporary directory (data file fsynced, then the
+manifest fsynced, then the directory), renamed into place (atomic on POSIX) and the parent
+directory fsynced; only then does ``latest`` move and old checkpoints get pruned. A crash at
+any point leaves either the previous checkpoints untouched or the new one complete. Readers
+never trust a name alone: :func:`latest_checkpoint` verifies the manifest and the checksums
+and skips, by name, any checkpoint that is truncated or corrupted.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
-import tempfile
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-_NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
+FORMAT = "hadpsgd-checkpoint/1"
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "MANIFEST.json"
+_NAME = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names it and why."""
 
 
 def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
-    """The file name of the checkpoint taken after global ``step``."""
-    return Path(ckpt_dir) / f"ckpt-step{step:08d}.pt"
+    """The directory of the checkpoint taken after global ``step``."""
+    return Path(ckpt_dir) / f"step-{step:08d}"
 
 
-def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
-    """Save ``state`` to ``path`` atomically.
+class _HashingWriter:
+    """A binary file wrapper that hashes and counts what passes through (one read-free pass)."""
 
-    The data go to a temporary file in the same directory, are fsynced, and the file is
-    renamed over ``path`` (atomic on POSIX); the directory is fsynced so the rename survives
-    a power loss. A ``latest`` pointer file is updated the same way.
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
+                    meta: dict[str, Any] | None = None,
+                    on_phase: Callable[[str], None] | None = None) -> Path:
+    """Write ``state`` as the checkpoint directory ``path``, crash-safely.
+
+    Args:
+        state: What to save (``torch.save``-able).
+        path: The checkpoint directory (see :func:`checkpoint_path`).
+        keep: Keep only the newest ``keep`` checkpoints afterwards (0 keeps all).
+        meta: Extra manifest fields (world size, algorithm, ...), readable without loading.
+        on_phase: Called with ``"ckpt-data"``, ``"ckpt-manifest"`` and ``"ckpt-rename"`` as
+            each phase completes (the fault-injection hook of the tests).
+
+    Returns:
+        ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda fh: torch.save(state, fh))
-    _atomic_write(path.parent / "latest", lambda fh: fh.write(path.name.encode() + b"\n"))
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with open(tmp / STATE_FILE, "wb") as fh:
+            writer = _HashingWriter(fh)
+            torch.save(state, writer)  # type: ignore[arg-type] - any object with write()
+            fh.flush()
+            os.fsync(fh.fileno())
+        if on_phase:
+            on_phase("ckpt-data")
+        manifest = {
+            "format": FORMAT,
+            "name": path.name,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "files": {STATE_FILE: {"bytes": writer.size, "sha256": writer.sha.hexdigest()}},
+            **(meta or {}),
+        }
+        _write_synced(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(tmp)
+        if on_phase:
+            on_phase("ckpt-manifest")
+        if path.exists():  # the same step checkpointed again (e.g. after a resume)
+            old = parent / f".{path.name}.old-{os.getpid()}"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if on_phase:
+        on_phase("ckpt-rename")
+    pointer = parent / "latest"
+    tmp_pointer = parent / f".latest.tmp-{os.getpid()}"
+    _write_synced(tmp_pointer, path.name.encode() + b"\n")
+    os.replace(tmp_pointer, pointer)
+    _fsync_dir(parent)
+    if keep > 0:
+        prune(parent, keep)
     return path
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest complete checkpoint in ``ckpt_dir``, or None if there is none."""
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Checkpoint directories in ``ckpt_dir`` by name (complete or not), oldest first."""
     ckpt_dir = Path(ckpt_dir)
-    pointer = ckpt_dir / "latest"
-    if pointer.is_file():
-        candidate = ckpt_dir / pointer.read_text().strip()
-        if candidate.is_file():
-            return candidate
-    found = sorted((int(m.group(1)), p) for p in ckpt_dir.glob("ckpt-step*.pt")
-                   if (m := _NAME.match(p.name)))
-    return found[-1][1] if found else None
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir()
+             if p.is_dir() and (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU.
+def prune(ckpt_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints, and stale temporaries; returns removed."""
+    removed = []
+    for old in list_checkpoints(ckpt_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    for tmp in Path(ckpt_dir).glob(".step-*"):
+        # Left by a writer that crashed; a live writer's own pid suffix is never stale here
+        # because only one rank writes, one checkpoint at a time.
+        if not tmp.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return removed
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint ``path``.
+
+    Raises:
+        CheckpointError: If it is missing or unreadable.
+    """
+    mpath = Path(path) / MANIFEST_FILE
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} has no {MANIFEST_FILE} (incomplete write)") \
+            from None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} is unreadable ({err})") \
+            from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: format {manifest.get('format')!r} is not "
+                              f"{FORMAT!r}")
+    return manifest
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Check every file of checkpoint ``path`` against its manifest; returns the manifest.
+
+    Raises:
+        CheckpointError: Naming the checkpoint, the file and what is wrong (missing,
+            truncated, checksum mismatch).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    for name, want in manifest["files"].items():
+        fpath = path / name
+        if not fpath.is_file():
+            raise CheckpointError(f"checkpoint {path}: {name} is missing")
+        size = fpath.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointError(f"checkpoint {path}: {name} is {size} bytes but the manifest "
+                                  f"says {want['bytes']} (truncated?)")
+        sha = hashlib.sha256()
+        with open(fpath, "rb") as fh:
+            while block := fh.read(1 << 22):
+                sha.update(block)
+        if sha.hexdigest() != want["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {name} fails its SHA-256 checksum "
+                                  "(corrupted)")
+    return manifest
+
+
+def latest_checkpoint(ckpt_dir: Path,
+                      report: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete, valid checkpoint in ``ckpt_dir``, or None.
+
+    Checkpoints that fail :func:`verify_checkpoint` are skipped; ``report`` (e.g. ``print``)
+    is told about each one by name and reason.
+    """
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            if report:
+                report(f"skipping {err}")
+            continue
+        return path
+    return None
+
+
+def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
+    """Load checkpoint ``path`` (a checkpoint directory) onto the CPU.
+
+    Args:
+        path: The checkpoint directory.
+        verify: Check the manifest's checksums first.
 
     Raises:
         FileNotFoundError: If ``path`` does not exist, naming it.
-        ValueError: If the file is not a hadpsgd checkpoint.
+        CheckpointError: If it is incomplete, corrupted or not a hadpsgd checkpoint.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist; check --resume")
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint directory (step-NNNNNNNN with "
+                              f"{STATE_FILE} and {MANIFEST_FILE}); check --resume")
+    if verify:
+        verify_checkpoint(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise ValueError(f"checkpoint {path} could not be read ({err}); is it complete?") from err
+        raise CheckpointError(f"checkpoint {path} could not be read ({err})") from err
     if not isinstance(state, dict) or "model" not in state or "progress" not in state:
-        raise ValueError(f"{path} is not a hadpsgd checkpoint (no model/progress entries)")
+        raise CheckpointError(f"{path} is not a hadpsgd checkpoint (no model/progress entries)")
     return state

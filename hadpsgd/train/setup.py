@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ from torch import nn
 from hadpsgd.cli import to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
+from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
+from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
 
 
 def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
@@ -21,13 +24,15 @@ def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
     never mistaken for a finished one); the other ranks wait for it under the deadline.
 
     Raises:
-        FileNotFoundError: If a given file does not exist, naming it.
+        FeatureFileError: If a given path does not exist or cannot be read (a directory, no
+            permission, an empty file), naming the flag, the path and the fix.
     """
     if cfg.data.train is not None and cfg.data.heldout is not None:
         paths = (Path(cfg.data.train), Path(cfg.data.heldout))
         for flag_name, p in zip(("--train", "--heldout"), paths, strict=True):
-            if not p.is_file():
-                raise FileNotFoundError(f"{flag_name} {p}: no such file")
+            problem = path_problem(p)
+            if problem is not None:
+                raise FeatureFileError(f"{flag_name} {p}: {problem}")
         return paths
     from hadpsgd.data import default_dataset
 
@@ -37,6 +42,70 @@ def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
         print(f"[hadpsgd] synthetic data: {generated[0]}, {generated[1]}", flush=True)
     generated = topo.bcast_object(generated, root=0)
     return Path(generated[0]), Path(generated[1])
+
+
+def check_steps(train_set: ChunkDataset, heldout_set: ChunkDataset, batch_size: int,
+                world_size: int) -> None:
+    """Refuse data too small for one training step or one held-out chunk.
+
+    Raises:
+        FeatureFileError: Naming the file, its chunk count, the global batch and the fixes.
+    """
+    global_batch = batch_size * world_size
+    if len(train_set) < global_batch:
+        # The sampler drops the incomplete last global batch: an epoch would have no step.
+        raise FeatureFileError(
+            f"{train_set.file.path}: {len(train_set)} chunks of {train_set.chunk_len} frames, "
+            f"fewer than one global batch of {global_batch} ({batch_size} per learner x "
+            f"{world_size} learners), so an epoch would have zero steps; use a smaller "
+            f"--batch-size or --chunk-len, fewer learners, or more training data")
+    if len(heldout_set) == 0:
+        raise FeatureFileError(
+            f"{heldout_set.file.path}: no utterance is at least --chunk-len "
+            f"{heldout_set.chunk_len} frames long, so there is nothing to evaluate; use a "
+            f"smaller --chunk-len or longer held-out utterances")
+
+
+def _scan_share(ff: FeatureFile, rank: int, size: int) -> int | str | None:
+    """This rank's contiguous share of ``ff``: first bad frame, read-error message or None."""
+    start, stop = ff.num_frames * rank // size, ff.num_frames * (rank + 1) // size
+    try:
+        return scan_frames(ff, start, stop)
+    except FeatureFileError as err:
+        # Reported, not raised: the other ranks must learn of it in the agreement below
+        # instead of waiting for a rank that has left.
+        return str(err)
+    finally:
+        # Scanning opened a handle in this process; closed so that forked loader workers do
+        # not inherit it (they would reopen their own anyway).
+        ff.close()
+
+
+def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
+    """Check every stored frame of ``files`` for NaN/Inf values and read errors, in parallel.
+
+    Each rank scans a contiguous ``1/size`` share of every file; one allgather then tells
+    every rank what all shares found, so all ranks raise the same error (or none does) and
+    no rank is left waiting in a later collective. Shares are in rank order, so the lowest
+    rank that found something holds the earliest problem of the file. (The Topology reduces
+    only with ``avg``/``sum``, and the read-error message must travel too: hence an object
+    allgather of a few bytes rather than a MIN allreduce.)
+
+    Args:
+        files: The feature files the run reads (all ranks pass the same ones, in order).
+        topo: The learners.
+
+    Raises:
+        FeatureFileError: On every rank, for the first file with a problem: a non-finite
+            value (naming the frame and utterance) or an unreadable part of the file.
+    """
+    local = [_scan_share(ff, topo.rank, topo.size) for ff in files]
+    for ff, found in zip(files, zip(*topo.allgather_object(local), strict=True), strict=True):
+        for problem in found:
+            if isinstance(problem, str):
+                raise FeatureFileError(problem)
+            if problem is not None:
+                raise nonfinite_error(ff, problem)
 
 
 def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:

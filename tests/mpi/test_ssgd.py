@@ -55,20 +55,17 @@ def test_n_ranks_equal_one_process_with_n_times_batch(nprocs, per_node, tiny_dat
     assert any(not torch.allclose(init[k], single["model"][k]) for k in init)
 
 
-def test_resume_is_bit_exact(tiny_data, tmp_path):
-    # ~15 steps per epoch on tiny_data: the checkpoint is mid-epoch 0, the end is in epoch 1,
-    # so the resumed run also crosses an epoch boundary (evaluation, LR change, reshuffle).
-    k = 10
-    common = ("--batch-size", "8", "--epochs", "3")
-    full = _final_state(_train(2, tiny_data, tmp_path / "full", *common,
-                               "--max-steps", str(2 * k)))
-    _train(2, tiny_data, tmp_path / "part", *common, "--max-steps", str(k))
-    resumed = _final_state(_train(2, tiny_data, tmp_path / "part", *common, "--max-steps",
-                                  str(2 * k), "--resume", "auto"))
-    assert resumed["progress"] == full["progress"]
-    for name, p in full["model"].items():
-        assert torch.equal(p, resumed["model"][name]), name
-    opt_full = full["algo"]["optimizer"]["state"]
-    opt_res = resumed["algo"]["optimizer"]["state"]
-    for idx, st in opt_full.items():
-        assert torch.equal(st["momentum_buffer"], opt_res[idx]["momentum_buffer"])
+def test_killed_run_resumes_bit_exact(tiny_data, tmp_path):
+    # 28 steps per epoch at global batch 8: checkpoints every 10 steps, the kill at step 24
+    # leaves step 20 as the newest; the resumed run crosses the epoch boundary (evaluation,
+    # LR change, reshuffle) and ends mid-epoch 1.
+    from tests.mpi._resume import assert_same_run, kill_then_resume
+    from tests.mpi._resume import train as traced
+
+    args = ("--batch-size", "4", "--epochs", "2", "--max-steps", "40", "--checkpoint-every",
+            "10", "--optimizer", "sgd", "--momentum", "0.9")
+    traced(2, tiny_data, tmp_path / "full", *args)
+    kill_then_resume(2, tiny_data, tmp_path / "part", *args, fault="kind=kill,rank=1,step=24")
+    state = assert_same_run(tmp_path / "full", tmp_path / "part")
+    assert state["progress"]["global_step"] == 40
+    assert state["algo"]["optimizer"]["state"][0]["momentum_buffer"].abs().sum() > 0

@@ -1,0 +1,139 @@
+"""Up-front checks of feature files: is the path readable, are all stored frames finite.
+
+:class:`~hadpsgd.data.reader.FeatureFile` checks the metadata and labels at open; the frames
+themselves are too large to check there. :func:`scan_frames` reads a frame range in bounded
+blocks so that a NaN/Inf value or an unreadable (damaged) part of the file is found before
+training instead of hours into it. Splitting a file's frames over learners is the caller's
+business (see ``hadpsgd.train.setup.validate_data``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hadpsgd.data._schema import FeatureFileError
+
+if TYPE_CHECKING:
+    from hadpsgd.data.reader import FeatureFile
+
+SCAN_BYTES = 4 << 20
+"""Target size of one block read by :func:`scan_frames` (the scan's memory use)."""
+
+FIX_FRAMES = ("fix or drop that utterance and rewrite the file (hadpsgd.data.write_features "
+              "refuses non-finite values), or re-run the import")
+FIX_DAMAGED = "the file is damaged or was cut short; copy it again or regenerate it"
+
+
+def path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a feature file, or ``None`` if it looks readable.
+
+    Checked before HDF5 sees the path, whose own messages for these cases are obscure
+    ("file signature not found", "errno = 21").
+
+    Args:
+        path: The file a user passed.
+
+    Returns:
+        A message fragment naming the problem and the fix (without the path), or ``None``.
+    """
+    if not path.exists():
+        return ("feature file does not exist (check the path, or generate one with "
+                "python -m hadpsgd.data.synth)")
+    if path.is_dir():
+        return "is a directory, not a feature file; pass the .h5 file inside it"
+    if not path.is_file():
+        return "is not a regular file; pass an .h5 feature file"
+    # os.access answers for the real user, as open() would; root passes regardless of mode.
+    if not os.access(path, os.R_OK):
+        return ("permission denied: this user cannot read the file; make it readable "
+                "(chmod a+r) or run as a user who can")
+    if path.stat().st_size == 0:
+        return f"the file is empty (0 bytes); {FIX_DAMAGED}"
+    return None
+
+
+def _block_frames(ff: FeatureFile, block_frames: int | None) -> int:
+    """Frames per scan block: about :data:`SCAN_BYTES`, a whole number of HDF5 chunks."""
+    if block_frames is not None:
+        if block_frames < 1:
+            raise ValueError(f"block_frames must be >= 1, got {block_frames}")
+        return int(block_frames)
+    ds = ff.feats_dataset
+    rows = max(1, SCAN_BYTES // (ds.shape[1] * ds.dtype.itemsize or 1))
+    if ds.chunks is not None:
+        # Whole chunks per block: a compressed chunk read in two parts is decompressed twice
+        # (the reader runs without a chunk cache).
+        chunk = ds.chunks[0]
+        rows = max(1, round(rows / chunk)) * chunk
+    return rows
+
+
+def scan_frames(
+    ff: FeatureFile, start: int, stop: int, block_frames: int | None = None
+) -> int | None:
+    """Find the first frame in ``[start, stop)`` that holds a NaN or Inf feature value.
+
+    The stored (unnormalised) values are read in blocks of ``block_frames`` frames into one
+    reused buffer, so memory stays bounded (about 1.25 blocks) whatever the file size. Blocks
+    are aligned to multiples of ``block_frames`` in the file, so that learners scanning
+    adjacent shares read the same whole chunks.
+
+    Args:
+        ff: An open feature file.
+        start: First frame to scan.
+        stop: One past the last frame; ``0 <= start <= stop <= ff.num_frames``.
+        block_frames: Frames per read; default about :data:`SCAN_BYTES` worth.
+
+    Returns:
+        The global index of the first non-finite frame, or ``None`` if all are finite.
+
+    Raises:
+        FeatureFileError: If HDF5 cannot read part of the range (a damaged or truncated
+            file); the message names the file and the frames.
+        IndexError: If the range is outside the file.
+    """
+    start, stop = int(start), int(stop)
+    if not 0 <= start <= stop <= ff.num_frames:
+        raise IndexError(f"{ff.path}: frame range [{start}, {stop}) is outside "
+                         f"[0, {ff.num_frames})")
+    if start == stop:
+        return None
+    try:
+        ds = ff.feats_dataset
+    except (OSError, KeyError) as exc:  # the dataset's header is unreadable
+        raise _read_error(ff, start, stop, exc) from exc
+    block = _block_frames(ff, block_frames)
+    buf = np.empty((min(block, stop - start), ds.shape[1]), dtype=ds.dtype)
+    # A reused mask: nothing is allocated per block. Checking costs about half of what reading
+    # from the page cache does (measured: 1 GB read in 0.24 s, read and checked in 0.35 s).
+    finite = np.empty(buf.shape, dtype=bool)
+    lo = start
+    while lo < stop:
+        hi = min(stop, (lo // block + 1) * block)
+        part, ok = buf[:hi - lo], finite[:hi - lo]
+        try:
+            ds.read_direct(part, source_sel=np.s_[lo:hi])
+        except OSError as exc:  # a damaged chunk index, a corrupt compressed chunk, EOF
+            raise _read_error(ff, lo, hi, exc) from exc
+        if not np.isfinite(part, out=ok).all():
+            return lo + int(np.argmax(~ok.all(axis=1)))
+        lo = hi
+    return None
+
+
+def _read_error(ff: FeatureFile, lo: int, hi: int, exc: BaseException) -> FeatureFileError:
+    return FeatureFileError(f"{ff.path}: cannot read frames [{lo}, {hi}) (utterances "
+                            f"{ff.utterance_of(lo)} to {ff.utterance_of(hi - 1)}): {exc}; "
+                            f"{FIX_DAMAGED}")
+
+
+def nonfinite_error(ff: FeatureFile, frame: int) -> FeatureFileError:
+    """The error for a non-finite value at ``frame``, naming the file and the utterance."""
+    utt = ff.utterance_of(frame)
+    return FeatureFileError(
+        f"{ff.path}: non-finite feature value (NaN or Inf) at frame {frame} of "
+        f"{ff.num_frames}, utterance {utt} ({ff.utt_ids[utt]!r}); {FIX_FRAMES}")

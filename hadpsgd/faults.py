@@ -1,0 +1,138 @@
+"""Fault injection for tests: make one rank die, raise, hang or misbehave at a chosen point.
+
+Set ``HADPSGD_FAULT`` to one or more ``;``-separated faults of ``key=value`` pairs::
+
+    HADPSGD_FAULT="kind=hang,rank=1,step=5"
+    HADPSGD_FAULT="kind=kill,rank=0,step=8,at=ckpt-manifest"
+
+Keys:
+    kind: ``kill`` (SIGKILL itself), ``raise`` (an exception in the main thread), ``hang``
+        (sleep forever), ``raise-gossip`` (an exception in ADPSGD's gossip thread), ``nan``
+        (this rank's loss becomes NaN: its gradients are all NaN), ``signal`` (send SIGTERM to
+        itself, as a scheduler would).
+    rank: World rank that fails (default 0).
+    step: Global step at which it fails (the step about to be taken, counted from 1; for the
+        checkpoint points, the step of the checkpoint being written; the first one at or
+        after it). Default 1.
+    at: Where: ``step`` (default: in the training loop, before the step), ``gossip`` (in the
+        gossip thread; the default for ``raise-gossip``), ``ckpt-data`` (a checkpoint's data
+        file is written), ``ckpt-manifest`` (its manifest is written), ``ckpt-rename`` (it
+        has been renamed into place, before the ``latest`` pointer moves).
+    count: How many consecutive steps a ``nan`` fault lasts (default 1).
+
+Each fault fires at most once per process (``nan`` for ``count`` steps). Before it fires it
+prints ``[hadpsgd] fault injection: ... t=<unix time>`` to stderr, so tests can time how
+long the job takes to end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+ENV = "HADPSGD_FAULT"
+KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "signal")
+POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename")
+
+
+class InjectedFault(RuntimeError):
+    """The exception a ``raise`` or ``raise-gossip`` fault throws."""
+
+
+@dataclass
+class Fault:
+    """One planned failure (see the module docstring)."""
+
+    kind: str
+    rank: int = 0
+    step: int = 1
+    at: str = "step"
+    count: int = 1
+    fired: int = field(default=0, compare=False)
+
+
+def parse(text: str) -> list[Fault]:
+    """Parse a ``HADPSGD_FAULT`` value.
+
+    Raises:
+        ValueError: On an unknown key, kind or point, naming it and the valid choices.
+    """
+    faults = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        fields: dict[str, str] = {}
+        for item in part.split(","):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"{ENV}: {item!r} is not key=value (e.g. kind=kill,rank=1,step=5)")
+            fields[key.strip()] = value.strip()
+        unknown = set(fields) - {"kind", "rank", "step", "at", "count"}
+        if unknown:
+            raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; use kind, rank, step, at, "
+                             "count")
+        kind = fields.get("kind", "")
+        if kind not in KINDS:
+            raise ValueError(f"{ENV}: kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
+        at = fields.get("at", "gossip" if kind == "raise-gossip" else "step")
+        if at not in POINTS:
+            raise ValueError(f"{ENV}: at={at!r} is unknown; choose one of {', '.join(POINTS)}")
+        faults.append(Fault(kind, int(fields.get("rank", 0)), int(fields.get("step", 1)), at,
+                            int(fields.get("count", 1))))
+    return faults
+
+
+_PLAN: list[Fault] | None = None
+
+
+def plan() -> list[Fault]:
+    """The faults of ``HADPSGD_FAULT`` (parsed once per process)."""
+    global _PLAN
+    if _PLAN is None:
+        _PLAN = parse(os.environ.get(ENV, ""))
+    return _PLAN
+
+
+def active() -> bool:
+    """Whether any fault is planned (lets hot paths skip the hook entirely)."""
+    return bool(plan())
+
+
+def hit(at: str, rank: int, step: int) -> str | None:
+    """Fire the fault planned for (``at``, ``rank``, ``step``), if any.
+
+    ``kill``, ``raise``, ``hang`` and ``signal`` act here; ``nan`` is returned to the caller
+    (which poisons its loss), as is nothing when no fault matches.
+
+    Raises:
+        InjectedFault: For ``raise`` and ``raise-gossip``.
+    """
+    for fault in plan():
+        if fault.at != at or fault.rank != rank:
+            continue
+        if fault.kind == "nan":
+            if fault.step <= step < fault.step + fault.count:
+                _announce(fault, step)
+                return "nan"
+            continue
+        if step < fault.step or fault.fired:
+            continue  # ">=": the gossip thread may see the step count jump past ``step``
+        fault.fired += 1
+        _announce(fault, step)
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind in ("raise", "raise-gossip"):
+            raise InjectedFault(f"injected fault: {fault.kind} on rank {rank} at {at} {step}")
+        elif fault.kind == "hang":
+            while True:  # a stuck rank: only the peers' deadlines end the job
+                time.sleep(60)
+        elif fault.kind == "signal":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return fault.kind
+    return None
+
+
+def _announce(fault: Fault, step: int) -> None:
+    print(f"[hadpsgd] fault injection: kind={fault.kind} rank={fault.rank} at={fault.at} "
+          f"step={step} t={time.time():.3f}", file=sys.stderr, flush=True)

@@ -1,0 +1,166 @@
+"""``python -m hadpsgd.run`` refuses every bad input before training, naming file and fix.
+
+One launch per bad-input case (the variants of each case are covered without MPI in
+tests/unit/test_data_validate.py). Single-rank launches keep the module fast; the two-rank
+ones put the damage where only rank 1's share of the scan sees it, so the job must still
+end, promptly and with the error, on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hadpsgd.data import ChunkDataset, write_features
+from tests.conftest import MPIResult, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+BATCH = 4
+# What the entry point prints only once everything is built, right before training.
+BANNER = "[hadpsgd] ssgd on"
+
+
+def launch(nprocs: int, train: Path, heldout: Path, out: Path, *extra: str) -> MPIResult:
+    return run_mpi(nprocs, ["-m", "hadpsgd.run", "--train", str(train), "--heldout",
+                            str(heldout), "--preset", "tiny", "--epochs", "1", "--batch-size",
+                            str(BATCH), "--no-progress", "--out-dir", str(out), *extra],
+                   timeout=120)
+
+
+def assert_refused(res: MPIResult, nprocs: int, out: Path, *phrases: str) -> str:
+    """The job failed as a user error, before training; returns the error line."""
+    if nprocs == 1:
+        assert res.returncode == 2, res.output[-4000:]
+    else:
+        assert res.returncode != 0, res.output[-4000:]
+    prefix = "hadpsgd: error: " if nprocs == 1 else ": error: "
+    lines = [ln for ln in res.stderr.splitlines() if prefix in ln]
+    assert lines, res.output[-4000:]
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+    assert "Traceback" not in res.stderr, res.stderr[-4000:]
+    assert BANNER not in res.stdout
+    # The output directory is created after the data checks: it must not exist at all.
+    assert not out.exists()
+    return lines[0]
+
+
+def copy_of(src: Path, tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def test_truncated_file(tiny_data, tmp_path):
+    bad = tmp_path / "cut.h5"
+    data = tiny_data[0].read_bytes()
+    bad.write_bytes(data[:len(data) // 2])
+    res = launch(1, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "cut.h5", "truncated", "copy it again")
+
+
+def test_damaged_frames_seen_by_one_rank_end_every_rank(tiny_data, tmp_path):
+    bad = copy_of(tiny_data[0], tmp_path, "damaged.h5")
+    with h5py.File(bad, "r+") as f:
+        feats = f["feats"][()]
+        del f["feats"]
+        f.create_dataset("feats", data=feats, chunks=(256, feats.shape[1]), compression="gzip")
+        last = f["feats"].id.get_num_chunks() - 1
+        info = f["feats"].id.get_chunk_info(last)  # the file's tail: rank 1's share
+    with open(bad, "r+b") as raw:
+        raw.seek(info.byte_offset)
+        raw.write(b"\xff" * info.size)
+    res = launch(2, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 2, tmp_path / "o", "damaged.h5", "cannot read frames", "copy it again")
+
+
+def test_missing_dataset(tiny_data, tmp_path):
+    bad = copy_of(tiny_data[1], tmp_path, "nolabels.h5")
+    with h5py.File(bad, "r+") as f:
+        del f["labels"]
+    res = launch(1, tiny_data[0], bad, tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "nolabels.h5", "missing dataset 'labels'",
+                   "rewrite it with hadpsgd.data.write_features")
+
+
+def test_feature_dim_differs_between_splits(tiny_data, tmp_path):
+    bad = tmp_path / "dim13.h5"
+    rng = np.random.default_rng(0)
+    write_features(bad, [rng.standard_normal((50, 13))], [np.zeros(50, int)], ["u"], 12)
+    res = launch(1, tiny_data[0], bad, tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "dim13.h5", "feature-dim mismatch",
+                   "260 are expected", "use matching data")
+
+
+def test_nan_frame_seen_by_one_rank_ends_every_rank(tiny_data, tmp_path):
+    bad = copy_of(tiny_data[0], tmp_path, "nan.h5")
+    with h5py.File(bad, "r+") as f:
+        frame = f["feats"].shape[0] - 5  # the last utterance: only rank 1 scans it
+        f["feats"][frame, 7] = np.nan
+        utt_id = f["utt_ids"].asstr()[-1]
+    res = launch(2, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 2, tmp_path / "o", "nan.h5", f"NaN or Inf) at frame {frame}",
+                   repr(utt_id), "rewrite the file")
+
+
+def test_label_out_of_range(tiny_data, tmp_path):
+    bad = copy_of(tiny_data[0], tmp_path, "label.h5")
+    with h5py.File(bad, "r+") as f:
+        f["labels"][100] = f.attrs["num_classes"]
+    res = launch(1, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "label.h5", "at frame 100", "outside [0, num_classes",
+                   "num_classes attribute is too small")
+
+
+def test_zero_byte_file(tiny_data, tmp_path):
+    bad = tmp_path / "empty.h5"
+    bad.touch()
+    res = launch(1, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "empty.h5", "empty (0 bytes)", "regenerate")
+
+
+def test_fewer_chunks_than_one_global_batch(tiny_data, tmp_path):
+    chunks = len(ChunkDataset(tiny_data[0], 21))
+    per_rank = chunks // 2 + 1  # two ranks need more than the file holds
+    res = launch(2, tiny_data[0], tiny_data[1], tmp_path / "o", "--batch-size", str(per_rank))
+    assert_refused(res, 2, tmp_path / "o", tiny_data[0].name, f"{chunks} chunks of 21 frames",
+                   f"global batch of {2 * per_rank}", "zero steps", "smaller --batch-size")
+
+
+def test_offsets_and_utt_ids_disagree(tiny_data, tmp_path):
+    bad = copy_of(tiny_data[0], tmp_path, "ids.h5")
+    with h5py.File(bad, "r+") as f:
+        ids = f["utt_ids"][:-1]
+        del f["utt_ids"]
+        f.create_dataset("utt_ids", data=ids)
+    res = launch(1, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "ids.h5", "'utt_ids' has shape",
+                   "rewrite it with hadpsgd.data.write_features")
+
+
+def test_path_is_a_directory(tiny_data, tmp_path):
+    folder = tmp_path / "features"
+    folder.mkdir()
+    res = launch(1, folder, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "--train", "features", "is a directory",
+                   "pass the .h5 file inside it")
+
+
+def test_path_does_not_exist(tiny_data, tmp_path):
+    res = launch(1, tiny_data[0], tmp_path / "nope.h5", tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "--heldout", "nope.h5", "does not exist",
+                   "check the path")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_path_without_read_permission(tiny_data, tmp_path):
+    bad = copy_of(tiny_data[0], tmp_path, "secret.h5")
+    bad.chmod(0)
+    res = launch(1, bad, tiny_data[1], tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", "secret.h5", "permission denied", "chmod a+r")

@@ -1,0 +1,105 @@
+"""Crash-safe checkpoints and resume under real mpirun: kills at every checkpoint-write phase,
+a corrupted newest checkpoint, graceful stops on signals, ADPSGD's chunk accounting, and
+resuming with another world size or algorithm."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_ok, run_mpi
+from tests.mpi._resume import (
+    assert_same_run,
+    final_state,
+    kill_then_resume,
+    run_args,
+    trace,
+    train,
+)
+
+pytestmark = pytest.mark.mpi
+
+# 28 steps per epoch on tiny_data at 2 x 4; checkpoints at 10, 20, 28 (epoch end), 30.
+ARGS = ("--batch-size", "4", "--epochs", "2", "--max-steps", "34", "--checkpoint-every", "10",
+        "--control-every", "5", "--optimizer", "sgd", "--momentum", "0.9")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory) -> Path:
+    """The uninterrupted SSGD run the interrupted ones must equal."""
+    out = tmp_path_factory.mktemp("reference")
+    train(2, tiny_data, out, *ARGS)
+    return out
+
+
+@pytest.mark.parametrize("phase", ["ckpt-data", "ckpt-manifest", "ckpt-rename"])
+def test_kill_during_checkpoint_write_then_resume(phase, reference, tiny_data, tmp_path):
+    # Rank 0 (the writer) dies in the middle of writing the step-20 checkpoint.
+    res = kill_then_resume(2, tiny_data, tmp_path, *ARGS,
+                           fault=f"kind=kill,rank=0,step=20,at={phase}")
+    resumed_from = 20 if phase == "ckpt-rename" else 10
+    assert f"resumed from {tmp_path / 'checkpoints' / f'step-{resumed_from:08d}'}" in res.stdout
+    assert_same_run(reference, tmp_path)
+
+
+def test_corrupted_newest_checkpoint_is_named_and_skipped(reference, tiny_data, tmp_path):
+    res = train(2, tiny_data, tmp_path, *ARGS, env={"HADPSGD_FAULT": "kind=kill,rank=1,step=24"},
+                ok=False)
+    assert res.returncode != 0
+    state = tmp_path / "checkpoints" / "step-00000020" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # one flipped byte
+    state.write_bytes(bytes(data))
+    res = train(2, tiny_data, tmp_path, *ARGS, "--resume", "auto")
+    assert "skipping checkpoint" in res.stdout and "step-00000020" in res.stdout
+    assert "SHA-256" in res.stdout
+    assert "step-00000010 at step 10" in res.stdout
+    assert_same_run(reference, tmp_path)
+
+
+def test_signal_checkpoints_at_agreed_step_and_resumes(reference, tiny_data, tmp_path):
+    # Rank 1 receives SIGTERM before step 7: every rank stops after step 10 (the next
+    # control point), rank 0 writes the checkpoint, and the job exits 75.
+    res = train(2, tiny_data, tmp_path, *ARGS, env={"HADPSGD_FAULT": "kind=signal,rank=1,step=7"},
+                ok=False)
+    assert res.returncode == 75, res.output[-3000:]
+    assert "SIGTERM received" in res.stderr
+    assert "stop requested (SIGTERM on rank 1): stopped after step 10" in res.stdout
+    assert final_state(tmp_path)["progress"]["global_step"] == 10
+    train(2, tiny_data, tmp_path, *ARGS, "--resume", "auto")
+    assert_same_run(reference, tmp_path)
+
+
+def test_adpsgd_resume_consumes_each_epoch_chunk_once(tiny_data, tmp_path):
+    # Two super-learners of one learner each; killed at step 23, resumed from step 20.
+    args = ("--algo", "adpsgd", "--super-learner-size", "1", "--batch-size", "4", "--epochs",
+            "2", "--checkpoint-every", "10")
+    kill_then_resume(2, tiny_data, tmp_path, *args, fault="kind=kill,rank=1,step=23")
+    steps = trace(tmp_path)
+    for epoch, (first, last) in enumerate([(1, 28), (29, 56)]):
+        used = Counter(c for rank in steps for s in range(first, last + 1)
+                       for c in steps[rank][s])
+        assert max(used.values()) == 1, f"epoch {epoch}: a chunk was used twice"
+        assert sum(used.values()) == 28 * 8  # every step of every rank, none lost
+    assert final_state(tmp_path)["progress"] == {"epoch": 2, "step_in_epoch": 0,
+                                                "global_step": 56}
+
+
+def test_resume_with_other_algo_or_world_size(tiny_data, tmp_path):
+    assert_ok(run_mpi(2, run_args(tiny_data, tmp_path, "--max-steps", "12", "--batch-size",
+                                  "4")))
+    res = run_mpi(2, run_args(tiny_data, tmp_path, "--algo", "bmuf", "--resume", "auto",
+                              "--batch-size", "4"), timeout=120)
+    assert res.returncode == 2 and "--algo ssgd (now bmuf)" in res.stderr
+    assert "--allow-resume-change" in res.stderr
+    res = run_mpi(1, run_args(tiny_data, tmp_path, "--resume", "auto", "--batch-size", "4"),
+                  timeout=120)
+    assert res.returncode == 2 and "2 learners (now 1" in res.stderr
+    res = run_mpi(1, run_args(tiny_data, tmp_path, "--resume", "auto", "--batch-size", "4",
+                              "--allow-resume-change", "--max-steps", "16"))
+    assert_ok(res)
+    # 12 steps at global batch 8 = 96 chunks = 24 steps at global batch 4.
+    assert "epoch 0, step 24 of 57" in res.stdout
+    assert final_state(tmp_path)["progress"]["global_step"] == 16
