@@ -7,6 +7,7 @@ error as the peer that never arrived.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -20,6 +21,9 @@ DEFAULT_TIMEOUT_S = 300.0
 
 _DIAG_TAG = 7_771
 """Tag of the "I am stuck in operation #seq" messages on the control communicator."""
+_REPLY_TAG = 7_772
+"""Tag of the answers "I am alive, doing <activity>" to a stuck peer's note."""
+_REPLY_BYTES = 160
 
 
 class CommTimeoutError(RuntimeError):
@@ -83,21 +87,46 @@ def poll(done: Callable[[], bool], timeout: float) -> bool:
 class Watchdog:
     """Waits on MPI requests with a deadline and names the missing peers on a timeout.
 
+    With ``answer=True`` (the main watchdog of a process, under THREAD_MULTIPLE) the monitor
+    thread also answers other ranks' diagnosis notes with :attr:`activity`, so that a peer
+    which is alive but stuck outside communication (a hang in user code, a slow data read)
+    is reported with what it is doing, and one that does not answer as dead or frozen.
+
     Args:
         control: A communicator duplicated from the world, used only for diagnosis.
         timeout: Deadline in seconds.
         thread_multiple: Whether MPI granted THREAD_MULTIPLE: only then may the monitor
             thread of :meth:`guard` talk to the peers while the main thread is blocked.
+        answer: Answer peers' diagnosis notes from the monitor thread (one watchdog per
+            control communicator may do so).
     """
 
-    def __init__(self, control: Any, timeout: float, thread_multiple: bool = True) -> None:
+    def __init__(self, control: Any, timeout: float, thread_multiple: bool = True,
+                 answer: bool = False) -> None:
         self.control = control
         self.timeout = timeout
         self.thread_multiple = thread_multiple
+        self.answer = answer and thread_multiple
         self.seq = 0
         """Operations waited on so far; peers compare it to spot who is behind."""
+        self.activity = "starting up"
+        """What this rank is doing outside guarded calls (set by the training loop); sent to
+        a stuck peer that asks."""
         self._active: tuple[str, list[int] | None, float, int] | None = None
         self._monitor: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._noted: dict[int, float] = {}  # peer -> when its "I am stuck" note arrived
+        self._sending: list[tuple[Any, Any]] = []  # in-flight replies and their buffers
+        self._stopped = False
+        if self.answer:
+            self._ensure_monitor()
+
+    def stop(self) -> None:
+        """Stop the monitor thread (before MPI is finalized: it must not call MPI after)."""
+        self._stopped = True
+        monitor = self._monitor
+        if monitor is not None and monitor is not threading.current_thread():
+            monitor.join(timeout=2.0)
 
     @contextlib.contextmanager
     def guard(self, what: str, group: list[int] | None = None) -> Iterator[None]:
@@ -121,11 +150,46 @@ class Watchdog:
             self._monitor = threading.Thread(target=self._watch, name="hadpsgd-watchdog",
                                              daemon=True)
             self._monitor.start()
+            # Exit handlers run last-registered first, so this one runs before mpi4py's
+            # MPI_Finalize: the thread never touches MPI after it.
+            atexit.register(self.stop)
+
+    def doing(self) -> str:
+        """This rank's current activity, as told to a peer that asks."""
+        active = self._active
+        if active is not None:
+            return f"waiting in {active[0]} (operation #{active[3]})"
+        return self.activity
+
+    def _answer_notes(self) -> None:
+        """Receive peers' "stuck" notes (remembered for :meth:`_diagnose`) and reply."""
+        import numpy as np
+
+        note = np.empty(1, dtype=np.int64)
+        status = self._status()
+        with self._lock:
+            while (msg := self.control.Improbe(source=-1, tag=_DIAG_TAG, status=status)):
+                msg.Recv(note)
+                peer = status.Get_source()
+                self._noted[peer] = time.monotonic()
+                text = f"alive, {self.doing()}".encode()[:_REPLY_BYTES]
+                reply = np.zeros(_REPLY_BYTES, dtype=np.uint8)
+                reply[:len(text)] = np.frombuffer(text, dtype=np.uint8)
+                self._sending.append((self.control.Isend(reply, dest=peer, tag=_REPLY_TAG),
+                                      reply))
+            self._sending = [(r, b) for r, b in self._sending if not r.Test()]
 
     def _watch(self) -> None:
         tick = min(0.2, self.timeout / 10)
-        while True:
+        while not self._stopped:
             time.sleep(tick)
+            if self._stopped:
+                return
+            if self.answer:
+                try:
+                    self._answer_notes()
+                except Exception:  # noqa: BLE001, S112 - MPI finalized at exit: stop answering
+                    return
             active = self._active
             if active is None or time.monotonic() < active[2]:
                 continue
@@ -193,17 +257,26 @@ class Watchdog:
         Every rank that times out tells every other rank so, whatever the group of the
         operation: in a hierarchical collective a rank may be blocked by a peer of a peer
         (the inter-node partner waits on its own node), and only the whole picture names the
-        rank that really is missing.
+        rank that really is missing. A missing peer that answers says what it is doing.
         """
         me = self.control.Get_rank()
         everyone = [r for r in range(self.control.Get_size()) if r != me]
-        missing = self._diagnose(everyone)
+        missing, replies = self._diagnose(everyone)
         if group is not None:
             # Prefer the culprits among this operation's own peers when they are among them.
             in_group = [r for r in missing if r in group]
             missing = in_group or missing
-        who = (f"rank(s) {', '.join(map(str, missing))} never arrived" if missing
-               else "every peer is waiting too (a mismatched call order?)")
+        if missing:
+            told = [f"rank {r} answers: {replies[r]}" for r in missing if r in replies]
+            silent = [r for r in missing if r not in replies]
+            who = f"rank(s) {', '.join(map(str, missing))} never arrived"
+            if told:
+                who += " (" + "; ".join(told) + ")"
+            if silent and self.answer:
+                who += (f" (rank(s) {', '.join(map(str, silent))} did not answer: dead or "
+                        "frozen)")
+        else:
+            who = "every peer is waiting too (a mismatched call order?)"
         raise CommTimeoutError(
             f"rank {me}: {what} (operation #{self.seq}) did not complete within "
             f"{self.timeout:g} s (HADPSGD_TIMEOUT): {who}. A peer is dead, stuck or took "
@@ -211,24 +284,39 @@ class Watchdog:
             missing=missing,
         )
 
-    def _diagnose(self, peers: list[int]) -> list[int]:
+    def _diagnose(self, peers: list[int]) -> tuple[list[int], dict[int, str]]:
+        """Returns the peers that are not stuck with us, and what the answering ones said."""
         import numpy as np
 
         note = np.array([self.seq], dtype=np.int64)
+        start = time.monotonic()
         for p in peers:  # fire and forget: a dead peer must not block us
             self.control.Isend(note, dest=p, tag=_DIAG_TAG)
         heard: set[int] = set()
+        replies: dict[int, str] = {}
         grace = min(5.0, max(1.0, self.timeout / 2))
-        end = time.monotonic() + grace
+        end = start + grace
         buf = np.empty(1, dtype=np.int64)
+        text = np.empty(_REPLY_BYTES, dtype=np.uint8)
         status = self._status()
-        while time.monotonic() < end and len(heard) < len(peers):
-            if self.control.Iprobe(source=-1, tag=_DIAG_TAG, status=status):
-                self.control.Recv(buf, source=status.Get_source(), tag=_DIAG_TAG)
-                heard.add(status.Get_source())
-            else:
+        while time.monotonic() < end and len(heard | set(replies)) < len(peers):
+            got = False
+            with self._lock:
+                # Notes the answering thread took off the wire while we were stuck count too.
+                heard.update(p for p, t in self._noted.items() if t >= start - self.timeout)
+                if (msg := self.control.Improbe(source=-1, tag=_DIAG_TAG, status=status)):
+                    msg.Recv(buf)
+                    heard.add(status.Get_source())
+                    got = True
+                if self.answer and (msg := self.control.Improbe(source=-1, tag=_REPLY_TAG,
+                                                                 status=status)):
+                    msg.Recv(text)
+                    replies[status.Get_source()] = bytes(text).rstrip(b"\0").decode(
+                        errors="replace")
+                    got = True
+            if not got:
                 time.sleep(1e-3)
-        return [p for p in peers if p not in heard]
+        return [p for p in peers if p not in heard], replies
 
     def _status(self) -> Any:
         from mpi4py import MPI

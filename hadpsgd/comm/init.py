@@ -117,7 +117,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     watchdog = Watchdog(world.Dup(), timeout_from_env(),
-                        thread_multiple=thread_level >= MPI.THREAD_MULTIPLE)
+                        thread_multiple=thread_level >= MPI.THREAD_MULTIPLE, answer=True)
     host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     host_size = host.Get_size()
 

@@ -194,5 +194,9 @@ class Topology:
         self.comm.Abort(code)
 
     def close(self) -> None:
-        """Release the intra-node backend (the MPI communicators live until exit)."""
+        """Release the intra-node backend and stop the watchdog's thread.
+
+        The MPI communicators live until exit.
+        """
         self._backend.close()
+        self.watchdog.stop()

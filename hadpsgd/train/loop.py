@@ -202,6 +202,7 @@ class Trainer:
         self.algo.sync()
         step = self.pos.global_step
         path = checkpoint_path(self.ckpt_dir, step)
+        self.topo.watchdog.activity = f"writing checkpoint {path.name}"
         if self.topo.rank == 0:
             hook = None
             if faults.active():
@@ -306,8 +307,11 @@ class Trainer:
         self._frames_per_step = frames_per_step
         self.recorder.handed.clear()
         inject = faults.active()
+        watchdog = self.topo.watchdog
         for feats, labels in self.loader:
             step = self.pos.global_step + 1
+            # Told to a peer whose collective times out waiting for this rank.
+            watchdog.activity = f"in training step {step} (epoch {epoch}), outside communication"
             poison = faults.hit("step", self.topo.rank, step) if inject else None
             logits = model(feats.to(self.topo.device))
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
@@ -331,6 +335,7 @@ class Trainer:
             self._window += 1
             if bar is not None:
                 bar.update(1)
+            watchdog.activity = f"after step {step}: loading the next batch"
             log = step % self.opts.log_every == 0
             if (log or step % self.opts.control_every == 0) and self._control(loss, log):
                 break
@@ -354,6 +359,7 @@ class Trainer:
         self._tic, self._window = time.perf_counter(), 0
 
     def _evaluate(self) -> EvalResult:
+        self.topo.watchdog.activity = f"evaluating held-out after step {self.pos.global_step}"
         self.algo.sync()
         with self.algo.evaluation_parameters() as model:
             result = evaluate(model, self.heldout_set, self.topo,

@@ -64,4 +64,7 @@ def test_fault_ends_job_within_deadline(algo: str, kind: str, tiny_data, tmp_pat
         "kill": r"(?i)rank 1\b.*(signal 9|killed)|RANK 1\b|rank\(s\) 1 never arrived",
     }[kind]
     assert re.search(expected, out, re.S), out[-4000:]
+    if kind == "hang" and algo != "adpsgd":
+        # The hung rank's watchdog thread still answers the peers' diagnosis.
+        assert "rank 1 answers: alive, in training step 6" in out, out[-4000:]
     assert "[hadpsgd] done in" not in out

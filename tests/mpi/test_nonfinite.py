@@ -1,0 +1,48 @@
+"""Non-finite loss or gradients: every learner that shares the step skips it, and past
+``--max-nonfinite`` every rank stops with a message naming the step and the rank."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import assert_ok, run_mpi, run_worker
+from tests.mpi._resume import run_args
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize(("algo", "nprocs", "per_node"),
+                         [("ssgd", 3, None), ("bmuf", 4, 2), ("adpsgd", 4, 2)])
+def test_nan_gradient_skipped_together(algo, nprocs, per_node):
+    env = {"HADPSGD_RANKS_PER_NODE": str(per_node)} if per_node else {}
+    res = run_worker(nprocs, "nonfinite", algo, env=env)
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs
+
+
+def test_run_skips_then_finishes(tiny_data, tmp_path):
+    res = run_mpi(2, run_args(tiny_data, tmp_path, "--batch-size", "4", "--max-steps", "20",
+                              "--log-every", "5"),
+                  env={"HADPSGD_FAULT": "kind=nan,rank=1,step=4,count=2"})
+    assert_ok(res)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if x["kind"] == "train"]
+    assert train and train[-1]["skipped_steps"] == 2
+    evals = [x for x in lines if "heldout_loss" in x]
+    assert evals and all(x["heldout_loss"] == x["heldout_loss"] for x in evals)  # not NaN
+
+
+@pytest.mark.parametrize("algo", ["ssgd", "bmuf"])
+def test_too_many_nonfinite_stops_every_rank(algo, tiny_data, tmp_path):
+    extra = ["--ranks-per-node", "1"] if algo == "bmuf" else []
+    res = run_mpi(2, run_args(tiny_data, tmp_path, "--algo", algo, "--batch-size", "4",
+                              "--max-steps", "20", "--max-nonfinite", "2", "--control-every",
+                              "5", *extra),
+                  env={"HADPSGD_FAULT": "kind=nan,rank=1,step=3,count=5"})
+    assert res.returncode != 0
+    assert "more than --max-nonfinite 2" in res.stderr
+    assert "step 3 on rank 1 (loss)" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert "[hadpsgd] done in" not in res.stdout
