@@ -1,0 +1,375 @@
+r"""Hyper-parameter sweeps of real training runs: algorithm x global batch x learners x options.
+
+Every cell of the grid is one ``hadpsgd.run`` job on local MPI ranks (``--ranks-per-node``
+emulates nodes), with its own ``--out-dir`` under the sweep directory::
+
+    <sweep-dir>/sweep.json              the grid asked for last, and its cell ids
+    <sweep-dir>/results.jsonl, .csv     one row per cell run: parameters, status, losses, ...
+    <sweep-dir>/cells/<cell-id>/        the run: run.log, metrics.jsonl, config.json, checkpoints
+
+Rerunning the same command resumes: cells whose row says ``ok`` are skipped, failed or timed
+out ones run again (``--no-rerun-failed`` keeps them). ``--print-commands`` prints the cells as
+``mpirun`` lines, ``--sbatch`` writes a Slurm script per cell instead of running, and
+``--collect`` turns the outputs of those cluster jobs into result rows.
+
+Usage::
+
+    python -m benchmarks.sweep --sweep-dir runs/sweep1 --algos ssgd,adpsgd,bmuf \
+        --global-batch 64,256 --learners 4,8 --sync-period 8 --beta1 0.9,0.5 \
+        --super-learner-size 1,2 --epochs 4 --preset tiny --ranks-per-node 4 -- --lr 0.1
+    python -m benchmarks.plots runs/sweep1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._launch import ROOT, emit
+from benchmarks._sweep_grid import (
+    DEFAULT_OPTIMIZER,
+    Cell,
+    GridError,
+    GridSpec,
+    expand,
+    sbatch_script,
+    shell_line,
+    unused_options,
+)
+from benchmarks._sweep_results import (
+    TABLE_HEADER,
+    append_row,
+    build_row,
+    finished_ids,
+    format_row,
+    latest_rows,
+)
+from hadpsgd.launch import Launcher, find_launcher, launch_env, mpirun_command
+
+OPTIMIZERS = ("auto", "sgd", "adam", "adamw")
+MOMENT_STRATEGIES = ("corrected", "average", "local", "reset")
+KILL_GRACE_S = 30.0
+"""After SIGTERM at the time limit, seconds before SIGKILL (hadpsgd.run checkpoints on TERM)."""
+
+
+def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    return parse
+
+
+def _algo_args(text: str) -> tuple[str, list[str]]:
+    algo, sep, args = text.partition("=")
+    if not sep or not algo:
+        raise argparse.ArgumentTypeError(f"{text!r}: write ALGO='ARGS', e.g. bmuf='--lr 0.002'")
+    return algo.strip(), shlex.split(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.sweep`` (hadpsgd.run arguments after ``--``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.sweep",
+        description="Grid of hadpsgd.run training runs on local MPI ranks, resumable, with a "
+                    "results table. Arguments after -- go to every run. Comma lists: each "
+                    "value is a grid axis; options an algorithm does not read do not multiply "
+                    "its cells.")
+    p.add_argument("--sweep-dir", type=Path, required=True,
+                   help="directory of the sweep (results, one subdirectory per cell)")
+    g = p.add_argument_group("grid")
+    g.add_argument("--algos", type=_list(str), required=True, help="e.g. ssgd,adpsgd,bmuf")
+    g.add_argument("--global-batch", type=_list(int), required=True,
+                   help="global batches (sub-sequences per step over all learners)")
+    g.add_argument("--learners", type=_list(int), required=True, help="MPI ranks per run")
+    g.add_argument("--optimizer", type=_list(str), default=["auto"],
+                   help="sgd, adam, adamw or auto (adam for bmuf, sgd for ssgd/adpsgd; default)")
+    g.add_argument("--beta1", type=_list(float), default=[], help="Adam beta1 (Adam cells)")
+    g.add_argument("--sync-period", type=_list(int), default=[], help="BMUF tau (bmuf cells)")
+    g.add_argument("--adam-moments", type=_list(str), default=[],
+                   help="corrected, average, local, reset (bmuf cells)")
+    g.add_argument("--super-learner-size", type=_list(int), default=[],
+                   help="learners per super-learner (adpsgd cells; 1 = flat ADPSGD)")
+    g.add_argument("--seed", type=_list(int), default=[], help="seeds (default: run's default)")
+    g.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4)")
+    g.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    g.add_argument("--ranks-per-node", type=int, default=None,
+                   help="emulated node size (capped at the cell's learners)")
+    g.add_argument("--algo-args", type=_algo_args, action="append", default=[],
+                   metavar="ALGO='ARGS'",
+                   help="extra hadpsgd.run arguments for one algorithm, e.g. bmuf='--lr 0.002'")
+    g = p.add_argument_group("running")
+    g.add_argument("--timeout", type=float, default=7200.0,
+                   help="seconds per cell before it is killed and recorded as timeout (7200)")
+    g.add_argument("--no-rerun-failed", dest="rerun_failed", action="store_false",
+                   help="also skip cells whose last row is failed or timeout")
+    g.add_argument("--print-commands", "--dry-run", dest="print_commands", action="store_true",
+                   help="print every cell as an mpirun command line; run nothing")
+    g.add_argument("--json", type=Path, default=None, help="also write the summary record here")
+    g = p.add_argument_group("cluster (Slurm)")
+    g.add_argument("--sbatch", nargs="?", type=Path, const=True, default=None, metavar="DIR",
+                   help="write one sbatch script per pending cell (to DIR, default "
+                        "<sweep-dir>/sbatch) and print the sbatch lines; run nothing")
+    g.add_argument("--sbatch-opt", action="append", default=[], metavar="OPT",
+                   help="extra #SBATCH option, e.g. --sbatch-opt=--gpus-per-node=8")
+    g.add_argument("--sbatch-launcher", default="srun --mpi=pmix",
+                   help="rank launcher inside the job (default 'srun --mpi=pmix')")
+    g.add_argument("--sbatch-python", default="python", help="interpreter of the ranks")
+    g.add_argument("--gpus-per-node", type=int, default=8,
+                   help="tasks per node when --ranks-per-node is not given (default 8)")
+    g.add_argument("--collect", action="store_true",
+                   help="record the cells that sbatch jobs finished (their exit.json); run "
+                        "nothing")
+    return p
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, GridSpec]:
+    """Parse the sweep's options and the passthrough; exits 2 on a bad grid."""
+    argv = list(argv)
+    rest: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, rest = argv[:split], argv[split + 1:]
+    p = build_parser()
+    a = p.parse_args(argv)
+    algo_extra: dict[str, list[str]] = {}
+    for algo, args in a.algo_args:
+        algo_extra.setdefault(algo, []).extend(args)
+    spec = GridSpec(algos=a.algos, global_batches=a.global_batch, learners=a.learners,
+                    epochs=a.epochs, preset=a.preset, optimizers=a.optimizer,
+                    beta1s=a.beta1, sync_periods=a.sync_period, adam_moments=a.adam_moments,
+                    super_learner_sizes=a.super_learner_size, seeds=a.seed,
+                    ranks_per_node=a.ranks_per_node, extra=rest, algo_extra=algo_extra)
+    # Absolute, so the printed and sbatch commands work from any directory.
+    a.sweep_dir = a.sweep_dir.absolute()
+    problem = _check_values(a)
+    if problem:
+        p.error(problem)
+    unknown = set(algo_extra) - set(a.algos)
+    if unknown:
+        p.error(f"--algo-args names {', '.join(sorted(unknown))}, not in --algos")
+    return a, spec
+
+
+def _check_values(a: argparse.Namespace) -> str | None:
+    """What is wrong with the option values, before any cell is built (``None``: nothing)."""
+    if a.timeout <= 0:
+        return f"--timeout must be > 0, got {a.timeout}"
+    for flag, values in (("--global-batch", a.global_batch), ("--learners", a.learners),
+                         ("--sync-period", a.sync_period),
+                         ("--super-learner-size", a.super_learner_size),
+                         ("--epochs", [a.epochs])):
+        if any(v < 1 for v in values):
+            return f"{flag} values must be >= 1, got {values}"
+    if not (a.algos and a.global_batch and a.learners):
+        return "--algos, --global-batch and --learners need at least one value each"
+    bad = [o for o in a.optimizer if o not in OPTIMIZERS]
+    if bad:
+        return f"--optimizer {','.join(bad)}: choose from {', '.join(OPTIMIZERS)}"
+    bad = [m for m in a.adam_moments if m not in MOMENT_STRATEGIES]
+    if bad:
+        return f"--adam-moments {','.join(bad)}: choose from {', '.join(MOMENT_STRATEGIES)}"
+    if any(not 0 <= b < 1 for b in a.beta1):
+        return f"--beta1 values must be in [0, 1), got {a.beta1}"
+    unknown = [x for x in a.algos if x not in DEFAULT_OPTIMIZER]
+    if unknown:
+        from hadpsgd import algorithms  # slow (torch): only for names this module does not know
+
+        unknown = [x for x in unknown if x not in algorithms.names()]
+        if unknown:
+            return (f"--algos {','.join(unknown)}: unknown; registered: "
+                    f"{', '.join(algorithms.names())}")
+    return None
+
+
+def cell_dir(sweep_dir: Path, cell: Cell) -> Path:
+    """The cell's ``--out-dir``."""
+    return Path(sweep_dir) / "cells" / cell.id
+
+
+def local_command(cell: Cell, sweep_dir: Path, launcher: Launcher) -> list[str]:
+    """The ``mpirun ... python -m hadpsgd.run ...`` command of a cell on this machine."""
+    return mpirun_command(cell.learners, cell.run_args(str(cell_dir(sweep_dir, cell))),
+                          launcher=launcher, module="hadpsgd.run")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the run's process group (mpirun and its ranks): TERM, then KILL after a grace."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_cell(cell: Cell, sweep_dir: Path, launcher: Launcher, timeout: float) -> dict[str, Any]:
+    """Run one cell to completion, failure or its time limit; return its results row."""
+    out = cell_dir(sweep_dir, cell)
+    if out.exists():
+        # Left by a failed or interrupted attempt: metrics.jsonl is appended to, so a fresh
+        # run needs a fresh directory. The last attempt is kept beside it for inspection.
+        prev = out.with_name(out.name + ".prev")
+        shutil.rmtree(prev, ignore_errors=True)
+        out.rename(prev)
+    out.mkdir(parents=True)
+    cmd = local_command(cell, sweep_dir, launcher)
+    (out / "cell.json").write_text(json.dumps({"id": cell.id, "params": cell.params(),
+                                               "command": cmd}, indent=1) + "\n")
+    env = launch_env(nprocs=cell.learners)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    log = out / "run.log"
+    timed_out = False
+    tic = time.perf_counter()
+    with log.open("wb") as fh:
+        # Its own session, so a time limit or Ctrl-C ends mpirun and every rank it started.
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(proc)
+            code = proc.poll()
+        except KeyboardInterrupt:
+            _stop(proc)
+            raise
+    wall = time.perf_counter() - tic
+    return build_row(cell.id, cell.params(), out, code, round(wall, 2), timed_out,
+                     shell_line(cmd), log)
+
+
+def collect(cells: Sequence[Cell], sweep_dir: Path) -> tuple[int, int]:
+    """Record cells that finished as sbatch jobs (their ``exit.json``); ``(recorded, pending)``."""
+    done = finished_ids(sweep_dir)
+    recorded = pending = 0
+    for cell in cells:
+        out = cell_dir(sweep_dir, cell)
+        if cell.id in done:
+            continue
+        status = out / "exit.json"
+        if not status.is_file():
+            pending += 1
+            continue
+        info = json.loads(status.read_text())
+        known = latest_rows(sweep_dir).get(cell.id)
+        if known and known.get("exit_json_mtime") == status.stat().st_mtime:
+            continue  # this attempt is already recorded (as failed)
+        row = build_row(cell.id, cell.params(), out, info.get("exit_code"), info.get("wall_s"),
+                        log=out / "run.log")
+        row["exit_json_mtime"] = status.stat().st_mtime
+        append_row(sweep_dir, row)
+        print(format_row(row))
+        recorded += 1
+    return recorded, pending
+
+
+def write_sbatch(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> int:
+    """Write a script per cell not yet finished and print how to submit them; the count."""
+    directory = sweep_dir / "sbatch" if a.sbatch is True else Path(a.sbatch)
+    directory.mkdir(parents=True, exist_ok=True)
+    done = finished_ids(sweep_dir)
+    count = 0
+    for cell in cells:
+        if cell.id in done:
+            print(f"# {cell.id}: finished, no script")
+            continue
+        out = cell_dir(sweep_dir, cell).resolve()
+        out.mkdir(parents=True, exist_ok=True)  # Slurm opens --output before the script runs
+        script = directory / f"{cell.id}.sbatch"
+        script.write_text(sbatch_script(cell, str(out), a.timeout, a.sbatch_launcher,
+                                        a.sbatch_python, a.gpus_per_node, a.sbatch_opt))
+        print(f"sbatch {shlex.quote(str(script))}")
+        count += 1
+    print(f"# {count} script(s) in {directory}; when the jobs are done: the same command with "
+          "--collect instead of --sbatch, then python -m benchmarks.plots "
+          f"{shlex.quote(str(sweep_dir))}")
+    return count
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; 0 when every cell finished (or nothing was to run), 1 if any failed."""
+    a, spec = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        cells = expand(spec)
+    except GridError as err:
+        print(f"benchmarks.sweep: error: {err}", file=sys.stderr)
+        return 2
+    for note in unused_options(spec):
+        print(f"# note: {note}", file=sys.stderr)
+    sweep_dir: Path = a.sweep_dir
+    if a.print_commands:
+        launcher = find_launcher()
+        print(f"# {len(cells)} cells; environment: OMPI_ALLOW_RUN_AS_ROOT=1 "
+              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_osc=^ucx (as python -m hadpsgd.launch)")
+        done = finished_ids(sweep_dir)
+        for cell in cells:
+            print(f"# {cell.id}" + (" (finished)" if cell.id in done else ""))
+            print(shell_line(local_command(cell, sweep_dir, launcher)))
+        return 0
+    if a.sbatch is not None:
+        write_sbatch(a, cells, sweep_dir)
+        return 0
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "sweep.json").write_text(json.dumps(
+        {"argv": sys.argv if argv is None else list(argv), "spec": spec.as_dict(),
+         "cells": [c.id for c in cells]}, indent=1) + "\n")
+    if a.collect:
+        recorded, pending = collect(cells, sweep_dir)
+        print(f"# recorded {recorded} cell(s); {pending} without exit.json yet")
+        return 0
+    return run_all(a, cells, sweep_dir)
+
+
+def run_all(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> int:
+    """Run every pending cell in order; print the table and the summary record."""
+    rows = latest_rows(sweep_dir)
+    skip = {i for i, r in rows.items() if r.get("status") == "ok" or not a.rerun_failed}
+    launcher: Launcher | None = None
+    counts = {"ran": 0, "skipped": 0, "ok": 0, "failed": 0}
+    print(f"# sweep {sweep_dir}: {len(cells)} cells, timeout {a.timeout:g} s per cell")
+    print(TABLE_HEADER, flush=True)
+    tic = time.perf_counter()
+    for cell in cells:
+        if cell.id in skip:
+            counts["skipped"] += 1
+            print(f"# {cell.id}: skipped ({rows[cell.id].get('status')} in results.jsonl)",
+                  flush=True)
+            continue
+        launcher = launcher or find_launcher()
+        try:
+            row = run_cell(cell, sweep_dir, launcher, a.timeout)
+        except KeyboardInterrupt:
+            print(f"# interrupted in {cell.id}: not recorded; rerun to resume", flush=True)
+            return 130
+        append_row(sweep_dir, row)
+        counts["ran"] += 1
+        counts["ok" if row["status"] == "ok" else "failed"] += 1
+        print(format_row(row), flush=True)
+    final = latest_rows(sweep_dir)
+    summary = {"benchmark": "sweep", "sweep_dir": str(sweep_dir), "cells": len(cells),
+               **counts, "finished": sum(final.get(c.id, {}).get("status") == "ok"
+                                         for c in cells),
+               "results": str(sweep_dir / "results.jsonl"),
+               "seconds": round(time.perf_counter() - tic, 1)}
+    emit(summary, a.json)
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
