@@ -89,7 +89,9 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
     algo = algo_cls(model, build_optimizer(cfg.optim, model), topo, **algo_cls.options_from(cfg))
     out_dir = make_out_dir(cfg, topo)
     metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
-    schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch, cfg.train.batch_size * topo.size,
+    # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
+    schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,
+                          algo.update_batch(cfg.train.batch_size),
                           cfg.optim.warmup_epochs, cfg.optim.anneal)
     opts = LoopOptions(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
                        seed=cfg.train.seed, max_steps=cfg.train.max_steps,

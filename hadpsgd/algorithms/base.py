@@ -186,6 +186,14 @@ class Algorithm(ABC):
         """
         yield self.model
 
+    def update_batch(self, per_learner: int) -> int:
+        """Sub-sequences behind one optimizer update: what the LR recipe scales with.
+
+        All learners' batches for synchronous SGD and (h-adpsgd paper, section 3) for ADPSGD;
+        BMUF overrides it with its super-learner's batch.
+        """
+        return per_learner * self.topo.size
+
     def restart_from_model(self) -> None:  # noqa: B027 - stateless algorithms need nothing
         """Re-derive the algorithm's own state from the current parameters.
 

@@ -196,6 +196,14 @@ class BMUF(Algorithm):
         self.block_steps = 0
         self.num_syncs += 1
 
+    def update_batch(self, per_learner: int) -> int:
+        """A local step averages one super-learner's batch.
+
+        The BMUF paper keeps the single learner's learning rate on every worker; block
+        momentum accounts for the rest. (The optional SSGD warm-up runs at this rate too.)
+        """
+        return per_learner * self.topo.local_size
+
     def restart_from_model(self) -> None:
         """A new filter from the loaded weights: theta = theta_init = them, Delta = 0."""
         if self.started:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from collections.abc import Sequence
 
+from hadpsgd.launch.forward import run_forwarding
 from hadpsgd.launch.mpirun import LauncherError, launch_env, mpirun_command
 
 
@@ -19,9 +19,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, rest = argv[:split], argv[split + 1:]
     parser = argparse.ArgumentParser(
         prog="python -m hadpsgd.launch",
-        description="Start N local ranks of python -m hadpsgd.run under the venv's mpirun "
-                    "(adds what a root or oversubscribed run needs). Arguments after -- go to "
-                    "hadpsgd.run.",
+        description="Start N local ranks of python -m hadpsgd.run under the venv's mpirun, "
+                    "Open MPI or MPICH (adds what a root or oversubscribed run needs). "
+                    "Arguments after -- go to hadpsgd.run.",
     )
     parser.add_argument("-n", "--nprocs", type=int, default=4, help="number of ranks (default 4)")
     parser.add_argument("--module", default="hadpsgd.run",
@@ -35,10 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("[hadpsgd.launch] " + " ".join(cmd), flush=True)
     if opts.dry_run:
         return 0
-    try:
-        return subprocess.call(cmd, env=launch_env(nprocs=opts.nprocs))
-    except KeyboardInterrupt:
-        return 130
+    # SIGTERM / Ctrl-C become a graceful stop (checkpoint, exit 75); see launch.forward.
+    return run_forwarding(cmd, launch_env(nprocs=opts.nprocs))
 
 
 if __name__ == "__main__":

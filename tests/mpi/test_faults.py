@@ -54,6 +54,7 @@ def test_fault_ends_job_within_deadline(algo: str, kind: str, tiny_data, tmp_pat
     out = res.output
     assert res.returncode != 0, out[-4000:]
     took = ended - fault_time(out)
+    print(f"FAULT {algo}/{kind}: exit {res.returncode}, job ended {took:.1f} s after the fault")
     assert took < TIMEOUT_S + MARGIN_S, f"job took {took:.1f} s to end after the fault\n{out}"
     # The failing rank is named: by its own error line, by the peers' diagnosis, or by the
     # launcher for a process killed by a signal.

