@@ -135,4 +135,4 @@ def hit(at: str, rank: int, step: int) -> str | None:
 
 def _announce(fault: Fault, step: int) -> None:
     print(f"[hadpsgd] fault injection: kind={fault.kind} rank={fault.rank} at={fault.at} "
-          f"step={step} t={time.time():.3f}", file=sys.stderr, flush=True)
+          f"step={step} pid={os.getpid()} t={time.time():.3f}", file=sys.stderr, flush=True)

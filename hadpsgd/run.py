@@ -233,6 +233,9 @@ def _abort_world(code: int) -> None:
 
     MPI = mpi()  # noqa: N806
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.2)  # MPICH kills the peers at once: let the traceback out first
         MPI.COMM_WORLD.Abort(code)
 
 

@@ -118,6 +118,8 @@ class Watchdog:
         self._noted: dict[int, float] = {}  # peer -> when its "I am stuck" note arrived
         self._sending: list[tuple[Any, Any]] = []  # in-flight replies and their buffers
         self._stopped = False
+        # MPI_ANY_SOURCE is -1 in Open MPI but -2 in MPICH (where -1 is MPI_PROC_NULL).
+        self._any = _any_source()
         if self.answer:
             self._ensure_monitor()
 
@@ -168,7 +170,7 @@ class Watchdog:
         note = np.empty(1, dtype=np.int64)
         status = self._status()
         with self._lock:
-            while (msg := self.control.Improbe(source=-1, tag=_DIAG_TAG, status=status)):
+            while (msg := self.control.Improbe(source=self._any, tag=_DIAG_TAG, status=status)):
                 msg.Recv(note)
                 peer = status.Get_source()
                 self._noted[peer] = time.monotonic()
@@ -304,11 +306,11 @@ class Watchdog:
             with self._lock:
                 # Notes the answering thread took off the wire while we were stuck count too.
                 heard.update(p for p, t in self._noted.items() if t >= start - self.timeout)
-                if (msg := self.control.Improbe(source=-1, tag=_DIAG_TAG, status=status)):
+                if (msg := self.control.Improbe(source=self._any, tag=_DIAG_TAG, status=status)):
                     msg.Recv(buf)
                     heard.add(status.Get_source())
                     got = True
-                if self.answer and (msg := self.control.Improbe(source=-1, tag=_REPLY_TAG,
+                if self.answer and (msg := self.control.Improbe(source=self._any, tag=_REPLY_TAG,
                                                                  status=status)):
                     msg.Recv(text)
                     replies[status.Get_source()] = bytes(text).rstrip(b"\0").decode(
@@ -322,3 +324,9 @@ class Watchdog:
         from mpi4py import MPI
 
         return MPI.Status()
+
+
+def _any_source() -> int:
+    from mpi4py import MPI
+
+    return MPI.ANY_SOURCE

@@ -191,6 +191,14 @@ class Topology:
 
     def abort(self, code: int = 1) -> None:
         """Abort the whole job (every rank), used when an error would otherwise hang peers."""
+        import sys
+        import time
+
+        # MPICH's launcher kills the other processes at once: let this rank's error reach the
+        # terminal first.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.2)
         self.comm.Abort(code)
 
     def close(self) -> None:
