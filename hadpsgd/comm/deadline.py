@@ -202,11 +202,10 @@ class Watchdog:
                 try:
                     self.fail(what, group)
                 except CommTimeoutError as err:
-                    print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+                    _say(f"hadpsgd: error: {err}")
             else:  # MPI may not be called from this thread: no diagnosis, just the facts
-                print(f"hadpsgd: error: rank {self.control.Get_rank()}: {what} did not complete "
-                      f"within {self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job",
-                      file=sys.stderr, flush=True)
+                _say(f"hadpsgd: error: rank {self.control.Get_rank()}: {what} did not complete "
+                     f"within {self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job")
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
             # the blocked call can never return an error to the caller.
             time.sleep(1.0)
@@ -330,3 +329,13 @@ def _any_source() -> int:
     from mpi4py import MPI
 
     return MPI.ANY_SOURCE
+
+
+def _say(line: str) -> None:
+    """Write one line to stderr in a single write call.
+
+    print() writes the text and the newline separately; under MPICH's launcher two ranks'
+    lines could interleave between the two.
+    """
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
