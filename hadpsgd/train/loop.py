@@ -322,9 +322,9 @@ class Trainer:
             self.algo.step()
             self.algo.zero_grad()
             loss = loss.detach()
-            if not math.isfinite(float(loss)) or self.algo.local_nonfinite:
-                self.nonfinite.append((step, "loss" if not math.isfinite(float(loss))
-                                       else "gradient"))
+            loss_finite = math.isfinite(float(loss))
+            if not loss_finite or self.algo.local_nonfinite:
+                self.nonfinite.append((step, "gradient" if loss_finite else "loss"))
             chunks = self.recorder.handed.popleft()
             if self._trace is not None:
                 self._trace.write(json.dumps({"step": step, "epoch": epoch, "chunks": chunks})
