@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -51,9 +52,39 @@ def varying(rows: Sequence[dict[str, Any]], keys: Iterable[str]) -> list[str]:
     return [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
 
 
-def label(row: dict[str, Any], keys: Sequence[str]) -> str:
-    """``k=v, ...`` of ``keys`` in ``row`` (empty when no key varies)."""
-    return ", ".join(f"{k}={row.get(k)}" for k in keys)
+def extra_options(text: Any) -> dict[str, str]:
+    """``{'--lr': '0.1', '--nesterov': ''}`` from a row's passthrough arguments (``extra``)."""
+    words = shlex.split(text) if isinstance(text, str) else list(text or [])
+    out: dict[str, str] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") \
+                else ""
+            out[word] = value
+    return out
+
+
+def label(row: dict[str, Any], keys: Sequence[str],
+          rows: Sequence[dict[str, Any]] = ()) -> str:
+    """``k=v, ...`` of ``keys`` in ``row`` (empty when no key varies).
+
+    The passthrough arguments (``extra``) are shown only by the options whose values differ
+    among ``rows``: the data paths and the other shared flags would drown the legend.
+    """
+    parts = []
+    for k in keys:
+        if k != "extra":
+            parts.append(f"{k}={row.get(k)}")
+            continue
+        opts = [extra_options(r.get("extra")) for r in rows] or [{}]
+        mine = extra_options(row.get("extra"))
+        differ = [o for o in dict.fromkeys(o for d in opts + [mine] for o in d)
+                  if len({d.get(o) for d in opts + [mine]}) > 1]
+        for o in differ:
+            name = o.lstrip("-")
+            parts.append(f"no {name}" if o not in mine else f"{name}={mine[o]}" if mine[o]
+                         else name)
+    return ", ".join(parts)
 
 
 def _groups(rows: Iterable[dict[str, Any]], keys: Sequence[str]) -> dict[tuple, list[dict]]:
@@ -83,7 +114,16 @@ def _algos(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def plot_loss_curves(plt: Any, rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Held-out loss vs epoch; a panel per algorithm, a colour per global batch."""
+    """Held-out loss vs epoch; a panel per algorithm, a colour per global batch.
+
+    Single-learner cells are the studies' baselines: when other cells exist they are drawn in
+    black in every panel (as in Fig. 2 of the h-adpsgd paper) instead of a panel of their own.
+    """
+    baselines = [r for r in rows if r.get("learners") == 1 and r.get("heldout_loss_curve")]
+    if baselines and len(baselines) < len(rows):
+        rows = [r for r in rows if r.get("learners") != 1]
+    else:
+        baselines = []
     algos = _algos(rows) or ["(none)"]
     fig, axes = plt.subplots(1, len(algos), figsize=(4.5 * len(algos), 3.8), squeeze=False,
                              sharey=True)
@@ -98,9 +138,15 @@ def plot_loss_curves(plt: Any, rows: Sequence[dict[str, Any]], path: Path) -> No
             style = LINESTYLES[variants.index(tuple(repr(r.get(k)) for k in keys)) %
                                len(LINESTYLES)]
             epochs = [e + 1 for e in r.get("eval_epochs") or range(len(r["heldout_loss_curve"]))]
-            text = f"B={r['global_batch']}" + (f" ({label(r, keys)})" if keys else "")
+            text = f"B={r['global_batch']}" + (f" ({label(r, keys, mine)})" if keys else "")
             ax.plot(epochs, _nan(r["heldout_loss_curve"]), style, marker="o", ms=3, color=color,
                     label=text)
+        for n, r in enumerate(baselines):
+            epochs = [e + 1 for e in r.get("eval_epochs") or range(len(r["heldout_loss_curve"]))]
+            ax.plot(epochs, _nan(r["heldout_loss_curve"]), LINESTYLES[n % len(LINESTYLES)],
+                    color="black", marker="s", ms=3,
+                    label=f"baseline: 1 learner, B={r['global_batch']} ({r['algo']}"
+                          + (f", {r['optimizer']}" if r.get("optimizer") else "") + ")")
         ax.set_title(algo)
         ax.set_xlabel("epoch")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -123,7 +169,7 @@ def plot_error_vs_batch(plt: Any, rows: Sequence[dict[str, Any]], path: Path) ->
         keys = varying(mine, VARIANT_KEYS)
         for n, group in enumerate(_groups(mine, keys).values()):
             group.sort(key=lambda r: (r["global_batch"], r["learners"]))
-            text = algo + (f" ({label(group[0], keys)})" if keys else "")
+            text = algo + (f" ({label(group[0], keys, mine)})" if keys else "")
             ax.plot([r["global_batch"] for r in group], _nan(r["final_frame_error"] for r in group),
                     LINESTYLES[n % len(LINESTYLES)], marker="o", label=text)
             drawn = True
@@ -159,7 +205,7 @@ def scaling_groups(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[
                 if k not in ("learners", "ranks_per_node")]
         for group in _groups(mine, keys).values():
             group.sort(key=lambda r: r["learners"])
-            out.append((algo + (f" ({label(group[0], keys)})" if keys else ""), group))
+            out.append((algo + (f" ({label(group[0], keys, mine)})" if keys else ""), group))
     return out
 
 

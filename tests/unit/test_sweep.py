@@ -353,6 +353,50 @@ def test_plots_survive_failed_and_partial_cells(tmp_path):
     assert len(make_plots(empty)["plots"]) == 3
 
 
+def test_legend_names_only_the_passthrough_options_that_differ():
+    from benchmarks.plots import extra_options, label
+
+    assert extra_options("--train a.h5 --lr 0.1 --nesterov") == {
+        "--train": "a.h5", "--lr": "0.1", "--nesterov": ""}
+    rows = [{"extra": "--train a.h5 --lr 0.1 --bmuf-warmup-steps 14", "beta1": 0.9},
+            {"extra": "--train a.h5 --lr 0.1 --bmuf-warmup-steps 7", "beta1": 0.5},
+            {"extra": "--train a.h5 --lr 0.1", "beta1": 0.5}]
+    assert label(rows[0], ["beta1", "extra"], rows) == "beta1=0.9, bmuf-warmup-steps=14"
+    assert label(rows[2], ["extra"], rows) == "no bmuf-warmup-steps"
+
+
+def test_baseline_is_drawn_in_every_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.plots import _pyplot, plot_loss_curves
+
+    class Spy:
+        """pyplot, keeping the figures it makes (the plot closes them after saving)."""
+
+        def __init__(self, plt):
+            self.plt, self.figs = plt, []
+
+        def subplots(self, *a, **kw):
+            fig, axes = self.plt.subplots(*a, **kw)
+            self.figs.append(fig)
+            return fig, axes
+
+        def __getattr__(self, name):
+            return getattr(self.plt, name)
+
+    curve = {"status": "ok", "heldout_loss_curve": [2.0, 1.5], "eval_epochs": [0, 1]}
+    rows = [{"id": "base", "algo": "ssgd", "learners": 1, "global_batch": 16,
+             "optimizer": "sgd", **curve},
+            {"id": "s", "algo": "ssgd", "learners": 4, "global_batch": 64, **curve},
+            {"id": "a", "algo": "adpsgd", "learners": 4, "global_batch": 64, **curve}]
+    spy = Spy(_pyplot())
+    plot_loss_curves(spy, rows, tmp_path / "loss.png")
+    panels = [ax for ax in spy.figs[0].axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["ssgd", "adpsgd"]
+    for ax in panels:
+        labels = ax.get_legend_handles_labels()[1]
+        assert labels == ["B=64", "baseline: 1 learner, B=16 (ssgd, sgd)"]
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--learners", "0"], "--learners values must be >= 1"),
     (["--optimizer", "rmsprop"], "--optimizer rmsprop"),
