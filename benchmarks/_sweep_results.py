@@ -19,6 +19,15 @@ RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
 STATUS_OK = "ok"
 """Exit code 0 and at least one evaluation: the cell is finished and is skipped on a rerun."""
+STATUS_DIVERGED = "diverged"
+"""The run stopped itself because its loss or gradient kept going non-finite (more than
+``--max-nonfinite`` events): a result (the paper tables' 'not converged'), not a failure, so a
+rerun skips it too."""
+DIVERGED_MARK = "non-finite loss/gradient events, more than --max-nonfinite"
+"""Text of the error that ends such a run (``hadpsgd.train.loop.NonFiniteError``; a unit test
+keeps the two in step). Kept here so that the sweep does not import torch."""
+FINISHED = (STATUS_OK, STATUS_DIVERGED)
+"""Statuses a rerun of the sweep skips."""
 
 CSV_COLUMNS = (
     "id", "status", "exit_code", "algo", "global_batch", "learners", "batch_size",
@@ -84,6 +93,17 @@ def summarize_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _diverged(log: Path, tail_bytes: int = 1 << 16) -> bool:
+    """Whether the end of a run's log holds the non-finite stop (:data:`DIVERGED_MARK`)."""
+    try:
+        with Path(log).open("rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - tail_bytes))
+            return DIVERGED_MARK.encode() in fh.read()
+    except OSError:
+        return False
+
+
 def build_row(cell_id: str, params: dict[str, Any], out_dir: Path, exit_code: int | None,
               wall_s: float | None, timed_out: bool = False, command: str = "",
               log: Path | None = None) -> dict[str, Any]:
@@ -104,6 +124,9 @@ def build_row(cell_id: str, params: dict[str, Any], out_dir: Path, exit_code: in
     if timed_out:
         status = "timeout"
         error = "killed at the sweep's --timeout"
+    elif exit_code != 0 and log is not None and _diverged(log):
+        status = STATUS_DIVERGED
+        error = f"diverged: more than --max-nonfinite non-finite steps; see {log}"
     elif exit_code != 0:
         status = "failed"
         error = f"exit code {exit_code}; see {log}" if log else f"exit code {exit_code}"
@@ -130,8 +153,8 @@ def latest_rows(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def finished_ids(sweep_dir: Path) -> set[str]:
-    """Ids whose last row has status ``ok``: a rerun skips them."""
-    return {i for i, row in latest_rows(sweep_dir).items() if row.get("status") == STATUS_OK}
+    """Ids whose last row is finished (``ok`` or ``diverged``): a rerun skips them."""
+    return {i for i, row in latest_rows(sweep_dir).items() if row.get("status") in FINISHED}
 
 
 def append_row(sweep_dir: Path, row: dict[str, Any]) -> None:

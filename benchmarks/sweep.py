@@ -47,6 +47,8 @@ from benchmarks._sweep_grid import (
     unused_options,
 )
 from benchmarks._sweep_results import (
+    FINISHED,
+    STATUS_DIVERGED,
     TABLE_HEADER,
     append_row,
     build_row,
@@ -339,9 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_all(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> int:
     """Run every pending cell in order; print the table and the summary record."""
     rows = latest_rows(sweep_dir)
-    skip = {i for i, r in rows.items() if r.get("status") == "ok" or not a.rerun_failed}
+    skip = {i for i, r in rows.items() if r.get("status") in FINISHED or not a.rerun_failed}
     launcher: Launcher | None = None
-    counts = {"ran": 0, "skipped": 0, "ok": 0, "failed": 0}
+    counts = {"ran": 0, "skipped": 0, "ok": 0, STATUS_DIVERGED: 0, "failed": 0}
     print(f"# sweep {sweep_dir}: {len(cells)} cells, timeout {a.timeout:g} s per cell")
     print(TABLE_HEADER, flush=True)
     tic = time.perf_counter()
@@ -359,11 +361,11 @@ def run_all(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> in
             return 130
         append_row(sweep_dir, row)
         counts["ran"] += 1
-        counts["ok" if row["status"] == "ok" else "failed"] += 1
+        counts[row["status"] if row["status"] in FINISHED else "failed"] += 1
         print(format_row(row), flush=True)
     final = latest_rows(sweep_dir)
     summary = {"benchmark": "sweep", "sweep_dir": str(sweep_dir), "cells": len(cells),
-               **counts, "finished": sum(final.get(c.id, {}).get("status") == "ok"
+               **counts, "finished": sum(final.get(c.id, {}).get("status") in FINISHED
                                          for c in cells),
                "results": str(sweep_dir / "results.jsonl"),
                "seconds": round(time.perf_counter() - tic, 1)}

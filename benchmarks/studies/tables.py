@@ -142,7 +142,10 @@ def markdown_a(res: dict[str, Any]) -> str:
 
 
 def markdown_b(res: dict[str, Any]) -> str:
-    """Study B as a Markdown table: loss per batch (✓ within tolerance) and the largest batch."""
+    """Study B as a Markdown table: loss and change vs the baseline per batch (✓ within).
+
+    The last column is the largest batch within the tolerance.
+    """
     b = res["baseline"]
     batches = res["batches"]
     head = ("| algorithm | " + " | ".join(f"B={x}" for x in batches)
@@ -150,7 +153,7 @@ def markdown_b(res: dict[str, Any]) -> str:
     lines = [head, "|---|" + "---|" * (len(batches) + 1),
              f"| baseline (1 learner, B={b['global_batch']}) | "
              + " | ".join("" for _ in batches) + f" | loss {b['heldout_loss']:.4f} "
-             f"(limit {res['limit']:.4f}) |"]
+             f"(limit {res['limit']:.5f}) |"]
     for label in sorted(res["table"], key=lambda s: (not s.startswith("SSGD"), s)):
         cells = res["table"][label]
         row = []
@@ -161,7 +164,8 @@ def markdown_b(res: dict[str, Any]) -> str:
             elif c["heldout_loss"] is None:
                 row.append(c["status"])
             else:
-                row.append(f"{c['heldout_loss']:.4f} {'✓' if c['holds'] else '✗'}")
+                rel = c["heldout_loss"] / b["heldout_loss"] - 1
+                row.append(f"{c['heldout_loss']:.4f} ({rel:+.3%}) {'✓' if c['holds'] else '✗'}")
         best = res["largest_within"].get(label)
         lines.append(f"| {label} | " + " | ".join(row) + f" | {best if best else 'none'} |")
     return "\n".join(lines)

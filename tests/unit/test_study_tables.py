@@ -45,9 +45,9 @@ def test_largest_batch_stops_at_the_first_miss() -> None:
                                      "H-ADPSGD (4 x 4)": None}
     assert res["table"]["SSGD"]["1024"]["holds"] is True
     md = tables.markdown_b(res)
-    assert "| SSGD | 1.0190 ✓ | 1.0210 ✗ | 1.0000 ✓ | 256 |" in md
-    assert "| ADPSGD (16 x 1) | 1.0000 ✓ | failed |  | 256 |" in md
-    assert "| H-ADPSGD (4 x 4) | 1.0500 ✗ |  |  | none |" in md
+    assert "| SSGD | 1.0190 (+1.900%) ✓ | 1.0210 (+2.100%) ✗ | 1.0000 (+0.000%) ✓ | 256 |" in md
+    assert "| ADPSGD (16 x 1) | 1.0000 (+0.000%) ✓ | failed |  | 256 |" in md
+    assert "| H-ADPSGD (4 x 4) | 1.0500 (+5.000%) ✗ |  |  | none |" in md
 
 
 def test_study_a_relative_to_baseline() -> None:
@@ -76,7 +76,7 @@ def test_cli_reads_a_sweep_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "b.json"
     assert tables.main(["b", str(tmp_path), "--json", str(out)]) == 0
-    assert "| SSGD | 1.0100 ✓ | 256 |" in capsys.readouterr().out
+    assert "| SSGD | 1.0100 (+1.000%) ✓ | 256 |" in capsys.readouterr().out
     assert json.loads(out.read_text())["largest_within"] == {"SSGD": 256}
     empty = tmp_path / "empty"
     empty.mkdir()

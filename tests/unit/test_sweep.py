@@ -9,6 +9,7 @@ import pytest
 from benchmarks import sweep
 from benchmarks._sweep_grid import Cell, GridError, GridSpec, expand, sbatch_script, unused_options
 from benchmarks._sweep_results import (
+    DIVERGED_MARK,
     RESULTS_CSV,
     RESULTS_JSONL,
     append_row,
@@ -291,6 +292,29 @@ def test_build_row_statuses(tmp_path):
     assert row["status"] == "failed" and "no held-out" in row["error"]
     missing = build_row(cell.id, cell.params(), tmp_path / "nothing", 2, 1.0)
     assert missing["status"] == "failed" and missing["heldout_loss_curve"] == []
+
+
+def test_diverged_run_is_a_finished_result(tmp_path):
+    cell = expand(spec())[0]
+    out = tmp_path / "cell"
+    _write_metrics(out, METRICS[:2])  # it stopped before its first evaluation
+    log = out / "run.log"
+    log.write_bytes(b"x" * 100_000 + b"\nhadpsgd: rank 3: error: 9 " + DIVERGED_MARK.encode()
+                    + b" 5: step 89 on rank 0 (loss)\n")
+    row = build_row(cell.id, cell.params(), out, 1, 3.0, log=log)
+    assert row["status"] == "diverged" and "--max-nonfinite" in row["error"]
+    append_row(tmp_path, row)
+    assert finished_ids(tmp_path) == {cell.id}  # a rerun skips it: it would diverge again
+    log.write_text("Traceback ...\nRuntimeError: boom\n")
+    assert build_row(cell.id, cell.params(), out, 1, 3.0, log=log)["status"] == "failed"
+
+
+def test_diverged_mark_is_the_loops_message():
+    import inspect
+
+    from hadpsgd.train import loop
+
+    assert DIVERGED_MARK in inspect.getsource(loop.Trainer._fail_nonfinite)
 
 
 def test_results_table_jsonl_and_csv(tmp_path):
