@@ -65,6 +65,13 @@ try:
 except Exception as err:  # noqa: BLE001
     print(f"FAILED rank {r}: {err}", flush=True)
     (out / f"rank{r}.json").write_text(json.dumps({"rank": r, "error": str(err)}))
+    if mode == "dead":
+        # The property is that every live peer names the frozen rank by its own deadline.
+        # The first rank to exit makes the launcher end the job (MPICH's Hydra at once), which
+        # could cut off a peer whose deadline started a moment later: wait for their reports.
+        until = time.monotonic() + 60
+        while len(list(out.glob("rank*.json"))) < topo.size - 1 and time.monotonic() < until:
+            time.sleep(0.05)
     os._exit(3)
 record["flat"] = algo.flat.tolist()
 record["w0"] = w0.tolist()
