@@ -94,6 +94,11 @@ def _groups(rows: Iterable[dict[str, Any]], keys: Sequence[str]) -> dict[tuple, 
     return out
 
 
+def _epochs(row: dict[str, Any]) -> list[int]:
+    """1-based epoch of each point of a row's held-out loss curve."""
+    return [e + 1 for e in row.get("eval_epochs") or range(len(row["heldout_loss_curve"]))]
+
+
 def _nan(values: Iterable[Any]) -> list[float]:
     """Values with ``None`` (a non-finite figure in the results) as NaN, which is not drawn."""
     return [float("nan") if v is None else float(v) for v in values]
@@ -137,13 +142,11 @@ def plot_loss_curves(plt: Any, rows: Sequence[dict[str, Any]], path: Path) -> No
             color = cmap(batches.index(r["global_batch"]) / max(len(batches) - 1, 1))
             style = LINESTYLES[variants.index(tuple(repr(r.get(k)) for k in keys)) %
                                len(LINESTYLES)]
-            epochs = [e + 1 for e in r.get("eval_epochs") or range(len(r["heldout_loss_curve"]))]
             text = f"B={r['global_batch']}" + (f" ({label(r, keys, mine)})" if keys else "")
-            ax.plot(epochs, _nan(r["heldout_loss_curve"]), style, marker="o", ms=3, color=color,
+            ax.plot(_epochs(r), _nan(r["heldout_loss_curve"]), style, marker="o", ms=3, color=color,
                     label=text)
         for n, r in enumerate(baselines):
-            epochs = [e + 1 for e in r.get("eval_epochs") or range(len(r["heldout_loss_curve"]))]
-            ax.plot(epochs, _nan(r["heldout_loss_curve"]), LINESTYLES[n % len(LINESTYLES)],
+            ax.plot(_epochs(r), _nan(r["heldout_loss_curve"]), LINESTYLES[n % len(LINESTYLES)],
                     color="black", marker="s", ms=3,
                     label=f"baseline: 1 learner, B={r['global_batch']} ({r['algo']}"
                           + (f", {r['optimizer']}" if r.get("optimizer") else "") + ")")

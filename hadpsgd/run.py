@@ -229,14 +229,11 @@ def _run_as_script() -> int:
 
 
 def _abort_world(code: int) -> None:
-    from hadpsgd.comm.mpi import mpi
+    from hadpsgd.comm.mpi import abort_job, mpi
 
     MPI = mpi()  # noqa: N806
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(0.2)  # MPICH kills the peers at once: let the traceback out first
-        MPI.COMM_WORLD.Abort(code)
+        abort_job(MPI.COMM_WORLD, code)
 
 
 if __name__ == "__main__":

