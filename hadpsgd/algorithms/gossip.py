@@ -10,16 +10,16 @@ partner waiting for it.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from hadpsgd import faults
-from hadpsgd.comm import Watchdog
+from hadpsgd.comm.pair import PairChannel, Pending
 
 
 def partner(node: int, num_nodes: int, round_: int) -> int | None:
@@ -42,32 +42,36 @@ class GossipThread(threading.Thread):
     exact negation, so gossip conserves the sum of all replicas. A round starts only after
     the main thread has stepped and applied the previous delta: at most one exchange per step.
 
+    The snapshot, the exchange and the delta live in host memory (pinned with CUDA): the
+    thread never launches device work of its own beyond one copy off the device, and the
+    main thread moves the delta onto the device when it adds it.
+
     Args:
-        flat: The super-learner's flat parameter buffer (this leader's).
+        flat: The super-learner's flat parameter buffer (this leader's; host or device).
         lock: Guards ``flat`` against the optimizer step.
-        comm: Communicator of the super-learner leaders (rank = node index), used only here.
-        watchdog: Deadline keeper for this thread (its own control communicator).
-        world_ranks: World rank of each node's leader (for error messages).
+        channel: The comm layer's pair channel among the super-learner leaders (rank = node
+            index), used only by this thread.
         jitter: Upper bound of a random sleep before each exchange (tests the asynchrony).
     """
 
-    def __init__(self, flat: torch.Tensor, lock: threading.Lock, comm: Any,
-                 watchdog: Watchdog, world_ranks: list[int], jitter: float = 0.0) -> None:
+    def __init__(self, flat: torch.Tensor, lock: threading.Lock, channel: PairChannel,
+                 jitter: float = 0.0) -> None:
         super().__init__(name="hadpsgd-gossip", daemon=True)
         self.flat = flat
         self.lock = lock
-        self.comm = comm
-        self.watchdog = watchdog
-        self.world_ranks = world_ranks
-        self.node = comm.Get_rank()
-        self.num_nodes = comm.Get_size()
+        self.channel = channel
+        self.watchdog = channel.watchdog
+        self.world_ranks = channel.world_ranks
+        self.node = channel.rank
+        self.num_nodes = channel.size
         self.jitter = jitter
         self.rng = random.Random(1000 + self.node)
         n = flat.numel()
         # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
         # both partners then skip the round, which keeps the pair's deltas opposite.
-        self._send = torch.empty(n + 1, dtype=flat.dtype)
-        self._recv = torch.empty(n + 1, dtype=flat.dtype)
+        pin = flat.is_cuda
+        self._send = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
+        self._recv = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
         self._cond = threading.Condition()
         self._steps = 0
         self._delta: torch.Tensor | None = None
@@ -149,14 +153,13 @@ class GossipThread(threading.Thread):
         n = self.flat.numel()
         with self.lock:
             self._send[:n].copy_(self.flat)
-        self._send[n] = 1.0 if bool(torch.isfinite(self._send[:n]).all()) else 0.0
-        tag = r % 32_000
-        reqs = [self.comm.Irecv(self._recv.numpy(), source=p, tag=tag),
-                self.comm.Isend(self._send.numpy(), dest=p, tag=tag)]
+        # One sum: NaN and Inf propagate through it (a scan of every element costs far more).
+        self._send[n] = 1.0 if math.isfinite(float(self._send[:n].sum())) else 0.0
         what = (f"gossip exchange (round {r}) between super-learner {self.node} and "
                 f"{p} (rank {self.world_ranks[p]})")
         # While terminating, keep the termination agreement moving as we wait (_terminate).
-        self.watchdog.wait_all(reqs, what, [self.world_ranks[p]], progress=terminating)
+        self.channel.exchange(self._send, self._recv, p, tag=r % 32_000, what=what,
+                              progress=terminating)
         if self._send[n] == 0.0 or self._recv[n] == 0.0:
             self.skipped_nonfinite += 1
             return
@@ -170,6 +173,7 @@ class GossipThread(threading.Thread):
                     self._delta = delta
                     self.last_exchange_step = self._steps
         if apply_now:
+            delta = delta.to(self.flat.device)
             with self.lock:
                 self.flat.add_(delta)
 
@@ -181,27 +185,20 @@ class GossipThread(threading.Thread):
         number of rounds it has started to a MAX reduction, and every thread finishes exactly
         that many rounds, so no exchange is left without its partner.
         """
-        from mpi4py import MPI
-
-        barrier = self.comm.Ibarrier()
-        state: dict[str, Any] = {"red": None, "final": None, "buf": np.zeros(1, np.int64)}
+        barrier = self.channel.start_barrier()
+        agreed: list[Pending] = []
 
         def drive() -> None:
-            if state["final"] is not None:
-                return
-            if state["red"] is None and barrier.Test():
-                mine = np.array([self.rounds], dtype=np.int64)
-                state["red"] = self.comm.Iallreduce(mine, state["buf"], op=MPI.MAX)
-            if state["red"] is not None and state["red"].Test():
-                state["final"] = int(state["buf"][0])
+            if not agreed and barrier.done():
+                agreed.append(self.channel.start_max(self.rounds))
 
         deadline = time.monotonic() + self.watchdog.timeout
         while True:
             drive()
-            final = state["final"]
+            final = agreed[0].value if agreed and agreed[0].done() else None
             if final is not None and self.rounds >= final:
                 return
-            if state["red"] is not None and final is None:
+            if agreed and final is None:
                 # Agreement in flight: start no new round until the last one is known.
                 if time.monotonic() > deadline:
                     self.watchdog.fail("gossip termination agreement", None)

