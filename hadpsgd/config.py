@@ -217,9 +217,12 @@ class CommConfig:
     """Emulate nodes of this many consecutive ranks (default: real nodes; env
     HADPSGD_RANKS_PER_NODE)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Compute device: auto picks CUDA when available."""
+    """Compute device: auto picks CUDA when available; a rank's GPU is its rank among the
+    processes of its physical host (modulo the GPUs it sees), whatever the node emulation."""
     intra_backend: Literal["auto", "mpi", "gloo", "nccl"] = "auto"
-    """Intra-node backend: auto = nccl on CUDA (with CuPy), mpi (shared memory) on CPU."""
+    """Intra-node backend: auto = NCCL (torch.distributed) for device tensors when every rank
+    of the node has its own GPU, else MPI shared memory (host tensors always take MPI, or
+    gloo if chosen); nccl insists on NCCL and fails with the reason where it cannot run."""
     hier_algo: Literal["auto", "shard", "leader"] = "auto"
     """Hierarchical allreduce form: shard (reduce-scatter / inter-node / allgather; equal
     nodes) or leader (reduce / leaders' allreduce / broadcast); auto picks shard when it can."""

@@ -106,6 +106,8 @@ def train(cfg: RunConfig, topo: comm.Topology) -> Trainer:
         _resume(trainer, cfg, topo, out_dir)
     if topo.rank == 0:
         print(f"[hadpsgd] comm: {topo.describe()}", flush=True)
+        for note in topo.notes:  # a slower path than asked for, and how to get the fast one
+            print(f"[hadpsgd] note: {note}", flush=True)
         print(f"[hadpsgd] {cfg.train.algo} on {topo.size} learners ({topo.num_nodes} nodes), "
               f"{cfg.model.preset} BLSTM with {count_parameters(model):,} parameters, "
               f"{len(train_set):,} training chunks, global batch "

@@ -1,8 +1,10 @@
-"""GPU paths of the communication layer: NCCL inside a node, host staging between nodes.
+"""GPU paths of the communication layer: NCCL inside a node, host staging, device binding.
 
-Skipped without CUDA. NCCL needs one device per rank of a node, so the NCCL test needs two
-GPUs; the staging tests run on one.
+Skipped without CUDA. NCCL needs one device per rank of a node, so the NCCL and binding
+tests need two GPUs; the staging tests run on one (2-4 ranks sharing it).
 """
+
+import re
 
 import pytest
 import torch
@@ -11,36 +13,66 @@ from tests.conftest import assert_ok, run_worker
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 
 def test_staging_pipeline_on_device():
-    import numpy as np
-
     from hadpsgd.comm.staging import Stager
 
     t = torch.arange(10_001, dtype=torch.float32, device="cuda")
     seen = []
 
-    def op(buf: np.ndarray) -> None:
-        seen.append(buf.size)
+    def op(buf: torch.Tensor) -> None:
+        assert buf.device.type == "cpu" and buf.is_pinned()
+        seen.append(buf.numel())
         buf += 1
 
-    Stager().run_staged(t, bucket_elems=1000, op=op)
+    Stager().run_staged(t, op, chunk_elems=1000)
     assert seen == [1000] * 10 + [1]
     assert torch.equal(t.cpu(), torch.arange(10_001, dtype=torch.float32) + 1)
 
 
-def test_staged_inter_node_allreduce_on_cuda():
-    # Two emulated nodes of one rank each: only the inter-node MPI path, staged through host.
-    res = run_worker(2, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": "1", "HADPSGD_CUDA_AWARE": "0",
-                                         "HADPSGD_TEST_DEVICE": "cuda"})
+def test_staging_keeps_half_precision_on_device():
+    from hadpsgd.comm.staging import Stager
+
+    t = torch.full((3000,), 0.5, dtype=torch.bfloat16, device="cuda")
+    Stager().run_staged(t, lambda b: b.add_(1.0), chunk_elems=512)
+    assert t.dtype == torch.bfloat16 and torch.equal(t.cpu(), torch.full((3000,), 1.5,
+                                                                          dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(("nprocs", "per_node"), [(2, "1"), (4, "2"), (3, "3")])
+def test_ranks_sharing_one_gpu_take_the_staged_path(nprocs, per_node):
+    # Several ranks on one GPU: NCCL refuses, so device tensors go through host memory;
+    # every collective still equals the NumPy reference bit for bit on every rank.
+    res = run_worker(nprocs, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": per_node,
+                                              "HADPSGD_CUDA_AWARE": "0",
+                                              "HADPSGD_TEST_DEVICE": "cuda"})
     assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs
+    if per_node != "1" and torch.cuda.device_count() == 1:
+        assert "intra-node mpi via host" in res.stdout
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL test needs 2 GPUs")
+@two_gpus
 def test_nccl_intra_node():
-    pytest.importorskip("cupy")
     res = run_worker(4, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": "2",
                                          "HADPSGD_INTRA_BACKEND": "nccl",
                                          "HADPSGD_TEST_DEVICE": "cuda"})
+    if torch.cuda.device_count() < 4:  # 4 ranks on 2 GPUs share them: nccl must refuse
+        assert res.returncode != 0 and "NCCL needs one GPU per rank" in res.output
+        res = run_worker(2, "comm_ops", env={"HADPSGD_INTRA_BACKEND": "nccl",
+                                             "HADPSGD_TEST_DEVICE": "cuda"})
     assert_ok(res)
+    assert "intra-node nccl" in res.stdout
+
+
+@two_gpus
+def test_device_follows_the_physical_host_not_the_emulated_node():
+    # --ranks-per-node 1: every rank is local rank 0 of its emulated node, yet each must
+    # get its own GPU (the BMUF-Adam layout of one worker per GPU).
+    res = run_worker(2, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": "1",
+                                         "HADPSGD_TEST_DEVICE": "cuda"})
+    assert_ok(res)
+    devices = set(re.findall(r"\d>cuda:(\d)", res.stdout))
+    assert devices == {"0", "1"}, res.stdout

@@ -24,16 +24,17 @@ from hadpsgd import comm
 from hadpsgd.algorithms import ADPSGD
 
 mode, out = sys.argv[1], Path(sys.argv[2])
-topo = comm.init()
+topo = comm.init(device=os.environ.get("HADPSGD_TEST_DEVICE", "cpu"))
 r = topo.rank
 torch.manual_seed(0)
-model = torch.nn.Linear(40, 25).double()  # 1025 parameters, one dtype
+model = torch.nn.Linear(40, 25).double().to(topo.device)  # 1025 parameters, one dtype
 lr = 0.0 if mode == "consensus" else 0.05
 opt = torch.optim.SGD(model.parameters(), lr=lr)
 algo = ADPSGD(model, opt, topo, gossip_jitter=0.004)
 w0 = algo.flat.clone()
 if mode == "consensus":  # different starting replicas, identical inside a super-learner
-    algo.flat.add_(torch.linspace(-1, 1, algo.flat.numel(), dtype=torch.float64) * topo.node)
+    algo.flat.add_(torch.linspace(-1, 1, algo.flat.numel(), dtype=torch.float64,
+                                  device=topo.device) * topo.node)
 steps = int(os.environ.get("ADPSGD_TEST_STEPS", "40"))
 g = torch.full_like(algo.flat, 0.01 * (r + 1))  # constant, different on every rank
 record = {"rank": r, "node": topo.node, "identical": True}
@@ -44,7 +45,7 @@ try:
         algo.step()
         algo.grads.zero_()
         if mode == "conserve" and topo.local_size > 1:
-            digest = hashlib.sha256(algo.flat.numpy().tobytes()).hexdigest()
+            digest = hashlib.sha256(algo.flat.cpu().numpy().tobytes()).hexdigest()
             record["identical"] &= len(set(topo.intra.allgather(digest))) == 1
         if mode == "stall" and r == 0 and step == 0:
             flag = out / "rank1.done"
