@@ -4,6 +4,10 @@ Every rank runs the same sequence of cases (an op variant at one message size). 
 run once on rank-dependent data and checked, then warmed up and timed; the iteration counts
 come from times agreed over all ranks (MAX), so every rank runs the same number of
 collectives. Rank 0 prints the table as it goes, writes the JSON file and the summary line.
+
+With ``--device cuda`` the hadpsgd cases work on CUDA tensors and the raw mpi4py baselines on
+the same device tensors, through the copies a user would write (and directly where MPI is
+CUDA-aware); the clock is read only after the device is synchronized.
 """
 
 from __future__ import annotations
@@ -18,25 +22,27 @@ import sys
 import tempfile
 import time
 import traceback
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from benchmarks._launch import file_store, remove_store
 from benchmarks.comm import (
     ELEMENT_BYTES,
-    TABLE_HEADER,
     bandwidths,
     bus_factor,
     default_json_path,
     format_row,
     format_size,
+    intra_view_names,
     plan_iters,
     summarize,
+    table_header,
 )
 from hadpsgd import comm as hcomm
 from hadpsgd.comm import Topology
@@ -44,7 +50,7 @@ from hadpsgd.comm.flat import zeros as flat_zeros
 from hadpsgd.comm.hierarchical import Path as ReducePath
 
 Buffer = Any
-"""A float32 CPU torch tensor or NumPy array (both accept ``buf[...] = v`` and ``==``)."""
+"""A float32 torch tensor (CPU or CUDA) or NumPy array (all accept ``buf[...] = v``, ``==``)."""
 
 
 class BenchError(RuntimeError):
@@ -89,25 +95,35 @@ class Timer:
         comm: The world communicator (every rank takes part in every case).
         mpi: The ``mpi4py.MPI`` module.
         opts: Parsed options (``iters``, ``warmup``, ``min_iters``, ``max_time``).
+        device: Where the cases' tensors live; on CUDA the device is synchronized before
+            each reading of the clock.
     """
 
-    def __init__(self, comm: Any, mpi: Any, opts: argparse.Namespace) -> None:
+    def __init__(self, comm: Any, mpi: Any, opts: argparse.Namespace,
+                 device: torch.device | None = None) -> None:
         self.comm = comm
         self.mpi = mpi
         self.iters = opts.iters
         self.warmup = opts.warmup
         self.min_iters = opts.min_iters
         self.budget = opts.max_time
+        self.sync: Callable[[], None] = _nothing
+        if device is not None and device.type == "cuda":
+            self.sync = lambda: torch.cuda.synchronize(device)
 
     def _max(self, value: float) -> float:
         return float(self.comm.allreduce(value, op=self.mpi.MAX))
 
     def _loop(self, run: Callable[[], None], iters: int) -> float:
         """Seconds per op of ``iters`` back-to-back runs after a barrier, max over ranks."""
+        # Kernels still queued (filling the buffers, an earlier case) must not be billed to
+        # this loop, and the ops' own queued work must be: GPU calls return before they end.
+        self.sync()
         self.comm.Barrier()
         tic = time.perf_counter()
         for _ in range(iters):
             run()
+        self.sync()
         return self._max((time.perf_counter() - tic) / iters)
 
     def time(self, case: Case, size_bytes: int) -> Timing:
@@ -134,6 +150,11 @@ class Timer:
 class Cases:
     """Builds the cases of every op for one layout.
 
+    The buffers live on the topology's device. The raw mpi4py baselines (``raw`` buffers)
+    are NumPy arrays on CPU; on CUDA they are device tensors handed to MPI through
+    :meth:`_raw`, with the host copies (``direct=False``) or as they are (``direct=True``,
+    CUDA-aware MPI only).
+
     Args:
         topo: The hadpsgd topology.
         mpi: The ``mpi4py.MPI`` module.
@@ -144,21 +165,69 @@ class Cases:
         self.topo = topo
         self.mpi = mpi
         self.gloo = gloo
+        self.device = topo.device
+        self.on_gpu = topo.device.type == "cuda"
         self.value = float(topo.rank + 1)
         n = topo.size
         self.world_sum = n * (n + 1) / 2
         self.node_sum = float(sum(topo.node_ranks) + topo.local_size)
         self.peer = topo.rank ^ 1 if (topo.rank ^ 1) < n else None
 
-    @staticmethod
-    def _buffer(count: int, numpy: bool) -> Buffer:
+    def _buffer(self, count: int, raw: bool) -> Buffer:
+        if raw and not self.on_gpu:
+            return np.empty(count, dtype=np.float32)
         # hadpsgd's own flat buffers come from hadpsgd.comm.flat.zeros (NumPy-allocated host
-        # memory); benchmark the collectives on the same kind of buffer.
-        return np.empty(count, dtype=np.float32) if numpy else flat_zeros(count)
+        # memory on CPU); benchmark the collectives on the same kind of buffer.
+        return flat_zeros(count, torch.float32, self.device)
+
+    def _variant(self, direct: bool) -> str:
+        if not self.on_gpu:
+            return ""
+        return " (device buffers)" if direct else " (host copies)"
+
+    def _raw(self, call: Callable[..., None], count: int, direct: bool, nbufs: int = 1,
+             inputs: Sequence[int] = (0,), outputs: Sequence[int] = (0,)) -> Callable[..., None]:
+        """Raw mpi4py ``call`` on the case's buffers, written as a user would for them.
+
+        On CPU ``call`` receives the NumPy buffers themselves. On CUDA with ``direct`` it
+        receives the device tensors once the stream has finished writing them (CUDA-aware
+        MPI reads device memory itself). Otherwise the ``inputs`` are copied into pinned host
+        tensors allocated once here, ``call`` works on their NumPy views, the ``outputs`` are
+        copied back and the stream synchronized: the copies are part of the time.
+
+        Args:
+            call: The MPI call on ``nbufs`` buffers.
+            count: Elements per buffer.
+            direct: Hand MPI the device tensors (CUDA only).
+            nbufs: Buffers of the case.
+            inputs: Which buffers MPI reads (copied to the host first).
+            outputs: Which buffers MPI writes (copied back to the device after).
+        """
+        if not self.on_gpu:
+            return call
+        stream = torch.cuda.current_stream(self.device)
+        if direct:
+            def on_device(*bufs: torch.Tensor) -> None:
+                stream.synchronize()  # MPI does not order itself after queued kernels
+                call(*bufs)
+
+            return on_device
+        hosts = [torch.empty(count, dtype=torch.float32, pin_memory=True) for _ in range(nbufs)]
+        arrays = [h.numpy() for h in hosts]
+
+        def through_host(*bufs: torch.Tensor) -> None:
+            for i in inputs:
+                hosts[i].copy_(bufs[i])
+            call(*arrays)
+            for i in outputs:
+                bufs[i].copy_(hosts[i])
+            stream.synchronize()
+
+        return through_host
 
     def _reduction(self, label: str, count: int, expected: float, op: Callable[[Buffer], None],
-                   numpy: bool = False) -> Case:
-        buf = self._buffer(count, numpy)
+                   raw: bool = False) -> Case:
+        buf = self._buffer(count, raw)
 
         def fill() -> None:
             buf[...] = self.value
@@ -180,13 +249,14 @@ class Cases:
         return self._reduction(f"hadpsgd intra_allreduce_ ({view.intra_backend})", count,
                                self.node_sum, lambda t: view.intra_allreduce_(t, op="sum"))
 
-    def mpi_allreduce(self, count: int, intra: bool = False) -> Case:
+    def mpi_allreduce(self, count: int, intra: bool = False, direct: bool = False) -> Case:
         """Raw ``Allreduce(IN_PLACE, SUM)`` on the world (or the node) communicator."""
         comm = self.topo.intra if intra else self.topo.comm
         mpi = self.mpi
-        return self._reduction("mpi4py Allreduce" + (" (node)" if intra else ""), count,
-                               self.node_sum if intra else self.world_sum,
-                               lambda a: comm.Allreduce(mpi.IN_PLACE, a, op=mpi.SUM), numpy=True)
+        call = self._raw(lambda a: comm.Allreduce(mpi.IN_PLACE, a, op=mpi.SUM), count, direct)
+        return self._reduction("mpi4py Allreduce" + (" (node)" if intra else "")
+                               + self._variant(direct), count,
+                               self.node_sum if intra else self.world_sum, call, raw=True)
 
     def gloo_allreduce(self, count: int) -> Case:
         """torch.distributed gloo ``allreduce`` (sum) over the world."""
@@ -195,8 +265,8 @@ class Cases:
                                lambda t: pg.allreduce([t]).wait())
 
     # ------------------------------------------------------------------ broadcast
-    def _bcast(self, label: str, count: int, op: Callable[[Buffer], None], numpy: bool) -> Case:
-        buf = self._buffer(count, numpy)
+    def _bcast(self, label: str, count: int, op: Callable[[Buffer], None], raw: bool) -> Case:
+        buf = self._buffer(count, raw)
 
         def fill() -> None:
             buf[...] = self.value
@@ -206,17 +276,18 @@ class Cases:
     def broadcast(self, count: int) -> Case:
         """``Topology.broadcast_`` from rank 0."""
         return self._bcast("hadpsgd broadcast_", count, lambda t: self.topo.broadcast_(t, 0),
-                           numpy=False)
+                           raw=False)
 
-    def mpi_bcast(self, count: int) -> Case:
+    def mpi_bcast(self, count: int, direct: bool = False) -> Case:
         """Raw ``Bcast`` from rank 0."""
         world = self.topo.comm
-        return self._bcast("mpi4py Bcast", count, lambda a: world.Bcast(a, root=0), numpy=True)
+        call = self._raw(lambda a: world.Bcast(a, root=0), count, direct)
+        return self._bcast("mpi4py Bcast" + self._variant(direct), count, call, raw=True)
 
     # ------------------------------------------------------------------ pair exchange
     def _pair(self, label: str, count: int, op: Callable[[Buffer, Buffer, int], None],
-              numpy: bool) -> Case:
-        send, recv = self._buffer(count, numpy), self._buffer(count, numpy)
+              raw: bool) -> Case:
+        send, recv = self._buffer(count, raw), self._buffer(count, raw)
         peer = self.peer
 
         def fill() -> None:
@@ -231,16 +302,20 @@ class Cases:
     def exchange(self, count: int) -> Case:
         """``Topology.exchange`` with the even/odd partner."""
         return self._pair("hadpsgd exchange", count,
-                          lambda s, r, p: self.topo.exchange(s, r, p, tag=0), numpy=False)
+                          lambda s, r, p: self.topo.exchange(s, r, p, tag=0), raw=False)
 
-    def mpi_sendrecv(self, count: int) -> Case:
+    def mpi_sendrecv(self, count: int, direct: bool = False) -> Case:
         """Raw ``Sendrecv`` with the even/odd partner."""
         world = self.topo.comm
+        peer = self.peer
 
-        def op(s: np.ndarray, r: np.ndarray, p: int) -> None:
-            world.Sendrecv(s, dest=p, sendtag=0, recvbuf=r, source=p, recvtag=0)
+        def sendrecv(s: Buffer, r: Buffer) -> None:
+            world.Sendrecv(s, dest=peer, sendtag=0, recvbuf=r, source=peer, recvtag=0)
 
-        return self._pair("mpi4py Sendrecv", count, op, numpy=True)
+        # Only the send buffer goes to the host and only the receive buffer comes back.
+        call = self._raw(sendrecv, count, direct, nbufs=2, inputs=(0,), outputs=(1,))
+        return self._pair("mpi4py Sendrecv" + self._variant(direct), count,
+                          lambda s, r, p: call(s, r), raw=True)
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -271,16 +346,12 @@ def backend_views(topo: Topology, names: list[str]) -> dict[str, Topology]:
 def gloo_world(topo: Topology, store_dir: str) -> tuple[Any, str]:
     """A gloo process group over all ranks, rendezvous through a FileStore in ``store_dir``.
 
-    The file's path is chosen by rank 0 and broadcast over MPI (no TCP store, no env).
+    The file's path is chosen by rank 0 and broadcast over MPI (no TCP store, no env; see
+    :func:`benchmarks._launch.file_store`).
     """
     import torch.distributed as dist
 
-    path = None
-    if topo.rank == 0:
-        os.makedirs(store_dir, exist_ok=True)
-        path = os.path.join(store_dir, f"hadpsgd-bench-gloo-{uuid.uuid4().hex}")
-    path = topo.comm.bcast(path, root=0)
-    store = dist.FileStore(path, topo.size)
+    store, path = file_store(topo.comm, store_dir, "bench-gloo")
     pg = dist.ProcessGroupGloo(dist.PrefixStore("bench", store), topo.rank, topo.size,
                                datetime.timedelta(seconds=topo.timeout))
     return pg, path
@@ -328,11 +399,41 @@ def _row(op: str, path: str | None, backend: str | None, name: str, size: int, n
     return row
 
 
+def _device_keys(size: int, op: str, nranks: int, t: Timing, direct: Timing | None,
+                 route: dict[str, str] | None) -> dict[str, Any]:
+    """The keys a row measured on CUDA adds: the baseline on device buffers, and the route.
+
+    ``mpi4py_*`` / ``ratio`` of such a row are the baseline through host copies;
+    ``mpi4py_device_*`` / ``device_ratio`` the one on the device buffers (``None`` unless MPI
+    is CUDA-aware); ``route`` is ``Topology.route`` of the measured tensor (reductions only).
+    """
+    keys: dict[str, Any] = {"mpi4py_device_time_us": None, "mpi4py_device_iters": None,
+                            "mpi4py_device_busbw_gbps": None, "device_ratio": None,
+                            "route": route}
+    if direct is not None:
+        keys.update(mpi4py_device_time_us=direct.seconds * 1e6,
+                    mpi4py_device_iters=direct.iters,
+                    mpi4py_device_busbw_gbps=bandwidths(size, direct.seconds, op, nranks)[1],
+                    device_ratio=direct.seconds / t.seconds)
+    return keys
+
+
+def _route(view: Topology) -> dict[str, str]:
+    """``view.route`` of the float32 tensors the cases reduce, as a JSON object."""
+    return view.route(torch.empty(0, dtype=torch.float32, device=view.device))._asdict()
+
+
 def sweep(a: argparse.Namespace, topo: Topology, mpi: Any, gloo: Any | None,
           views: dict[str, Topology]) -> Iterator[dict[str, Any]]:
-    """Yield the result rows, op by op and size by size."""
-    timer = Timer(topo.comm, mpi, a)
+    """Yield the result rows, op by op and size by size.
+
+    On CUDA every row gets :func:`_device_keys`; with a CUDA-aware MPI each baseline is also
+    measured on the device buffers.
+    """
+    timer = Timer(topo.comm, mpi, a, topo.device)
     cases = Cases(topo, mpi, gloo)
+    gpu = cases.on_gpu
+    direct = gpu and topo.cuda_aware
     hier = topo.num_nodes > 1 and max(topo.node_sizes) > 1
     n, local_n = topo.size, max(topo.node_sizes)
     for op in a.op:
@@ -342,31 +443,45 @@ def sweep(a: argparse.Namespace, topo: Topology, mpi: Any, gloo: Any | None,
             def measure(case: Case, size: int = size) -> Timing:
                 return timer.time(case, size)  # the case (its buffers) is dropped afterwards
 
+            def baseline(make: Callable[..., Case]) -> tuple[Timing, Timing | None]:
+                """The mpi4py baseline (through host copies on CUDA), and on device buffers."""
+                return (measure(make(direct=False)),
+                        measure(make(direct=True)) if direct else None)
+
+            def row(op: str, path: str | None, backend: str | None, name: str, nranks: int,
+                    t: Timing, base: tuple[Timing, Timing | None], ref: Timing | None = None,
+                    view: Topology | None = None, size: int = size) -> dict[str, Any]:
+                out = _row(op, path, backend, name, size, nranks, t, base[0], ref)
+                if gpu:  # CPU rows keep exactly the keys they always had
+                    out.update(_device_keys(size, op, nranks, t, base[1],
+                                            _route(view) if view is not None else None))
+                return out
+
             if op == "allreduce":
-                base = measure(cases.mpi_allreduce(count))
+                base = baseline(partial(cases.mpi_allreduce, count))
                 ref = measure(cases.gloo_allreduce(count)) if gloo is not None else None
                 for path in ("flat", "hier") if hier else ("flat",):
                     t = measure(cases.allreduce(topo, path, count))
-                    yield _row(op, path, None, f"allreduce/{path}", size, n, t, base, ref)
+                    yield row(op, path, None, f"allreduce/{path}", n, t, base, ref, topo)
             elif op == "broadcast":
-                base = measure(cases.mpi_bcast(count))
+                base = baseline(partial(cases.mpi_bcast, count))
                 t = measure(cases.broadcast(count))
-                yield _row(op, None, None, "broadcast", size, n, t, base, None)
+                yield row(op, None, None, "broadcast", n, t, base)
             elif op == "exchange":
-                base = measure(cases.mpi_sendrecv(count))
+                base = baseline(partial(cases.mpi_sendrecv, count))
                 t = measure(cases.exchange(count))
-                yield _row(op, None, None, "exchange", size, 2, t, base, None)
+                yield row(op, None, None, "exchange", 2, t, base)
             elif op == "intra":
-                base = measure(cases.mpi_allreduce(count, intra=True))
+                base = baseline(partial(cases.mpi_allreduce, count, intra=True))
                 for name, view in views.items():
                     t = measure(cases.intra(view, count))
-                    yield _row(op, None, name, f"intra/{name}", size, local_n, t, base, None)
+                    yield row(op, None, name, f"intra/{name}", local_n, t, base, view=view)
                 if hier:
-                    base = measure(cases.mpi_allreduce(count))
+                    base = baseline(partial(cases.mpi_allreduce, count))
                     for name, view in views.items():
                         t = measure(cases.allreduce(view, "hier", count))
-                        yield _row("allreduce", "hier", name, f"allreduce/hier[{name}]", size,
-                                   n, t, base, None)
+                        yield row("allreduce", "hier", name, f"allreduce/hier[{name}]", n, t,
+                                  base, view=view)
 
 
 def _usable_ops(a: argparse.Namespace, topo: Topology) -> tuple[list[str], list[str]]:
@@ -383,7 +498,7 @@ def _usable_ops(a: argparse.Namespace, topo: Topology) -> tuple[list[str], list[
 
 def run(a: argparse.Namespace) -> int:
     """Run the benchmark as one rank of the current MPI job; rank 0 reports. Exit code."""
-    topo = hcomm.init(ranks_per_node=a.ranks_per_node, device="cpu",
+    topo = hcomm.init(ranks_per_node=a.ranks_per_node, device=a.device,
                       intra_backend=a.intra_backend, hier_algo=a.hier_algo,
                       bucket_mb=a.bucket_mb)
     mpi = topo._mpi
@@ -396,8 +511,29 @@ def run(a: argparse.Namespace) -> int:
         return 1
 
 
+def device_record(topo: Topology) -> dict[str, Any]:
+    """Where the measured tensors live and which path they take (the JSON record's ``device``).
+
+    Args:
+        topo: The run's topology.
+
+    Returns:
+        The device, whether MPI is CUDA-aware, the intra-node backend of device and host
+        tensors, ``Topology.route`` of the float32 buffers, the rank placement and the
+        topology's notes (why a faster path is off).
+    """
+    gpu = topo.device.type == "cuda"
+    return {"type": topo.device.type, "name": str(topo.device),
+            "gpu": torch.cuda.get_device_name(topo.device) if gpu else None,
+            "cuda": torch.version.cuda if gpu else None,
+            "cuda_aware": topo.cuda_aware, "intra_backend": topo.intra_backend,
+            "host_intra_backend": topo.reducer.intra.name, "route": _route(topo),
+            "placement": topo.placement, "notes": list(topo.notes)}
+
+
 def _run(a: argparse.Namespace, topo: Topology, mpi: Any) -> int:
     root = topo.rank == 0
+    gpu = topo.device.type == "cuda"
 
     def say(text: str) -> None:
         if root:
@@ -408,9 +544,19 @@ def _run(a: argparse.Namespace, topo: Topology, mpi: Any) -> int:
     a.op, notes = _usable_ops(a, topo)
     gloo, store = None, None
     if "allreduce" in a.op and not a.no_gloo:
-        store_dir = a.gloo_dir or (str(json_path.parent) if hosts > 1 else tempfile.gettempdir())
-        gloo, store = gloo_world(topo, store_dir)
-    views = backend_views(topo, a.intra_backends) if "intra" in a.op else {}
+        if gpu:
+            notes.append("gloo allreduce baseline skipped on cuda: it is a view of host "
+                         "tensors (see mpi4py+cp for the host path)")
+        else:
+            store_dir = a.gloo_dir or (str(json_path.parent) if hosts > 1
+                                       else tempfile.gettempdir())
+            gloo, store = gloo_world(topo, store_dir)
+    views: dict[str, Topology] = {}
+    if "intra" in a.op:
+        names, skipped = intra_view_names(a.device, topo.intra_backend, a.intra_backends)
+        notes += skipped
+        views = backend_views(topo, names)
+    device = device_record(topo)
 
     say(f"# hadpsgd.comm microbenchmark: {topo.describe()}")
     say(f"# {hosts} host(s), {os.cpu_count()} CPUs on rank 0's host, MPI: "
@@ -420,27 +566,32 @@ def _run(a: argparse.Namespace, topo: Topology, mpi: Any) -> int:
         f"warmup <= {a.warmup}; time = max over ranks of the mean per op")
     say("# ratio = hadpsgd busbw / baseline busbw (= baseline time / hadpsgd time; > 1: "
         "hadpsgd faster)")
+    if gpu:
+        say(f"# device {device['name']} ({device['gpu']}), MPI CUDA-aware: "
+            f"{'yes' if topo.cuda_aware else 'no'}, float32 route: intra-node "
+            f"{device['route']['intra']}, inter-node {device['route']['inter']}")
+        say("# mpi4py+cp = raw mpi4py with the user's copies (device -> pinned host, MPI on "
+            "NumPy, host -> device, synchronize); mpi4py-dev = raw mpi4py on the device "
+            "tensor" + ("" if topo.cuda_aware else " (not measured: MPI is not CUDA-aware)"))
+        for note in topo.notes:
+            say(f"# note: {note}")
     for note in notes:
         say(f"# {note}")
-    say(TABLE_HEADER)
+    say(table_header(a.device))
     started = time.time()
     rows = []
     for row in sweep(a, topo, mpi, gloo, views):
         rows.append(row)
-        say(format_row(row))
+        say(format_row(row, a.device))
     elapsed = time.time() - started
 
     for view in views.values():
         if view is not topo:
             view.close()
     topo.comm.Barrier()
-    if store and root and os.path.exists(store):
-        try:
-            os.unlink(store)
-        except OSError:
-            pass
     if root:
-        summary = summarize(rows, topo.describe())
+        remove_store(store)
+        summary = summarize(rows, topo.describe(), a.device)
         summary["json"] = str(json_path)
         summary["seconds"] = round(elapsed, 1)
         record = {
@@ -453,9 +604,11 @@ def _run(a: argparse.Namespace, topo: Topology, mpi: Any) -> int:
                          "hosts": hosts, "intra_backend": topo.intra_backend,
                          "hier_algo": topo.reducer.algo,
                          "bucket_bytes": topo.reducer.bucket_bytes},
+            "device": device,
             "options": {"ops": a.op, "sizes": a.sizes, "iters": a.iters, "warmup": a.warmup,
                         "min_iters": a.min_iters, "max_time": a.max_time,
-                        "gloo": gloo is not None, "intra_backends": list(views)},
+                        "gloo": gloo is not None, "intra_backends": list(views),
+                        "device": a.device, "notes": notes},
             "env": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "numpy": np.__version__,
                     "mpi": _mpi_name(mpi), "mpi4py": _mpi4py_version(),

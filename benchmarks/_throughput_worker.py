@@ -1,33 +1,123 @@
-"""One measurement of training frames/s: plain PyTorch, or hadpsgd SSGD on every MPI rank.
+"""One measurement of training frames/s: plain PyTorch, hadpsgd SSGD, or torch DDP.
 
-Run by ``benchmarks/train_throughput.py``; prints one JSON line (rank 0 for the MPI case).
+Run by ``benchmarks/train_throughput.py``; prints one JSON line (rank 0 for the MPI cases).
+``plain`` is one process without communication; ``ssgd`` and ``ddp`` run on every rank of
+the MPI job. DDP's process group is bootstrapped over MPI (a FileStore whose path rank 0
+broadcasts), so no ``MASTER_ADDR``/``RANK`` environment is needed.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from hadpsgd.models import build_model
 
 
-def measure(step_fn, steps: int, warmup: int) -> float:
-    """Seconds per step, after ``warmup`` untimed steps."""
+def measure(step_fn: Callable[[], None], steps: int, warmup: int,
+            sync: Callable[[], None]) -> float:
+    """Seconds per step, after ``warmup`` untimed steps.
+
+    ``sync`` waits for the device before each reading of the clock: CUDA kernels are queued,
+    so without it the clock would stop before the last step's work is done.
+    """
     for _ in range(warmup):
         step_fn()
+    sync()
     tic = time.perf_counter()
     for _ in range(steps):
         step_fn()
+    sync()
     return (time.perf_counter() - tic) / steps
 
 
+@dataclass
+class DDPWorld:
+    """The MPI job seen from torch.distributed: this rank, its device and the group's backend.
+
+    Attributes:
+        comm: The MPI world communicator.
+        mpi: The ``mpi4py.MPI`` module.
+        device: This rank's device.
+        backend: ``gloo`` or ``nccl``.
+        store_path: The FileStore's file (rank 0 removes it at the end).
+        notes: Why the backend is not the one the device would suggest.
+    """
+
+    comm: Any
+    mpi: Any
+    device: torch.device
+    backend: str
+    store_path: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        """Rank in the world."""
+        return int(self.comm.Get_rank())
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return int(self.comm.Get_size())
+
+
+def ddp_world(device: str) -> DDPWorld:
+    """Start torch.distributed's default group over the ranks of the MPI job.
+
+    The device follows hadpsgd's rule (a rank's GPU is its rank on the physical host). The
+    backend is gloo on CPU and NCCL on CUDA, unless NCCL cannot run there (no NCCL in this
+    torch, or ranks sharing a GPU, which NCCL refuses): then gloo on the CUDA tensors, with
+    a note. Every rank takes the same decision.
+    """
+    import torch.distributed as dist
+
+    from benchmarks._launch import file_store
+    from hadpsgd.comm.deadline import timeout_from_env
+    from hadpsgd.comm.mpi import mpi
+    from hadpsgd.comm.placement import device_label, resolve_device
+
+    MPI = mpi()  # noqa: N806 - conventional name of the module
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    dev = resolve_device(device, host.Get_rank(), host.Get_size())
+    host.Free()
+    backend, notes = "gloo", []
+    if dev.type == "cuda":
+        from hadpsgd.comm.nccl import nccl_available
+
+        torch.cuda.set_device(dev)
+        ok, why = nccl_available()
+        labels = world.allgather(device_label(dev))
+        if ok and len(set(labels)) < len(labels):
+            ok, why = False, "ranks share a GPU and NCCL needs one GPU per rank"
+        reasons = sorted({r for r in world.allgather("" if ok else why) if r})
+        if reasons:
+            notes.append(f"DDP runs over gloo on the CUDA tensors: NCCL is off "
+                         f"({'; '.join(reasons)})")
+        else:
+            backend = "nccl"
+    store, path = file_store(world, tempfile.gettempdir(), "bench-ddp")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_from_env()))
+    return DDPWorld(world, MPI, dev, backend, path, notes)
+
+
 def main() -> None:
+    """Parse the options, build the model and data, time the steps, print the JSON line."""
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["plain", "ssgd"], required=True)
+    p.add_argument("--mode", choices=["plain", "ssgd", "ddp"], required=True)
     p.add_argument("--preset", required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--classes", type=int, required=True)
@@ -35,25 +125,53 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--chunk-len", type=int, default=21)
     p.add_argument("--feat-dim", type=int, default=260)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of this process (default: as launched)")
     a = p.parse_args()
 
-    torch.manual_seed(0)
-    model = build_model(a.preset, a.feat_dim, a.classes)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    x = torch.randn(a.batch, a.chunk_len, a.feat_dim)
-    y = torch.randint(0, a.classes, (a.batch, a.chunk_len))
-    rank, size, algo = 0, 1, None
+    rank, size = 0, 1
+    info: dict[str, Any] = {"backend": None, "notes": []}
+    topo = ddp = algo = None
     if a.mode == "ssgd":
         from hadpsgd import comm
+
+        topo = comm.init(device=a.device)
+        rank, size, device = topo.rank, topo.size, topo.device
+        grads = torch.empty(0, dtype=torch.float32, device=device)
+        route = topo.route(grads)
+        info.update(backend=route.intra, route=route._asdict(), cuda_aware=topo.cuda_aware,
+                    notes=list(topo.notes))
+    elif a.mode == "ddp":
+        ddp = ddp_world(a.device)
+        rank, size, device = ddp.rank, ddp.size, ddp.device
+        info.update(backend=ddp.backend, notes=ddp.notes)
+    else:
+        from hadpsgd.comm.placement import resolve_device
+
+        device = resolve_device(a.device, 0, 1)
+    if a.threads is not None:
+        # After comm.init, which sets its own share only when OMP_NUM_THREADS is unset.
+        torch.set_num_threads(a.threads)
+
+    torch.manual_seed(0)
+    model: nn.Module = build_model(a.preset, a.feat_dim, a.classes).to(device)
+    if ddp is not None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    if topo is not None:
         from hadpsgd.algorithms import SSGD
 
-        topo = comm.init(device="cpu")
-        rank, size = topo.rank, topo.size
         algo = SSGD(model, opt, topo)
+    x = torch.randn(a.batch, a.chunk_len, a.feat_dim, device=device)
+    y = torch.randint(0, a.classes, (a.batch, a.chunk_len), device=device)
 
     def step() -> None:
         loss = F.cross_entropy(model(x).reshape(-1, a.classes), y.reshape(-1))
-        loss.backward()
+        loss.backward()  # DDP reduces the gradients here, overlapped with the backward pass
         if algo is None:
             opt.step()
             opt.zero_grad()
@@ -61,16 +179,28 @@ def main() -> None:
             algo.step()
             algo.zero_grad()
 
-    sec = measure(step, a.steps, a.warmup)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sec = measure(step, a.steps, a.warmup, sync)
+    # The slowest rank sets the pace of a synchronous job.
     if algo is not None:
-        # The slowest rank sets the pace of a synchronous job.
         sec = max(algo.topo.allgather_object(sec))
         algo.close()
+    elif ddp is not None:
+        import torch.distributed as dist
+
+        from benchmarks._launch import remove_store
+
+        sec = float(ddp.comm.allreduce(sec, op=ddp.mpi.MAX))
+        dist.destroy_process_group()
+        ddp.comm.Barrier()
+        if rank == 0:
+            remove_store(ddp.store_path)
     if rank == 0:
         print(json.dumps({"mode": a.mode, "preset": a.preset, "ranks": size,
-                          "batch_per_rank": a.batch, "sec_per_step": sec,
-                          "threads_per_rank": torch.get_num_threads(),
-                          "frames_per_s": a.batch * a.chunk_len * size / sec}), flush=True)
+                          "device": device.type, "batch_per_rank": a.batch,
+                          "sec_per_step": sec, "threads_per_rank": torch.get_num_threads(),
+                          "frames_per_s": a.batch * a.chunk_len * size / sec, **info}),
+              flush=True)
 
 
 if __name__ == "__main__":

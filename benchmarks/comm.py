@@ -14,10 +14,18 @@ raw mpi4py on NumPy buffers (and through a torch.distributed gloo world group fo
   ``gloo``), against ``Allreduce`` on the node communicator; with several nodes also the
   hierarchical allreduce per backend (the measurement behind the CPU default backend).
 
+With ``--device cuda`` the hadpsgd cases reduce CUDA tensors (NCCL inside a node when it can
+run, host-staged or CUDA-aware MPI between nodes, as ``Topology.route`` says), and the
+baseline is raw mpi4py as a user would write it for device tensors: copy to a pinned host
+buffer, call MPI on its NumPy view, copy back, synchronize. Where MPI is CUDA-aware a second
+baseline hands the device tensor to mpi4py directly. The gloo baseline and the gloo
+intra-node view are of host tensors and are skipped.
+
 Usage::
 
     python -m benchmarks.comm -n 4 --ranks-per-node 2          # launches 4 local ranks
     python -m benchmarks.comm -n 4 --op intra                  # mpi vs gloo inside a node
+    python -m benchmarks.comm -n 2 --device cuda               # device buffers (GPU mode)
     mpirun -np 64 python -m benchmarks.comm --no-launch        # inside an existing MPI job
 
 The driver part of this module (argument parsing, the launch, the sweep and bandwidth helpers,
@@ -44,6 +52,8 @@ OPS = ("allreduce", "broadcast", "exchange", "intra")
 DEFAULT_OPS = ("allreduce", "broadcast", "exchange")
 INTRA_CHOICES = ("mpi", "gloo")
 """CPU intra-node backends the ``intra`` mode compares."""
+DEVICES = ("cpu", "cuda")
+"""Where the measured tensors live (``--device``)."""
 ELEMENT_BYTES = 4
 """Bytes per element: every buffer is float32."""
 KIB, MIB = 2**10, 2**20
@@ -53,9 +63,10 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(?:([KMGT])(?:I?B)?|B)?\s*$", re.I
 _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 """Variables that Open MPI, PMIx (srun --mpi=pmix), PMI-2 and MPICH's hydra set in ranks."""
 
-__all__ = ["DEFAULT_OPS", "OPS", "bandwidths", "build_parser", "bus_factor", "compare_backends",
-           "default_json_path", "format_row", "format_size", "inside_mpi", "main", "parse_args",
-           "parse_size", "plan_iters", "size_sweep", "summarize"]
+__all__ = ["DEFAULT_OPS", "DEVICES", "OPS", "bandwidths", "build_parser", "bus_factor",
+           "compare_backends", "default_json_path", "format_row", "format_size", "inside_mpi",
+           "intra_view_names", "main", "parse_args", "parse_size", "plan_iters", "size_sweep",
+           "summarize", "table_header"]
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -176,12 +187,17 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(rows: Sequence[Mapping[str, Any]], layout: str) -> dict[str, Any]:
+def summarize(rows: Sequence[Mapping[str, Any]], layout: str,
+              device: str = "cpu") -> dict[str, Any]:
     """The headline figures of a run (one JSON line on stdout).
 
     ``ratio`` is hadpsgd's busbw over raw mpi4py's for the same op and size (> 1: hadpsgd is
     faster); a latency ratio is hadpsgd's time over mpi4py's (> 1: hadpsgd adds latency).
     Means are arithmetic means over the sizes of the class (>= 1 MiB, <= 1 KiB).
+
+    With ``device="cuda"`` the mpi4py baseline is the one with the host copies, and the
+    ratios against mpi4py on the device buffers (CUDA-aware MPI only) are added as
+    ``device_*`` keys; on CPU the summary has exactly the keys it always had.
     """
 
     def select(name: str, small: bool) -> list[Mapping[str, Any]]:
@@ -199,6 +215,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], layout: str) -> dict[str, Any]:
         entry = {"busbw_ratio_ge_1MiB": big_ratio(name), "latency_ratio_le_1KiB": latency(name)}
         if any(r.get("gloo_ratio") is not None for r in rows if r["name"] == name):
             entry["gloo_busbw_ratio_ge_1MiB"] = big_ratio(name, "gloo_ratio")
+        if any(r.get("device_ratio") is not None for r in rows if r["name"] == name):
+            entry["device_busbw_ratio_ge_1MiB"] = big_ratio(name, "device_ratio")
         per_op[name] = entry
     summary: dict[str, Any] = {
         "benchmark": "comm",
@@ -210,6 +228,10 @@ def summarize(rows: Sequence[Mapping[str, Any]], layout: str) -> dict[str, Any]:
         "allreduce_flat_gloo_ratio_ge_1MiB": big_ratio("allreduce/flat", "gloo_ratio"),
         "per_op": per_op,
     }
+    if device != "cpu":
+        summary["device"] = device
+        summary["allreduce_flat_device_ratio_ge_1MiB"] = big_ratio("allreduce/flat",
+                                                                   "device_ratio")
     intra = compare_backends(rows)
     if intra:
         summary["intra_gloo_vs_mpi"] = intra
@@ -244,26 +266,68 @@ def compare_backends(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def intra_view_names(device: str, own: str,
+                     requested: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The intra-node backends the ``intra`` op measures, and notes on those it skips.
+
+    On CPU these are the ``requested`` ones (``--intra-backends``). On CUDA the backend the
+    topology gives device tensors (``own``: ``nccl``, or the host backend they are staged
+    through) always runs, with ``mpi`` (device tensors staged through host MPI) when asked
+    for; gloo is a view of host tensors, so it is skipped with a note.
+
+    Args:
+        device: ``cpu`` or ``cuda``.
+        own: ``Topology.intra_backend`` of the run.
+        requested: The backends ``--intra-backends`` named.
+    """
+    if device == "cpu":
+        return list(requested), []
+    names = [own, *(n for n in requested if n == "mpi" and n != own)]
+    notes = []
+    if "gloo" in requested and own != "gloo":
+        notes.append(f"intra/gloo skipped on {device}: gloo's view is of host tensors; device "
+                     f"tensors take {own}")
+    return names, notes
+
+
 def _num(value: float | None, fmt: str, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
 
 
-TABLE_HEADER = (
-    f"#{'size':>11} {'count':>10}  {'op':<20} {'time':>10} {'algbw':>8} {'busbw':>8} "
-    f"{'mpi4py':>10} {'ratio':>6} {'gloo':>10} {'ratio':>6}\n"
-    f"#{'(B)':>11} {'(elems)':>10}  {'':<20} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} "
-    f"{'(us)':>10} {'':>6} {'(us)':>10} {'':>6}"
-)
-"""Two header lines of the stdout table (nccl-tests layout)."""
+_BASELINE_COLUMNS = {
+    # device: (first baseline's column, second baseline's column, the second's row keys)
+    "cpu": ("mpi4py", "gloo", ("gloo_time_us", "gloo_ratio")),
+    # mpi4py+cp: raw mpi4py with the user's copies to and from pinned host memory;
+    # mpi4py-dev: raw mpi4py handed the device tensor (only where MPI is CUDA-aware).
+    "cuda": ("mpi4py+cp", "mpi4py-dev", ("mpi4py_device_time_us", "device_ratio")),
+}
 
 
-def format_row(row: Mapping[str, Any]) -> str:
-    """One line of the stdout table for a result row."""
+def table_header(device: str = "cpu") -> str:
+    """Two header lines of the stdout table (nccl-tests layout) for buffers on ``device``.
+
+    The two baseline columns are raw mpi4py and gloo on CPU; on CUDA raw mpi4py with host
+    copies and raw mpi4py on the device buffers.
+    """
+    first, second, _ = _BASELINE_COLUMNS[device]
+    return (f"#{'size':>11} {'count':>10}  {'op':<20} {'time':>10} {'algbw':>8} {'busbw':>8} "
+            f"{first:>10} {'ratio':>6} {second:>10} {'ratio':>6}\n"
+            f"#{'(B)':>11} {'(elems)':>10}  {'':<20} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} "
+            f"{'(us)':>10} {'':>6} {'(us)':>10} {'':>6}")
+
+
+TABLE_HEADER = table_header("cpu")
+"""Two header lines of the stdout table on CPU (see :func:`table_header`)."""
+
+
+def format_row(row: Mapping[str, Any], device: str = "cpu") -> str:
+    """One line of the stdout table for a result row measured on ``device``."""
+    _, _, (second_us, second_ratio) = _BASELINE_COLUMNS[device]
     return (f" {row['size_bytes']:>11} {row['count']:>10}  {row['name']:<20} "
             f"{_num(row['time_us'], '.1f', 10)} {_num(row['algbw_gbps'], '.3f', 8)} "
             f"{_num(row['busbw_gbps'], '.3f', 8)} {_num(row.get('mpi4py_time_us'), '.1f', 10)} "
-            f"{_num(row.get('ratio'), '.2f', 6)} {_num(row.get('gloo_time_us'), '.1f', 10)} "
-            f"{_num(row.get('gloo_ratio'), '.2f', 6)}")
+            f"{_num(row.get('ratio'), '.2f', 6)} {_num(row.get(second_us), '.1f', 10)} "
+            f"{_num(row.get(second_ratio), '.2f', 6)}")
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -311,6 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hierarchical algorithm (default auto)")
     g.add_argument("--bucket-mb", type=float, default=None,
                    help="bucket size in MiB (default: hadpsgd's, 64)")
+    g.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="where the measured tensors live (default cpu). cuda: hadpsgd on "
+                        "CUDA tensors against raw mpi4py with the host copies a user would "
+                        "write (and on the device buffers where MPI is CUDA-aware)")
     g = p.add_argument_group("sweep")
     g.add_argument("--op", nargs="+", default=list(DEFAULT_OPS), metavar="OP",
                    help=f"ops among {', '.join(OPS)} or all (default: "
@@ -375,6 +443,8 @@ def worker_argv(a: argparse.Namespace, json_path: Path) -> list[str]:
             "--max-time", str(a.max_time), "--json", str(json_path)]
     if a.bucket_mb is not None:
         argv += ["--bucket-mb", str(a.bucket_mb)]
+    if a.device != "cpu":
+        argv += ["--device", a.device]
     if a.no_gloo:
         argv.append("--no-gloo")
     if a.gloo_dir:
@@ -407,6 +477,10 @@ def launch(a: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: launch the ranks, or be one."""
     a = parse_args(argv)
+    from benchmarks._launch import cuda_missing
+
+    if cuda_missing("benchmarks.comm", a.device):
+        return 2
     if a.no_launch or inside_mpi():
         from benchmarks._comm_worker import run
 

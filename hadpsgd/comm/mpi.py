@@ -11,7 +11,6 @@ import time
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 
 # The core library (Open MPI, MPICH, Intel MPI: libmpi.so.N; Cray: libmpi_cray.so), not the
@@ -137,16 +136,3 @@ def check_thread_level(MPI: Any) -> int:  # noqa: N803 - the module is conventio
             stacklevel=2,
         )
     return level
-
-
-def as_mpi_array(tensor: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
-    """A host NumPy view MPI can use for ``tensor``, and the staging copy if one was needed.
-
-    Contiguous CPU tensors of a native dtype are passed without copying. Half-precision and
-    device tensors are staged in a float32 / host copy that the caller copies back.
-    """
-    if tensor.device.type == "cpu" and tensor.dtype in MPI_NATIVE and tensor.is_contiguous():
-        return tensor.numpy(), None
-    dtype = tensor.dtype if tensor.dtype in MPI_NATIVE else torch.float32
-    staged = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
-    return staged.numpy(), staged

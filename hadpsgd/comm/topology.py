@@ -10,7 +10,7 @@ import torch
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Path, Reducer, Route
-from hadpsgd.comm.mpi import abort_job, as_mpi_array
+from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
 from hadpsgd.comm.objects import allgather_object, bcast_object
 from hadpsgd.comm.pair import PairChannel
 
@@ -166,14 +166,30 @@ class Topology:
         return tensor
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
-        """Overwrite ``tensor`` on every learner with ``root``'s and return it."""
-        if self.size > 1:
-            buf, staged = as_mpi_array(tensor)
-            with self.watchdog.guard(f"broadcast of {tensor.numel()} {tensor.dtype} from rank "
-                                     f"{root}"):
+        """Overwrite ``tensor`` on every learner with ``root``'s and return it.
+
+        Host tensors of MPI's types go as they are, device tensors as they are where MPI is
+        CUDA-aware; anything else through the reducer's pinned, pipelined staging.
+        """
+        if self.size == 1:
+            return tensor
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        what = f"broadcast of {tensor.numel()} {tensor.dtype} from rank {root}"
+
+        def bcast(buf: Any) -> None:
+            with self.watchdog.guard(what):
                 self.comm.Bcast(buf, root=root)
-            if staged is not None:
-                tensor.copy_(staged)
+
+        native = work.dtype in MPI_NATIVE
+        if native and not work.is_cuda:
+            bcast(work.numpy())
+        elif native and self.cuda_aware:
+            torch.cuda.current_stream(work.device).synchronize()
+            bcast(work)
+        else:
+            self.reducer.stager.run_staged(work.view(-1), lambda h: bcast(h.numpy()))
+        if work is not tensor:
+            tensor.copy_(work)
         return tensor
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int = 0) -> None:

@@ -74,8 +74,18 @@ def test_runs_inside_an_existing_mpi_job(tmp_path):
     res = run_mpi(2, ["-m", "benchmarks.comm", "--op", "allreduce", "exchange", *QUICK,
                       "--max-bytes", "64", "--no-gloo", "--json", str(out)], timeout=180)
     assert_ok(res)
-    rows = json.loads(out.read_text())["rows"]
+    record = json.loads(out.read_text())
+    rows = record["rows"]
     assert {r["name"] for r in rows} == {"allreduce/flat", "exchange"}
     assert all(r["gloo_ratio"] is None for r in rows)
     _check_rows(rows, nranks=2, local=2, gloo=False)
-    assert _summary(res.stdout)["allreduce_hier_ratio_ge_1MiB"] is None
+    summary = _summary(res.stdout)
+    assert summary["allreduce_hier_ratio_ge_1MiB"] is None
+    # The CPU mode records where the buffers were, and adds no GPU columns or keys.
+    assert record["options"]["device"] == "cpu"
+    device = record["device"]
+    assert (device["type"], device["cuda_aware"], device["intra_backend"]) == ("cpu", False, "mpi")
+    assert device["route"] == {"intra": "mpi", "inter": "mpi"}
+    assert all("device_ratio" not in r and "route" not in r for r in rows)
+    assert "device" not in summary
+    assert "mpi4py-dev" not in res.stdout and "gloo" in res.stdout  # the CPU table header

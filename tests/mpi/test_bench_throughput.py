@@ -1,0 +1,48 @@
+"""The training-throughput benchmark end to end under real mpirun: hadpsgd SSGD against DDP."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = str(ROOT / "benchmarks" / "train_throughput.py")
+TINY = ["--presets", "tiny", "--batch", "4", "--classes", "8", "--steps", "2", "--warmup", "1"]
+
+
+def run_driver(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
+    """Run the driver (it starts its own mpirun jobs), failing on a hang."""
+    try:
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"train_throughput {' '.join(args)} did not finish in {timeout} s\n"
+                    f"stdout:\n{err.stdout}\nstderr:\n{err.stderr}")
+
+
+def test_ddp_baseline_runs_on_the_same_ranks(tmp_path):
+    out = tmp_path / "tt.json"
+    res = run_driver([*TINY, "--ranks", "2", "--json", str(out)])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "train_throughput" and record["device"] == "cpu"
+    rows = {r["mode"]: r for r in record["rows"]}
+    assert sorted(rows) == ["ddp", "plain", "ssgd"] and len(record["rows"]) == 3
+    plain, ssgd, ddp = rows["plain"], rows["ssgd"], rows["ddp"]
+    assert (ssgd["ranks"], ddp["ranks"], plain["ranks"]) == (2, 2, 1)
+    assert (ssgd["backend"], ddp["backend"]) == ("mpi", "gloo")
+    # The plain baseline gets the threads of one rank, not the whole machine.
+    assert plain["threads_per_rank"] == ssgd["threads_per_rank"] == ddp["threads_per_rank"]
+    for r in record["rows"]:
+        assert r["batch_per_rank"] == 4 and r["device"] == "cpu"
+        assert math.isfinite(r["sec_per_step"]) and r["sec_per_step"] > 0
+        assert r["ratio_vs_plain"] > 0
+    assert ssgd["time_vs_ddp"] == pytest.approx(ssgd["sec_per_step"] / ddp["sec_per_step"])
+    assert ssgd["time_vs_ddp"] > 0 and ddp["time_vs_ddp"] == 1.0
+    assert record["summary"]["tiny/2"]["ssgd_time_vs_ddp"] == ssgd["time_vs_ddp"]
+    assert "t/t_ddp" in res.stdout and "ddp" in res.stdout  # the table
