@@ -1,4 +1,8 @@
-"""Generate an argparse CLI from configuration dataclasses and their field docstrings."""
+"""Generate an argparse CLI from configuration dataclasses and their field docstrings.
+
+The lowest layer of the configuration: it imports nothing from the rest of ``hadpsgd``, so
+the algorithms can declare their own option dataclasses with it (see ``docs/design.md``).
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,19 @@ import typing
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the option and the fix."""
+
+
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring written under each field of a dataclass, by field name.
 
-    Attribute docstrings are not kept at run time, so read them from the class source.
+    Attribute docstrings are not kept at run time, so read them from the class source. A
+    generated dataclass (no source) carries them in ``__field_docs__``.
     """
+    if "__field_docs__" in cls.__dict__:
+        return dict(cls.__dict__["__field_docs__"])
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -60,15 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
     """Add one option per field of dataclass ``cls`` (recursing into nested dataclasses)."""
     hints = get_type_hints(cls)
     docs = field_docs(cls)
-    group: Any = None
+    # A generated class may sort its fields into titled groups (one per algorithm).
+    titled: dict[str, str] = cls.__dict__.get("__field_groups__", {})
+    groups: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             add_arguments(parser, tp)  # type: ignore[arg-type]
             continue
-        if group is None:  # only classes with own options get a help section
-            group = parser.add_argument_group(title or cls.__name__,
-                                              (cls.__doc__ or "").split("\n")[0])
+        heading = titled.get(f.name) or title or cls.__name__
+        if heading not in groups:  # only classes with own options get a help section
+            groups[heading] = parser.add_argument_group(
+                heading, None if f.name in titled else (cls.__doc__ or "").split("\n")[0])
+        group = groups[heading]
         base, optional = _unwrap_optional(tp)
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = docs.get(f.name, "")

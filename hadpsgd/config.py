@@ -5,20 +5,21 @@ Every value is checked at construction, and errors name the option and what to c
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, get_type_hints
 
-from hadpsgd.cli import flag
+from hadpsgd import algorithms
+from hadpsgd.cli import ConfigError, add_arguments, field_docs, flag, from_namespace
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the option and the fix."""
+__all__ = ["AlgoConfig", "CommConfig", "ConfigError", "DataConfig", "ModelConfig",
+           "OptimConfig", "RunConfig", "TrainConfig", "parse_config"]
 
 
 def _algo_names() -> list[str]:
-    from hadpsgd import algorithms
-
     return algorithms.names()
 
 
@@ -38,7 +39,7 @@ def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
 
 @dataclass
 class DataConfig:
-    """Data: HDF5 feature files (DESIGN section 5) or the cached synthetic default."""
+    """Data: HDF5 feature files (docs/design.md, the feature format) or the synthetic default."""
 
     train: str | None = None
     """Training HDF5 file. Omit both --train and --heldout to use the synthetic SWB-shaped set
@@ -164,49 +165,44 @@ class TrainConfig:
             raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
 
 
-@dataclass
-class AlgoConfig:
-    """Options of the distributed algorithms.
+def _algo_config() -> type:
+    """The ``algo`` section: every registered algorithm's options, generated from the registry.
 
-    Each algorithm reads the ones it declares in its ``config_keys``.
+    Each algorithm defines and validates its options in its own module (``Options``); this
+    class only gathers them, so adding an algorithm or an option touches that module alone.
+    ``--help`` shows one group per algorithm. An option shared by several algorithms must be
+    declared alike in each.
     """
+    fields: dict[str, tuple[str, Any, dataclasses.Field]] = {}
+    docs: dict[str, str] = {}
+    groups: dict[str, str] = {}
+    owners: dict[str, list[str]] = {}
+    for spec in algorithms.specs():
+        hints = get_type_hints(spec.options)
+        for f in dataclasses.fields(spec.options):
+            owners.setdefault(f.name, []).append(spec.name)
+            if f.name in fields:
+                continue
+            default = (field(default=f.default, metadata=f.metadata)
+                       if f.default is not dataclasses.MISSING
+                       else field(default_factory=f.default_factory, metadata=f.metadata))
+            fields[f.name] = (f.name, hints[f.name], default)
+            docs[f.name] = field_docs(spec.options).get(f.name, "")
+            groups[f.name] = f"--algo {spec.name}: {spec.description}"
 
-    sync_period: int = 8
-    """BMUF: local steps per block (tau) between two block syncs across super-learners."""
-    block_momentum: float | None = None
-    """BMUF: block momentum eta in [0, 1) (default 1 - 1/N for N super-learners, so 0 for
-    one node)."""
-    block_lr: float = 1.0
-    """BMUF: block learning rate zeta (> 0; the paper uses 1)."""
-    nesterov: bool = True
-    """BMUF: Nesterov block momentum (the next block starts at theta_n + eta * Delta_n);
-    --no-nesterov for classical block momentum (it starts at theta_n)."""
-    adam_moments: Literal["corrected", "average", "local", "reset"] = "corrected"
-    """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
-    fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
-    buffer is treated the same way with beta = --momentum."""
-    bmuf_warmup_steps: int = 0
-    """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
-    warmed model with Delta = 0."""
-    super_learner_size: int | None = None
-    """ADPSGD: learners per super-learner (consecutive ranks; 1 = flat ADPSGD); default: the
-    nodes (or --ranks-per-node)."""
-    max_staleness: int = 0
-    """ADPSGD: a learner more than this many local steps past its last completed exchange
-    waits for the next one (0: never wait)."""
+    def post_init(self: Any) -> None:
+        for spec in algorithms.specs():  # each algorithm validates its own options
+            spec.cls.options_of(self)
 
-    def __post_init__(self) -> None:
-        _positive(self, "sync_period")
-        _positive(self, "bmuf_warmup_steps", "max_staleness", allow_zero=True)
-        if self.super_learner_size is not None:
-            _positive(self, "super_learner_size")
-        _positive(self, "block_lr")
-        if self.block_momentum is not None and not 0.0 <= self.block_momentum < 1.0:
-            raise ConfigError(f"{flag('block_momentum')} must be in [0, 1) (omit it for "
-                              f"1 - 1/N), got {self.block_momentum}")
-        if self.adam_moments not in ("corrected", "average", "local", "reset"):
-            raise ConfigError(f"{flag('adam_moments')} must be corrected, average, local or "
-                              f"reset, got {self.adam_moments!r}")
+    return dataclasses.make_dataclass(
+        "AlgoConfig", list(fields.values()),
+        namespace={"__post_init__": post_init, "__field_docs__": docs,
+                   "__field_groups__": groups, "__owners__": owners,
+                   "__doc__": "Options of the distributed algorithms (from the registry).",
+                   "__module__": __name__})
+
+
+AlgoConfig = _algo_config()
 
 
 @dataclass
@@ -247,7 +243,36 @@ class RunConfig:
     """Optimizer and schedule options."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Loop options."""
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)  # type: ignore[valid-type]
     """Algorithm options."""
     comm: CommConfig = field(default_factory=CommConfig)
     """Communication options."""
+
+
+def _foreign_options(ns: argparse.Namespace, algo: str) -> list[str]:
+    """Flags given on the command line that belong only to other algorithms than ``algo``."""
+    owners: dict[str, list[str]] = AlgoConfig.__owners__  # type: ignore[attr-defined]
+    return [f"{flag(name)} (an option of --algo {' / '.join(who)})"
+            for name, who in owners.items() if hasattr(ns, name) and algo not in who]
+
+
+def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
+    """Parse the command line into a validated :class:`RunConfig` (exits 2 on bad input)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m hadpsgd.run", allow_abbrev=False,
+        description="Train the SWB BLSTM with SSGD, ADPSGD / H-ADPSGD or BMUF over MPI. "
+                    "Launch with mpirun (one process per learner). Algorithms: "
+                    + "; ".join(f"{s.name}: {s.description}" for s in algorithms.specs()),
+    )
+    add_arguments(parser, RunConfig)
+    ns = parser.parse_args(argv)
+    try:
+        cfg = from_namespace(RunConfig, ns)
+    except ConfigError as err:
+        parser.error(str(err))
+    foreign = _foreign_options(ns, cfg.train.algo)
+    if foreign:
+        # Silently ignoring them would run something else than the user asked for.
+        parser.error(f"--algo {cfg.train.algo} does not read {', '.join(foreign)}; drop it or "
+                     "choose that algorithm")
+    return cfg

@@ -33,7 +33,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-ENV = "HADPSGD_FAULT"
+from hadpsgd import env
+from hadpsgd.env import EnvError
+
+ENV = env.FAULT
 KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "signal")
 POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename")
 
@@ -58,7 +61,8 @@ def parse(text: str) -> list[Fault]:
     """Parse a ``HADPSGD_FAULT`` value.
 
     Raises:
-        ValueError: On an unknown key, kind or point, naming it and the valid choices.
+        hadpsgd.env.EnvError: On an unknown key, kind or point, or a number that is not an
+            integer, naming it and the valid choices (a ``ValueError``).
     """
     faults = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
@@ -66,21 +70,37 @@ def parse(text: str) -> list[Fault]:
         for item in part.split(","):
             key, sep, value = item.partition("=")
             if not sep:
-                raise ValueError(f"{ENV}: {item!r} is not key=value (e.g. kind=kill,rank=1,step=5)")
+                raise EnvError(f"{ENV}: {item!r} is not key=value (e.g. kind=kill,rank=1,step=5)")
             fields[key.strip()] = value.strip()
         unknown = set(fields) - {"kind", "rank", "step", "at", "count"}
         if unknown:
-            raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; use kind, rank, step, at, "
-                             "count")
+            raise EnvError(f"{ENV}: unknown key(s) {sorted(unknown)}; use kind, rank, step, at, "
+                           "count")
         kind = fields.get("kind", "")
         if kind not in KINDS:
-            raise ValueError(f"{ENV}: kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
+            raise EnvError(f"{ENV}: kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
         at = fields.get("at", "gossip" if kind == "raise-gossip" else "step")
         if at not in POINTS:
-            raise ValueError(f"{ENV}: at={at!r} is unknown; choose one of {', '.join(POINTS)}")
-        faults.append(Fault(kind, int(fields.get("rank", 0)), int(fields.get("step", 1)), at,
-                            int(fields.get("count", 1))))
+            raise EnvError(f"{ENV}: at={at!r} is unknown; choose one of {', '.join(POINTS)}")
+        faults.append(Fault(kind, _integer(fields, "rank", 0), _integer(fields, "step", 1), at,
+                            _integer(fields, "count", 1)))
     return faults
+
+
+def _integer(fields: dict[str, str], key: str, default: int) -> int:
+    """``fields[key]`` as an integer (``default`` when absent).
+
+    Raises:
+        hadpsgd.env.EnvError: Naming the variable and the key, where a bare ``int()`` would
+            only say "invalid literal".
+    """
+    if key not in fields:
+        return default
+    try:
+        return int(fields[key])
+    except ValueError:
+        raise EnvError(f"{ENV}: {key}={fields[key]!r} is not an integer; set e.g. "
+                       f"{key}={default}") from None
 
 
 _PLAN: list[Fault] | None = None
@@ -90,7 +110,7 @@ def plan() -> list[Fault]:
     """The faults of ``HADPSGD_FAULT`` (parsed once per process)."""
     global _PLAN
     if _PLAN is None:
-        _PLAN = parse(os.environ.get(ENV, ""))
+        _PLAN = parse(env.fault_spec())
     return _PLAN
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._sweep_results import STATUS_OK, latest_rows
+from benchmarks.sweep.results import STATUS_OK, latest_rows
 
 TOLERANCE = 0.02
 """Study B: a cell 'holds' when its held-out loss is at most (1 + this) x the baseline's."""

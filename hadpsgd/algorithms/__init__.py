@@ -1,8 +1,19 @@
 """Training algorithms (contract): one base class, a name registry, and the algorithms."""
 
-from hadpsgd.algorithms.adpsgd import ADPSGD
-from hadpsgd.algorithms.base import Algorithm, build, get, names, register
-from hadpsgd.algorithms.bmuf import BMUF
+from hadpsgd.algorithms.adpsgd import ADPSGD, ADPSGDOptions
+from hadpsgd.algorithms.base import (
+    AlgoOptions,
+    Algorithm,
+    AlgoSpec,
+    build,
+    get,
+    names,
+    register,
+    spec,
+    specs,
+)
+from hadpsgd.algorithms.bmuf import BMUF, BMUFOptions
 from hadpsgd.algorithms.ssgd import SSGD
 
-__all__ = ["ADPSGD", "BMUF", "SSGD", "Algorithm", "build", "get", "names", "register"]
+__all__ = ["ADPSGD", "BMUF", "SSGD", "ADPSGDOptions", "AlgoOptions", "AlgoSpec", "Algorithm",
+           "BMUFOptions", "build", "get", "names", "register", "spec", "specs"]

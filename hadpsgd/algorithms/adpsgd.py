@@ -10,17 +10,48 @@ from __future__ import annotations
 
 import threading
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from hadpsgd.algorithms.base import Algorithm, register
+from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
 from hadpsgd.algorithms.gossip import GossipThread
+from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import CommTimeoutError, Topology
 
 
-@register("adpsgd")
+@dataclass
+class ADPSGDOptions(AlgoOptions):
+    """ADPSGD / H-ADPSGD options."""
+
+    super_learner_size: int | None = None
+    """ADPSGD: learners per super-learner (consecutive ranks; 1 = flat ADPSGD); default: the
+    nodes (or --ranks-per-node)."""
+    max_staleness: int = 0
+    """ADPSGD: a learner more than this many local steps past its last completed exchange
+    waits for the next one (0: never wait)."""
+
+    def __post_init__(self) -> None:
+        if self.super_learner_size is not None and self.super_learner_size < 1:
+            raise ConfigError(f"{flag('super_learner_size')} must be > 0 (1 = flat ADPSGD), "
+                              f"got {self.super_learner_size}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"{flag('max_staleness')} must be >= 0 (0 = unbounded), got "
+                              f"{self.max_staleness}")
+
+    def algorithm_kwargs(self) -> dict[str, Any]:
+        """The constructor takes ``max_staleness``; the super-learner size is the layout."""
+        return {"max_staleness": self.max_staleness}
+
+    def ranks_per_node(self) -> int | None:
+        """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
+        return self.super_learner_size
+
+
+@register("adpsgd", "asynchronous decentralized SGD: ring gossip between super-learners "
+                    "(H-ADPSGD; flat with --super-learner-size 1)")
 class ADPSGD(Algorithm):
     """Asynchronous decentralized parallel SGD over super-learners.
 
@@ -44,15 +75,13 @@ class ADPSGD(Algorithm):
         ValueError: If parameters have several dtypes, or MPI lacks THREAD_MULTIPLE.
     """
 
-    config_keys = {"max_grad_norm": "optim.max_grad_norm",
-                   "max_staleness": "algo.max_staleness"}
+    Options = ADPSGDOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  max_grad_norm: float = 0.0, max_staleness: int = 0,
                  gossip_jitter: float = 0.0) -> None:
+        ADPSGDOptions(max_staleness=max_staleness)  # validates, before any communication
         super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 (0 = unbounded), got {max_staleness}")
         if len(self.params.buffers) != 1:
             raise ValueError("adpsgd: all trainable parameters must share one dtype, found "
                              f"{sorted(str(d) for d in self.params.buffers)}")
@@ -86,15 +115,19 @@ class ADPSGD(Algorithm):
             raise CommTimeoutError(f"gossip thread failed: {err}") if isinstance(
                 err, CommTimeoutError) else RuntimeError(f"gossip thread failed: {err}")
 
-    def step(self) -> None:
-        """Node-synchronous local step, then add any finished gossip delta."""
+    def reduce_grads(self) -> None:
+        """Average the gradients inside the super-learner (node-synchronous)."""
         self._check_thread()
-        self.gather_grads()
         for buf in self.grads.buffers.values():
             self.topo.intra_allreduce_(buf, op="avg")
+
+    def apply_update(self) -> None:
+        """The optimizer step, under the lock the gossip thread snapshots with."""
         with self.lock:
             self.apply_grads()
-        self.steps += 1
+
+    def after_step(self) -> None:
+        """Add any finished gossip delta and let the thread start its next round."""
         self._apply_gossip()
         if self.thread is not None:
             self.thread.notify_step()

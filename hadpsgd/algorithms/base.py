@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -14,17 +16,52 @@ from torch import nn
 
 from hadpsgd.comm import FlatBuffer, Topology
 
-_REGISTRY: dict[str, type[Algorithm]] = {}
+
+@dataclass
+class AlgoOptions:
+    """Base of an algorithm's command-line options (a dataclass beside the algorithm).
+
+    Field names are the flags (``sync_period`` -> ``--sync-period``), field docstrings their
+    help, ``__post_init__`` their validation (raising :class:`hadpsgd.cli.ConfigError` that
+    names the flag). The run configuration and the sweep tool read them from the registry.
+    """
+
+    def algorithm_kwargs(self) -> dict[str, Any]:
+        """The constructor keywords these options stand for (default: the fields as they are)."""
+        return dataclasses.asdict(self)
+
+    def ranks_per_node(self) -> int | None:
+        """Learners per super-learner this algorithm asks for (None: the nodes as they are)."""
+        return None
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    """A registry entry: what ``--algo NAME`` builds and which options it reads."""
+
+    name: str
+    description: str
+    """One line for ``--help`` and the docs."""
+    cls: type[Algorithm]
+    options: type[AlgoOptions]
+
+
+_REGISTRY: dict[str, AlgoSpec] = {}
 A = TypeVar("A", bound="type[Algorithm]")
 
 
-def register(name: str) -> Callable[[A], A]:
-    """Class decorator that makes an algorithm available as ``build(name, ...)`` / ``--algo``."""
+def register(name: str, description: str | None = None) -> Callable[[A], A]:
+    """Class decorator that makes an algorithm available as ``build(name, ...)`` / ``--algo``.
+
+    The entry carries the class's ``Options`` dataclass and a one-line description (default:
+    the first line of the class docstring).
+    """
 
     def deco(cls: A) -> A:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"algorithm name {name!r} is already registered")
-        _REGISTRY[name] = cls
+        line = description or (cls.__doc__ or name).strip().split("\n")[0]
+        _REGISTRY[name] = AlgoSpec(name, line, cls, cls.Options)
         cls.name = name
         return cls
 
@@ -36,8 +73,13 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> type[Algorithm]:
-    """The class registered under ``name``.
+def specs() -> list[AlgoSpec]:
+    """Every registry entry, sorted by name."""
+    return [_REGISTRY[n] for n in names()]
+
+
+def spec(name: str) -> AlgoSpec:
+    """The registry entry of ``name``.
 
     Raises:
         ValueError: If ``name`` is unknown; the message lists the registered names.
@@ -48,6 +90,11 @@ def get(name: str) -> type[Algorithm]:
         raise ValueError(
             f"unknown algorithm {name!r}; registered: {', '.join(names())}"
         ) from None
+
+
+def get(name: str) -> type[Algorithm]:
+    """The class registered under ``name`` (see :func:`spec`)."""
+    return spec(name).cls
 
 
 def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
@@ -70,20 +117,20 @@ class Algorithm(ABC):
     """
 
     name: str = "base"
-    config_keys: dict[str, str] = {"max_grad_norm": "optim.max_grad_norm"}
-    """Constructor keyword -> dotted path in :class:`hadpsgd.config.RunConfig`; ``run.py``
-    passes exactly these, so every algorithm declares which options it reads."""
+    Options: type[AlgoOptions] = AlgoOptions
+    """This algorithm's command-line options (none beyond the shared ones by default)."""
+
+    @classmethod
+    def options_of(cls, algo_cfg: Any) -> AlgoOptions:
+        """This algorithm's options, picked from a run configuration's ``algo`` section."""
+        return cls.Options(**{f.name: getattr(algo_cfg, f.name)
+                              for f in dataclasses.fields(cls.Options)})
 
     @classmethod
     def options_from(cls, cfg: Any) -> dict[str, Any]:
         """The constructor keywords of this algorithm, read from a ``RunConfig``."""
-        out = {}
-        for kwarg, dotted in cls.config_keys.items():
-            value = cfg
-            for part in dotted.split("."):
-                value = getattr(value, part)
-            out[kwarg] = value
-        return out
+        return {**cls.options_of(cfg.algo).algorithm_kwargs(),
+                "max_grad_norm": cfg.optim.max_grad_norm}
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  topo: Topology, max_grad_norm: float = 0.0) -> None:
@@ -118,13 +165,30 @@ class Algorithm(ABC):
     """Whether :meth:`evaluation_parameters` differs from the local replica (BMUF), so that a
     checkpoint must store both."""
 
-    @abstractmethod
     def step(self) -> None:
-        """Apply this step's gradients: communicate as the algorithm says and update.
+        """Apply this step's gradients: the template every algorithm follows.
 
-        Implementations call :meth:`gather_grads` first and :meth:`apply_grads` for the
-        update, which makes a non-finite step a no-op on every learner that shares it.
+        Gather the gradients into the flat buffers (noting a non-finite one), reduce them as
+        the algorithm says (:meth:`reduce_grads`), apply the update (:meth:`apply_update`,
+        a no-op on every learner that shares a non-finite gradient), count the step, then
+        the algorithm's own work between steps (:meth:`after_step`: block sync, gossip).
         """
+        self.gather_grads()
+        self.reduce_grads()
+        self.apply_update()
+        self.steps += 1
+        self.after_step()
+
+    @abstractmethod
+    def reduce_grads(self) -> None:
+        """Reduce the gradient buffers over the learners that share this step."""
+
+    def apply_update(self) -> None:
+        """Take the (clipped) optimizer step unless the reduced gradient is non-finite."""
+        self.apply_grads()
+
+    def after_step(self) -> None:  # noqa: B027 - SSGD has nothing to do between steps
+        """The algorithm's work after a counted step (block sync, gossip); none by default."""
 
     def gather_grads(self) -> None:
         """Put this step's gradients into the flat buffers and note if they are non-finite.

@@ -1,4 +1,6 @@
-"""BMUF and BMUF-Adam: blockwise model-update filtering across super-learners (DESIGN §4).
+"""BMUF and BMUF-Adam: blockwise model-update filtering across super-learners.
+
+See docs/design.md, "BMUF in paper form".
 
 Paper form (bmuf-adam, Eq. 1-9): the global model ``theta_n`` and the start point of the next
 block ``theta_init_n`` are stored separately. At block sync ``n``, with ``N`` super-learners::
@@ -15,17 +17,64 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from hadpsgd.algorithms.base import Algorithm, register
+from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
 from hadpsgd.algorithms.bmuf_moments import STRATEGIES, BlockMoments, Layout
+from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import Topology
 
 
-@register("bmuf")
+@dataclass
+class BMUFOptions(AlgoOptions):
+    """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
+
+    sync_period: int = 8
+    """BMUF: local steps per block (tau) between two block syncs across super-learners."""
+    block_momentum: float | None = None
+    """BMUF: block momentum eta in [0, 1) (default 1 - 1/N for N super-learners, so 0 for
+    one node)."""
+    block_lr: float = 1.0
+    """BMUF: block learning rate zeta (> 0; the paper uses 1)."""
+    nesterov: bool = True
+    """BMUF: Nesterov block momentum (the next block starts at theta_n + eta * Delta_n);
+    --no-nesterov for classical block momentum (it starts at theta_n)."""
+    adam_moments: str = field(default="corrected", metadata={"choices": STRATEGIES})
+    """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
+    fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
+    buffer is treated the same way with beta = --momentum."""
+    bmuf_warmup_steps: int = 0
+    """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
+    warmed model with Delta = 0."""
+
+    def __post_init__(self) -> None:
+        if self.sync_period < 1:
+            raise ConfigError(f"{flag('sync_period')} must be > 0, got {self.sync_period}")
+        if self.block_momentum is not None and not 0.0 <= self.block_momentum < 1.0:
+            raise ConfigError(f"{flag('block_momentum')} must be in [0, 1) (omit it for "
+                              f"1 - 1/N), got {self.block_momentum}")
+        if self.block_lr <= 0:
+            raise ConfigError(f"{flag('block_lr')} must be > 0, got {self.block_lr}")
+        if self.bmuf_warmup_steps < 0:
+            raise ConfigError(f"{flag('bmuf_warmup_steps')} must be >= 0, got "
+                              f"{self.bmuf_warmup_steps}")
+        if self.adam_moments not in STRATEGIES:
+            raise ConfigError(f"{flag('adam_moments')} must be one of {', '.join(STRATEGIES)}, "
+                              f"got {self.adam_moments!r}")
+
+    def algorithm_kwargs(self) -> dict[str, Any]:
+        """The constructor's keywords (its warm-up keyword has no ``bmuf_`` prefix)."""
+        return {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
+                "block_lr": self.block_lr, "nesterov": self.nesterov,
+                "adam_moments": self.adam_moments, "warmup_steps": self.bmuf_warmup_steps}
+
+
+@register("bmuf", "blockwise model-update filtering with block momentum every tau steps, "
+                  "and the Adam moment correction (BMUF-Adam)")
 class BMUF(Algorithm):
     """Blockwise model-update filtering with block momentum over super-learners (nodes).
 
@@ -55,33 +104,15 @@ class BMUF(Algorithm):
     """
 
     separate_eval_model = True
-
-    config_keys = {
-        **Algorithm.config_keys,
-        "sync_period": "algo.sync_period",
-        "block_momentum": "algo.block_momentum",
-        "block_lr": "algo.block_lr",
-        "nesterov": "algo.nesterov",
-        "adam_moments": "algo.adam_moments",
-        "warmup_steps": "algo.bmuf_warmup_steps",
-    }
+    Options = BMUFOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  sync_period: int = 8, block_momentum: float | None = None,
                  block_lr: float = 1.0, nesterov: bool = True, adam_moments: str = "corrected",
                  warmup_steps: int = 0, max_grad_norm: float = 0.0) -> None:
-        if sync_period < 1:
-            raise ValueError(f"sync_period must be >= 1, got {sync_period}")
-        if block_momentum is not None and not 0.0 <= block_momentum < 1.0:
-            raise ValueError(f"block_momentum must be in [0, 1), got {block_momentum}")
-        if block_lr <= 0:
-            raise ValueError(f"block_lr must be > 0, got {block_lr}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        if adam_moments not in STRATEGIES:
-            raise ValueError(f"adam_moments must be one of {', '.join(STRATEGIES)}, "
-                             f"got {adam_moments!r}")
         # Every rank raises alike, before the first collective, so nobody is left waiting.
+        BMUFOptions(sync_period, block_momentum, block_lr, nesterov, adam_moments,
+                    warmup_steps)
         topo.require_equal_nodes("bmuf")
         super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
         self.sync_period = sync_period
@@ -131,24 +162,23 @@ class BMUF(Algorithm):
         self.started = True
 
     # ------------------------------------------------------------------ steps
-    def step(self) -> None:
-        """Node-synchronous local step; a block sync after every ``sync_period`` of them."""
-        self.gather_grads()
+    def reduce_grads(self) -> None:
+        """Node mean of the gradients (the super-learner); all learners' during warm-up."""
         if not self.started:
             # Warm-up: plain synchronous SGD over every learner.
             for buf in self.grads.buffers.values():
                 self.topo.allreduce_(buf, op="avg")
-            self.apply_grads()
-            self.steps += 1
-            if self.steps >= self.warmup_steps:
-                self._start()
-            return
-        if self.topo.local_size > 1:
+        elif self.topo.local_size > 1:
             # The learners of a node form one super-learner: identical steps on the node mean.
             for buf in self.grads.buffers.values():
                 self.topo.intra_allreduce_(buf, op="avg")
-        self.apply_grads()
-        self.steps += 1
+
+    def after_step(self) -> None:
+        """End the warm-up when due; a block sync after every ``sync_period`` local steps."""
+        if not self.started:
+            if self.steps >= self.warmup_steps:
+                self._start()
+            return
         self.block_steps += 1
         if self.block_steps >= self.sync_period:
             self._block_sync()

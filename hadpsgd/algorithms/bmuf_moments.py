@@ -19,11 +19,10 @@ same formulas apply with ``beta = mu`` (there is no ``k``). Other optimizers' st
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-MomentStrategy = Literal["corrected", "average", "local", "reset"]
 STRATEGIES: tuple[str, ...] = ("corrected", "average", "local", "reset")
 
 # (parameter, offset in its dtype's flat buffer), in flat-buffer order.

@@ -9,7 +9,7 @@ from hadpsgd.algorithms.base import Algorithm, register
 from hadpsgd.comm import Topology
 
 
-@register("ssgd")
+@register("ssgd", "synchronous SGD: one gradient allreduce over all learners every step")
 class SSGD(Algorithm):
     """Synchronous data-parallel SGD over one flat gradient buffer per dtype.
 
@@ -28,10 +28,7 @@ class SSGD(Algorithm):
                  topo: Topology, max_grad_norm: float = 0.0) -> None:
         super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
 
-    def step(self) -> None:
-        """Average the gradients over all learners, then take the local optimizer step."""
-        self.gather_grads()
+    def reduce_grads(self) -> None:
+        """Average the gradients over all learners (the local optimizer step follows)."""
         for buf in self.grads.buffers.values():
             self.topo.allreduce_(buf, op="avg")
-        self.apply_grads()
-        self.steps += 1

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-DEFAULT_TIMEOUT_S = 300.0
+from hadpsgd import env
+
+DEFAULT_TIMEOUT_S = env.DEFAULT_TIMEOUT_S
 """Deadline in seconds when ``HADPSGD_TIMEOUT`` is not set."""
 
 _DIAG_TAG = 7_771
@@ -42,21 +44,14 @@ class CommTimeoutError(RuntimeError):
 def timeout_from_env() -> float:
     """The deadline in seconds from env ``HADPSGD_TIMEOUT`` (default 300).
 
+    Kept here (and in :mod:`hadpsgd.comm`) for callers of the communication layer; the parsing
+    is :func:`hadpsgd.env.timeout`'s.
+
     Raises:
-        ValueError: If the variable is set but is not a positive number.
+        hadpsgd.env.EnvError: If the variable is set but is not a positive number (a
+            ``ValueError``, as before).
     """
-    raw = os.environ.get("HADPSGD_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"HADPSGD_TIMEOUT={raw!r} is not a number; set it to a deadline in seconds, e.g. 300"
-        ) from None
-    if value <= 0:
-        raise ValueError(f"HADPSGD_TIMEOUT={raw!r} must be > 0 seconds")
-    return value
+    return env.timeout()
 
 
 def poll(done: Callable[[], bool], timeout: float) -> bool:

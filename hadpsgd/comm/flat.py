@@ -86,7 +86,3 @@ class FlatBuffer:
     def numel(self) -> int:
         """Total number of elements over all dtypes."""
         return sum(b.numel() for b in self.buffers.values())
-
-    def nbytes(self) -> int:
-        """Total size in bytes over all dtypes."""
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hadpsgd import env
 from hadpsgd.comm.backends import GlooIntra, IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog, timeout_from_env
 from hadpsgd.comm.hierarchical import HierAlgo, Reducer
@@ -21,53 +22,44 @@ from hadpsgd.comm.placement import (
     summarize,
 )
 from hadpsgd.comm.topology import Topology, TopologyError
+from hadpsgd.env import EnvError
 
 log = logging.getLogger("hadpsgd.comm")
 
-INTRA_BACKENDS = ("auto", "mpi", "gloo", "nccl")
+INTRA_BACKENDS = env.INTRA_BACKEND_CHOICES
 DEFAULT_CPU_INTRA = "mpi"
 """Intra-node backend of host tensors when not chosen (``auto``; on GPUs NCCL takes the
 device tensors, see ``_device_backend``). Measured with ``python -m benchmarks.comm --op
 intra`` (README): MPI's shared-memory path is 4-30x faster than gloo up to ~1 MiB and inside
 the hierarchical allreduce; gloo won some node-local allreduces of tens of MiB with 2 ranks.
 Gradient buckets of the presets are small-to-medium, so MPI is the default."""
-DEFAULT_BUCKET_MB = 64.0
+DEFAULT_BUCKET_MB = env.DEFAULT_BUCKET_MB
 """Bucket size when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise TopologyError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise TopologyError(f"{name}={raw!r} must be > 0")
-    return value
-
-
 def _resolve_ranks_per_node(ranks_per_node: int | None) -> int | None:
+    """The emulated node size (argument, else ``HADPSGD_RANKS_PER_NODE``), checked.
+
+    Raises:
+        EnvError: For a bad ``HADPSGD_RANKS_PER_NODE``.
+        TopologyError: For an argument < 1.
+    """
     if ranks_per_node is None:
-        raw = os.environ.get("HADPSGD_RANKS_PER_NODE", "").strip()
-        if raw:
-            try:
-                ranks_per_node = int(raw)
-            except ValueError:
-                raise TopologyError(
-                    f"HADPSGD_RANKS_PER_NODE={raw!r} is not an integer; set it to the number of "
-                    "consecutive ranks that form one emulated node, or unset it"
-                ) from None
+        ranks_per_node = env.ranks_per_node()
     if ranks_per_node is not None and ranks_per_node < 1:
         raise TopologyError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
     return ranks_per_node
 
 
 def _backend_name(name: str) -> str:
-    """The requested intra-node backend (argument, else ``HADPSGD_INTRA_BACKEND``), checked."""
+    """The requested intra-node backend (argument, else ``HADPSGD_INTRA_BACKEND``), checked.
+
+    Raises:
+        EnvError: For a bad ``HADPSGD_INTRA_BACKEND``.
+        TopologyError: For an unknown argument.
+    """
     if name == "auto":
-        name = os.environ.get("HADPSGD_INTRA_BACKEND", "").strip() or "auto"
+        name = env.intra_backend()
     if name not in INTRA_BACKENDS:
         raise TopologyError(f"intra-node backend {name!r} is unknown; choose one of "
                             f"{', '.join(INTRA_BACKENDS)}")
@@ -145,13 +137,23 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     singleton = singleton_launch(size)
     if singleton:
         raise TopologyError(singleton)
-    backend_name = _backend_name(intra_backend)
-    watchdog = Watchdog(world.Dup(), timeout_from_env(),
+    try:
+        # Every HADPSGD_* variable at once, before any work: a bad one is the user's mistake,
+        # reported (as TopologyError, exit 2) like a bad flag, whichever variable it is.
+        env.check()
+        backend_name = _backend_name(intra_backend)
+        timeout = timeout_from_env()
+        rpn = _resolve_ranks_per_node(ranks_per_node)
+        bucket = bucket_mb if bucket_mb is not None else env.bucket_mb()
+    except EnvError as err:
+        raise TopologyError(str(err)) from None
+    if bucket <= 0:
+        raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
+    watchdog = Watchdog(world.Dup(), timeout,
                         thread_multiple=thread_level >= MPI.THREAD_MULTIPLE, answer=True)
     host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     host_size = host.Get_size()
 
-    rpn = _resolve_ranks_per_node(ranks_per_node)
     if rpn is not None:
         if rpn > size:
             raise TopologyError(
@@ -212,10 +214,6 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         notes.append(f"MPI is not CUDA-aware ({aware_why}): inter-node traffic is staged "
                      "through pinned host memory; a CUDA-aware MPI (UCX) skips the copies")
     placement = summarize(allgather_object(world, watchdog, device_label(dev)))
-    bucket = bucket_mb if bucket_mb is not None else _env_float("HADPSGD_BUCKET_MB",
-                                                                 DEFAULT_BUCKET_MB)
-    if bucket <= 0:
-        raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
     try:
         reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,
                           int(bucket * 2**20), hier_algo, cuda_aware, device_backend)

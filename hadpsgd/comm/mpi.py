@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from hadpsgd import env
+
 # The core library (Open MPI, MPICH, Intel MPI: libmpi.so.N; Cray: libmpi_cray.so), not the
 # Fortran or C++ bindings beside it (libmpi_mpifh, libmpi_usempif08, libmpicxx).
 _LIBMPI = re.compile(r"/libmpi(_cray|_intel|_gnu[0-9]*)?\.so")
@@ -69,17 +71,22 @@ def loaded_libmpi() -> str | None:
 def cuda_support() -> tuple[bool, str]:
     """Whether the loaded MPI library accepts CUDA device pointers, and how that was decided.
 
-    ``HADPSGD_CUDA_AWARE=0|1`` overrides. Otherwise the library itself is asked, through
-    the file mpi4py loaded (:func:`loaded_libmpi`): Open MPI's ``MPIX_Query_cuda_support()``,
-    or MPICH's ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &flag)``. A library with
-    neither counts as not CUDA-aware: device buffers are then staged through host memory.
+    ``HADPSGD_CUDA_AWARE=0|1`` overrides (any other value is an error: a typo must not
+    silently fall back to the query it meant to override). Otherwise the library itself is
+    asked, through the file mpi4py loaded (:func:`loaded_libmpi`): Open MPI's
+    ``MPIX_Query_cuda_support()``, or MPICH's ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA,
+    &flag)``. A library with neither counts as not CUDA-aware: device buffers are then staged
+    through host memory.
 
     Returns:
         ``(aware, reason)``; ``reason`` is one line for the start-up log.
+
+    Raises:
+        hadpsgd.env.EnvError: If ``HADPSGD_CUDA_AWARE`` is set to neither 0 nor 1.
     """
-    forced = os.environ.get("HADPSGD_CUDA_AWARE", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1", f"HADPSGD_CUDA_AWARE={forced}"
+    forced = env.cuda_aware()
+    if forced is not None:
+        return forced, f"{env.CUDA_AWARE}={int(forced)}"
     path = loaded_libmpi()
     if path is None:
         return False, "no MPI library found to ask (set HADPSGD_CUDA_AWARE=1 if it is)"

@@ -6,6 +6,9 @@ Kept in a module of its own so that :mod:`hadpsgd.data.reader` and
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 FORMAT_VERSION = 1
 """Version written to the ``format_version`` attribute; the reader accepts only this one."""
 
@@ -26,3 +29,36 @@ class FeatureFileError(ValueError):
     fix is obvious). A subclass of :class:`ValueError`, so callers that validate inputs
     generically still catch it.
     """
+
+
+FIX_FRAMES = ("fix or drop that utterance and rewrite the file (hadpsgd.data.write_features "
+              "refuses non-finite values), or re-run the import")
+FIX_DAMAGED = "the file is damaged or was cut short; copy it again or regenerate it"
+
+
+def path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a feature file, or ``None`` if it looks readable.
+
+    Checked before HDF5 sees the path, whose own messages for these cases are obscure
+    ("file signature not found", "errno = 21").
+
+    Args:
+        path: The file a user passed.
+
+    Returns:
+        A message fragment naming the problem and the fix (without the path), or ``None``.
+    """
+    if not path.exists():
+        return ("feature file does not exist (check the path, or generate one with "
+                "python -m hadpsgd.data.synth)")
+    if path.is_dir():
+        return "is a directory, not a feature file; pass the .h5 file inside it"
+    if not path.is_file():
+        return "is not a regular file; pass an .h5 feature file"
+    # os.access answers for the real user, as open() would; root passes regardless of mode.
+    if not os.access(path, os.R_OK):
+        return ("permission denied: this user cannot read the file; make it readable "
+                "(chmod a+r) or run as a user who can")
+    if path.stat().st_size == 0:
+        return f"the file is empty (0 bytes); {FIX_DAMAGED}"
+    return None

@@ -1,4 +1,4 @@
-"""The HDF5 feature format (DESIGN.md section 5): one file per split.
+"""The HDF5 feature format (docs/design.md, the feature format): one file per split.
 
 =============  ============================  ==================================================
 dataset        dtype / shape                 meaning

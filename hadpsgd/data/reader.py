@@ -1,4 +1,4 @@
-"""Reading and validating the HDF5 feature format (see DESIGN.md section 5)."""
+"""Reading and validating the HDF5 feature format (docs/design.md, the feature format)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import numpy as np
 
 from hadpsgd.data._schema import (
     FEATS,
+    FIX_DAMAGED,
+    FIX_FRAMES,
     FORMAT_VERSION,
     LABELS,
     NORM_MEAN,
@@ -21,8 +23,8 @@ from hadpsgd.data._schema import (
     REQUIRED_DATASETS,
     UTT_IDS,
     FeatureFileError,
+    path_problem,
 )
-from hadpsgd.data.validate import FIX_DAMAGED, FIX_FRAMES, path_problem
 
 # Labels are checked at open in blocks of this many frames: bounded memory on large files.
 _LABEL_BLOCK = 1 << 22

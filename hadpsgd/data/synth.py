@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hadpsgd import env
 from hadpsgd.data.writer import FeatureWriter
 
 # Bump whenever the generated data change for the same spec: it is part of the cache key.
@@ -207,7 +208,8 @@ def generate(out_dir: str | os.PathLike[str], spec: SynthSpec | None = None) -> 
 
 
 def _default_cache() -> Path:
-    return Path(os.environ.get("HADPSGD_CACHE") or Path.home() / ".cache" / "hadpsgd")
+    """``$HADPSGD_CACHE`` or ``~/.cache/hadpsgd`` (raises ``EnvError`` for a non-directory)."""
+    return env.cache_dir()
 
 
 def default_dataset(

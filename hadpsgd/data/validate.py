@@ -9,52 +9,25 @@ business (see ``hadpsgd.train.setup.validate_data``).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hadpsgd.data._schema import FeatureFileError
+from hadpsgd.data._schema import (  # re-exported: their home is the schema, below reader
+    FIX_DAMAGED,
+    FIX_FRAMES,
+    FeatureFileError,
+    path_problem,
+)
 
 if TYPE_CHECKING:
     from hadpsgd.data.reader import FeatureFile
 
+__all__ = ["FIX_DAMAGED", "FIX_FRAMES", "SCAN_BYTES", "nonfinite_error", "path_problem",
+           "scan_frames"]
+
 SCAN_BYTES = 4 << 20
 """Target size of one block read by :func:`scan_frames` (the scan's memory use)."""
-
-FIX_FRAMES = ("fix or drop that utterance and rewrite the file (hadpsgd.data.write_features "
-              "refuses non-finite values), or re-run the import")
-FIX_DAMAGED = "the file is damaged or was cut short; copy it again or regenerate it"
-
-
-def path_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a feature file, or ``None`` if it looks readable.
-
-    Checked before HDF5 sees the path, whose own messages for these cases are obscure
-    ("file signature not found", "errno = 21").
-
-    Args:
-        path: The file a user passed.
-
-    Returns:
-        A message fragment naming the problem and the fix (without the path), or ``None``.
-    """
-    if not path.exists():
-        return ("feature file does not exist (check the path, or generate one with "
-                "python -m hadpsgd.data.synth)")
-    if path.is_dir():
-        return "is a directory, not a feature file; pass the .h5 file inside it"
-    if not path.is_file():
-        return "is not a regular file; pass an .h5 feature file"
-    # os.access answers for the real user, as open() would; root passes regardless of mode.
-    if not os.access(path, os.R_OK):
-        return ("permission denied: this user cannot read the file; make it readable "
-                "(chmod a+r) or run as a user who can")
-    if path.stat().st_size == 0:
-        return f"the file is empty (0 bytes); {FIX_DAMAGED}"
-    return None
-
 
 def _block_frames(ff: FeatureFile, block_frames: int | None) -> int:
     """Frames per scan block: about :data:`SCAN_BYTES`, a whole number of HDF5 chunks."""

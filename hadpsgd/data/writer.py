@@ -1,4 +1,4 @@
-"""Writing the HDF5 feature format (see DESIGN.md section 5), atomically and incrementally."""
+"""Writing the HDF5 feature format (docs/design.md), atomically and incrementally."""
 
 from __future__ import annotations
 

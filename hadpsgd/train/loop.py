@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import collections
-import json
 import math
-import os
-import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import torch
 from torch.nn import functional as F  # noqa: N812
 
 from hadpsgd import faults
@@ -20,38 +14,15 @@ from hadpsgd.algorithms import Algorithm
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, make_loader
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
+from hadpsgd.train.control import ControlPoint, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate
 from hadpsgd.train.metrics import MetricsWriter
+from hadpsgd.train.progress import Progress
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.stop import FLAG, StopFlag
+from hadpsgd.train.trace import ChunkTrace, Recorder
 
-TRACE_ENV = "HADPSGD_TRACE_CHUNKS"
-"""If set to a directory, every rank appends the chunk indices of each step it takes to
-``<dir>/chunks-rank<r>.jsonl`` (for the exact-resume tests)."""
-
-
-class NonFiniteError(RuntimeError):
-    """Too many steps with a non-finite loss or gradient; raised on every rank alike."""
-
-
-class _Recorder:
-    """A batch sampler that remembers, in order, the batches it handed to the loader."""
-
-    def __init__(self, sampler: ChunkBatchSampler) -> None:
-        self.sampler = sampler
-        self.handed: collections.deque[list[int]] = collections.deque()
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for batch in self.sampler:
-            self.handed.append(list(batch))
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    @property
-    def num_chunks(self) -> int:
-        return self.sampler.num_chunks
+__all__ = ["LoopOptions", "NonFiniteError", "Position", "Trainer"]
 
 
 @dataclass
@@ -121,20 +92,22 @@ class Trainer:
         self.history: list[EvalResult] = []
         self.last_checkpoint: Path | None = None
         self._checkpointed_step = -1
-        self.stop = stop
         self.stopped_by: str | None = None
         """Set when the run ended early on an agreed stop request (after its checkpoint)."""
-        self.nonfinite: list[tuple[int, str]] = []
-        """This rank's own non-finite events: (global step, "loss" or "gradient")."""
+        self.control = ControlPoint(topo, stop, opts.max_nonfinite)
         self.sampler = ChunkBatchSampler(len(train_set), opts.batch_size, topo.rank, topo.size,
                                          seed=opts.seed, shuffle=True, drop_last=True)
-        self.recorder = _Recorder(self.sampler)
+        self.recorder = Recorder(self.sampler)
         self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers)
-        self._trace: IO[str] | None = None
-        if os.environ.get(TRACE_ENV):
-            trace_dir = Path(os.environ[TRACE_ENV])
-            trace_dir.mkdir(parents=True, exist_ok=True)
-            self._trace = open(trace_dir / f"chunks-rank{topo.rank}.jsonl", "a")  # noqa: SIM115
+        self._trace: ChunkTrace | None = None
+        self._lr = 0.0
+        # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
+        faults.plan()
+
+    @property
+    def nonfinite(self) -> list[tuple[int, str]]:
+        """This rank's own non-finite events: (global step, "loss" or "gradient")."""
+        return self.control.nonfinite
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -164,38 +137,7 @@ class Trainer:
         self.algo.load_state_dict(state["algo"])
         self.pos = Position(**state["progress"])
         self.history = [EvalResult(**r) for r in state.get("history", [])]
-        self.nonfinite = [tuple(e) for e in state.get("nonfinite", [])]  # type: ignore[misc]
-
-    def adopt(self, state: dict[str, Any], same_optimizer: bool) -> str:
-        """Continue from a checkpoint of another world size or algorithm (not exact).
-
-        Takes its deployable model (BMUF's global model), the optimizer state when the
-        optimizer is the same kind, the epoch, and the position inside the epoch scaled to
-        the new global batch; the algorithm's own state starts afresh from the weights.
-
-        Returns:
-            A one-line summary of what was carried over.
-        """
-        weights = state.get("eval_model") or state["model"]
-        self.algo.model.load_state_dict(weights)
-        kept = ["model"]
-        if same_optimizer and "optimizer" in state.get("algo", {}):
-            try:
-                self.algo.optimizer.load_state_dict(state["algo"]["optimizer"])
-                kept.append("optimizer state")
-            except (ValueError, KeyError):
-                pass  # a different parameter layout: start the optimizer afresh
-        self.algo.restart_from_model()
-        old = Position(**state["progress"])
-        old_world = int(state.get("world_size") or self.topo.size)
-        old_global = old_world * int(state["config"]["train"]["batch_size"])
-        new_global = self.opts.batch_size * self.topo.size
-        step_in_epoch = min(old.step_in_epoch * old_global // new_global, len(self.sampler))
-        self.pos = Position(old.epoch, step_in_epoch, old.global_step)
-        self.history = [EvalResult(**r) for r in state.get("history", [])]
-        return (f"carried over {', '.join(kept)}; epoch {old.epoch}, step {step_in_epoch} of "
-                f"{len(self.sampler)} in it (was {old.step_in_epoch} at global batch "
-                f"{old_global}, now {new_global})")
+        self.control.nonfinite[:] = [tuple(e) for e in state.get("nonfinite", [])]
 
     def checkpoint(self) -> Path:
         """Sync the replicas and write a checkpoint (rank 0 writes; all ranks wait)."""
@@ -223,6 +165,7 @@ class Trainer:
 
     def run(self) -> list[EvalResult]:
         """Train to the end (all epochs or ``max_steps``); returns the held-out history."""
+        self._trace = ChunkTrace(self.topo.rank)
         try:
             while self.pos.epoch < self.opts.epochs and not self._done():
                 self._epoch()
@@ -233,7 +176,7 @@ class Trainer:
                     self.pos.epoch += 1
                     self.pos.step_in_epoch = 0
                     self.checkpoint()
-                    if self._control(None, log=False):
+                    if self._control(None):
                         return self.history
             # Stopped inside an epoch by max_steps (or resumed a finished run): still leave
             # a held-out figure and a checkpoint of the final state.
@@ -242,69 +185,38 @@ class Trainer:
                 self.checkpoint()
             return self.history
         finally:
-            if self._trace is not None:
-                self._trace.close()
-                self._trace = None
+            self._trace.close()
 
-    def _control(self, loss: torch.Tensor | None, log: bool) -> bool:
-        """The agreement point (every rank, same global step); returns True to stop now.
+    def _control(self, loss: Any, progress: Progress | None = None) -> bool:
+        """Agree with every rank (see :mod:`hadpsgd.train.control`); True to stop now.
 
-        One allreduce of [loss, stop requests, non-finite events] serves the training log,
-        the graceful stop and the non-finite limit at once.
+        With ``progress``, the agreed mean loss goes into the training log.
         """
-        vec = torch.tensor([float(loss) if loss is not None else 0.0,
-                            1.0 if self.stop.requested else 0.0, float(len(self.nonfinite))],
-                           dtype=torch.float64)
-        self.topo.allreduce_(vec, op="sum")
-        if log and loss is not None:
-            self._log(float(vec[0]) / self.topo.size)
-        if int(vec[2]) > self.opts.max_nonfinite:
-            self._fail_nonfinite(int(vec[2]))
-        if vec[1] > 0:
-            # Rare: worth one more collective to say who asked.
-            asked = self.topo.allgather_object(self.stop.signame)
-            self.stopped_by = ", ".join(f"{sig} on rank {r}" for r, sig in enumerate(asked)
-                                        if sig)
-            if self._checkpointed_step != self.pos.global_step:
-                self.checkpoint()
-            if self.topo.rank == 0:
-                print(f"[hadpsgd] stop requested ({self.stopped_by}): stopped after step "
-                      f"{self.pos.global_step} with checkpoint {self.last_checkpoint}; continue "
-                      "with --resume auto", flush=True)
-            return True
-        return False
-
-    def _fail_nonfinite(self, total: int) -> None:
-        events = self.topo.allgather_object(self.nonfinite)
-        listed = sorted((step, rank, what) for rank, evs in enumerate(events)
-                        for step, what in evs)
-        shown = ", ".join(f"step {s} on rank {r} ({w})" for s, r, w in listed[:8])
-        more = f" and {len(listed) - 8} more" if len(listed) > 8 else ""
-        raise NonFiniteError(
-            f"{total} non-finite loss/gradient events, more than --max-nonfinite "
-            f"{self.opts.max_nonfinite}: {shown}{more}. Those steps were skipped on every "
-            "learner that shared them. Lower --lr, set --max-grad-norm, or check the data "
-            "around those steps."
-        )
+        verdict = self.control.agree(loss)
+        if progress is not None and verdict.mean_loss is not None:
+            progress.log(self.pos.global_step, self.pos.epoch, self._lr, verdict.mean_loss)
+        if verdict.stopped_by is None:
+            return False
+        self.stopped_by = verdict.stopped_by
+        if self._checkpointed_step != self.pos.global_step:
+            self.checkpoint()
+        if self.topo.rank == 0:
+            print(f"[hadpsgd] stop requested ({self.stopped_by}): stopped after step "
+                  f"{self.pos.global_step} with checkpoint {self.last_checkpoint}; continue "
+                  "with --resume auto", flush=True)
+        return True
 
     def _epoch(self) -> None:
         epoch = self.pos.epoch
-        lr = self.schedule.lr(epoch)
-        set_lr(self.algo.optimizer, lr)
+        self._lr = self.schedule.lr(epoch)
+        set_lr(self.algo.optimizer, self._lr)
         self.sampler.set_epoch(epoch, start_step=self.pos.step_in_epoch)
-        steps = len(self.sampler)
-        frames_per_step = self.opts.batch_size * self.topo.size * self.train_set.chunk_len
-        bar = None
-        if self.opts.progress and self.topo.rank == 0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=steps, initial=self.pos.step_in_epoch, desc=f"epoch {epoch}",
-                       unit="step", dynamic_ncols=True, mininterval=1.0)
+        progress = Progress(self.algo, self.metrics,
+                            self.opts.batch_size * self.topo.size * self.train_set.chunk_len,
+                            len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
+                            bar=self.opts.progress and self.topo.rank == 0)
         model = self.algo.model
         model.train()
-        tic, window = time.perf_counter(), 0
-        self._bar, self._lr, self._tic, self._window = bar, lr, tic, window
-        self._frames_per_step = frames_per_step
         self.recorder.handed.clear()
         inject = faults.active()
         watchdog = self.topo.watchdog
@@ -324,39 +236,21 @@ class Trainer:
             loss = loss.detach()
             loss_finite = math.isfinite(float(loss))
             if not loss_finite or self.algo.local_nonfinite:
-                self.nonfinite.append((step, "gradient" if loss_finite else "loss"))
-            chunks = self.recorder.handed.popleft()
-            if self._trace is not None:
-                self._trace.write(json.dumps({"step": step, "epoch": epoch, "chunks": chunks})
-                                  + "\n")
-                self._trace.flush()
+                self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
+            self._trace.write(step, epoch, self.recorder.handed.popleft())
             self.pos.step_in_epoch += 1
             self.pos.global_step += 1
-            self._window += 1
-            if bar is not None:
-                bar.update(1)
+            progress.step()
             watchdog.activity = f"after step {step}: loading the next batch"
             log = step % self.opts.log_every == 0
-            if (log or step % self.opts.control_every == 0) and self._control(loss, log):
+            if ((log or step % self.opts.control_every == 0)
+                    and self._control(loss, progress if log else None)):
                 break
             if self.opts.checkpoint_every and step % self.opts.checkpoint_every == 0:
                 self.checkpoint()
             if self._done():
                 break
-        if bar is not None:
-            bar.close()
-
-    def _log(self, mean_loss: float) -> None:
-        elapsed = time.perf_counter() - self._tic
-        fps = self._window * self._frames_per_step / max(elapsed, 1e-9)
-        extra = self.algo.metrics()
-        if self.algo.skipped_steps:
-            extra["skipped_steps"] = float(self.algo.skipped_steps)
-        self.metrics.write("train", self.pos.global_step, epoch=self.pos.epoch, lr=self._lr,
-                           loss=mean_loss, frames_per_s=round(fps, 1), **extra)
-        if self._bar is not None:
-            self._bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{fps:.0f}")
-        self._tic, self._window = time.perf_counter(), 0
+        progress.close()
 
     def _evaluate(self) -> EvalResult:
         self.topo.watchdog.activity = f"evaluating held-out after step {self.pos.global_step}"

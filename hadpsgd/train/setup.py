@@ -1,7 +1,12 @@
-"""Build the parts of a run from its configuration: data paths, run directory, optimizer."""
+"""Build the parts of a run from its configuration: data, model, algorithm, loop.
+
+Everything a user can get wrong (flags, files, layout) is checked here, before a model or an
+output directory exists; :func:`build_trainer` is the whole assembly ``run.py`` calls.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -10,11 +15,69 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hadpsgd import algorithms
 from hadpsgd.cli import to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
+from hadpsgd.models import build_model
+from hadpsgd.train.loop import LoopOptions, Trainer
+from hadpsgd.train.metrics import MetricsWriter
+from hadpsgd.train.schedule import LRSchedule
+
+
+def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDataset]:
+    """The training and held-out chunks, checked (shapes, sizes, every frame finite).
+
+    Raises:
+        FeatureFileError: For a missing, malformed or too small file, naming it and the fix.
+    """
+    train_path, heldout_path = resolve_data(cfg, topo)
+    train_set = ChunkDataset(train_path, cfg.data.chunk_len)
+    heldout_set = ChunkDataset(heldout_path, cfg.data.chunk_len,
+                               expected_feat_dim=train_set.file.feat_dim)
+    if heldout_set.file.num_classes != train_set.file.num_classes:
+        raise FeatureFileError(
+            f"{heldout_path} has {heldout_set.file.num_classes} classes but {train_path} has "
+            f"{train_set.file.num_classes}; both splits must share one label set"
+        )
+    check_steps(train_set, heldout_set, cfg.train.batch_size, topo.size)
+    validate_data([train_set.file, heldout_set.file], topo)
+    return train_set, heldout_set
+
+
+def loop_options(cfg: RunConfig) -> LoopOptions:
+    """The loop's view of the configuration: each field from the section that holds it."""
+    values = {}
+    for f in dataclasses.fields(LoopOptions):
+        section = cfg.train if hasattr(cfg.train, f.name) else cfg.data
+        values[f.name] = getattr(section, f.name)
+    return LoopOptions(**values)
+
+
+def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
+    """Data, model, optimizer, algorithm, run directory, metrics and LR recipe, in a Trainer.
+
+    Raises:
+        FeatureFileError, ConfigError, ValueError: For bad input, before anything is written.
+    """
+    train_set, heldout_set = load_data(cfg, topo)
+    # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
+    # ranks keeps single-process runs reproducible too.
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model.preset, train_set.file.feat_dim,
+                        train_set.file.num_classes).to(topo.device)
+    algo_cls = algorithms.get(cfg.train.algo)
+    algo = algo_cls(model, build_optimizer(cfg.optim, model), topo, **algo_cls.options_from(cfg))
+    out_dir = make_out_dir(cfg, topo)
+    metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
+    # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
+    schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,
+                          algo.update_batch(cfg.train.batch_size),
+                          cfg.optim.warmup_epochs, cfg.optim.anneal)
+    return Trainer(algo, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
+                   metrics, config=to_dict(cfg))
 
 
 def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:

@@ -22,14 +22,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 it kills the ranks within about a quarter of a second."""
 
 
-class StopRequested(Exception):  # noqa: N818 - it is a request, not an error
-    """Raised by the loop on every rank once a stop was agreed and the checkpoint written."""
-
-    def __init__(self, message: str, checkpoint: object = None) -> None:
-        super().__init__(message)
-        self.checkpoint = checkpoint
-
-
 class StopFlag:
     """Records the first stop signal this process receives."""
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.comm import bus_factor
+from benchmarks.comm.report import bus_factor
 from tests.conftest import ROOT, assert_ok, run_mpi
 
 pytestmark = pytest.mark.mpi

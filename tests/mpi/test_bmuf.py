@@ -85,7 +85,7 @@ def make_np_opt(c: dict, n: int) -> NpSGD | NpAdam:
 
 
 def reference(c: dict, n_super: int, per_super: int) -> dict[str, dict[str, np.ndarray]]:
-    """BMUF (DESIGN §4 / paper Eq. 1-9, 13, 16-17) over ``n_super`` super-learners.
+    """BMUF (docs/design.md / paper Eq. 1-9, 13, 16-17) over ``n_super`` super-learners.
 
     Super-learner ``j`` is fed the concatenated batches of virtual learners
     ``j*per_super .. (j+1)*per_super-1``. Returns per-super-learner states before and after

@@ -41,7 +41,9 @@ def test_too_many_nonfinite_stops_every_rank(algo, tiny_data, tmp_path):
                               "--max-steps", "20", "--max-nonfinite", "2", "--control-every",
                               "5", *extra),
                   env={"HADPSGD_FAULT": "kind=nan,rank=1,step=3,count=5"})
-    assert res.returncode != 0
+    from hadpsgd.run import EXIT_DIVERGED
+
+    assert res.returncode == EXIT_DIVERGED, res.output[-3000:]
     assert "more than --max-nonfinite 2" in res.stderr
     assert "step 3 on rank 1 (loss)" in res.stderr
     assert "Traceback" not in res.stderr

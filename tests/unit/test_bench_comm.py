@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import train_throughput as tt
-from benchmarks._comm_worker import Timing, _device_keys
-from benchmarks.comm import (
+from benchmarks.comm.cli import inside_mpi, parse_args, worker_argv
+from benchmarks.comm.measure import Timing, _device_keys
+from benchmarks.comm.report import (
     MIB,
     TABLE_HEADER,
     bandwidths,
@@ -16,16 +16,14 @@ from benchmarks.comm import (
     compare_backends,
     format_row,
     format_size,
-    inside_mpi,
     intra_view_names,
-    parse_args,
     parse_size,
     plan_iters,
     size_sweep,
     summarize,
     table_header,
-    worker_argv,
 )
+from benchmarks.training import throughput as tt
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -182,7 +180,7 @@ def test_device_option_defaults_to_cpu_and_reaches_the_ranks():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_cuda_without_cuda_stops_before_launching(capsys):
-    from benchmarks.comm import main
+    from benchmarks.comm.cli import main
 
     assert main(["--device", "cuda", "-n", "2"]) == 2
     assert tt.main(["--device", "cuda", "--presets", "tiny"]) == 2

@@ -73,3 +73,42 @@ def test_bad_value_exits_with_message(capsys):
     assert "--warmup-epochs must be >= 0" in capsys.readouterr().err
     ns = _parser().parse_args([])
     assert from_namespace(RunConfig, ns) == RunConfig()
+
+
+def test_algorithm_options_come_from_the_registry():
+    import dataclasses
+
+    from hadpsgd import algorithms
+    from hadpsgd.config import AlgoConfig
+
+    gathered = {f.name for f in dataclasses.fields(AlgoConfig)}
+    declared = set()
+    for spec in algorithms.specs():
+        assert spec.description and spec.cls.name == spec.name
+        assert issubclass(spec.options, algorithms.AlgoOptions)
+        declared |= {f.name for f in dataclasses.fields(spec.options)}
+        for name, doc in field_docs(spec.options).items():  # documented where declared
+            assert doc and field_docs(AlgoConfig)[name] == doc
+    assert gathered == declared
+    help_text = _parser().format_help()
+    assert "--algo bmuf:" in help_text and "--algo adpsgd:" in help_text
+
+
+def test_option_of_another_algorithm_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--algo", "ssgd", "--sync-period", "4"])
+    err = capsys.readouterr().err
+    assert "--algo ssgd does not read --sync-period (an option of --algo bmuf)" in err
+    with pytest.raises(SystemExit):  # super-learners are ADPSGD's option, not BMUF's
+        parse_config(["--algo", "bmuf", "--super-learner-size", "2"])
+    assert "--super-learner-size (an option of --algo adpsgd)" in capsys.readouterr().err
+    cfg = parse_config(["--algo", "adpsgd", "--super-learner-size", "2"])
+    from hadpsgd.algorithms import ADPSGD
+
+    assert ADPSGD.options_of(cfg.algo).ranks_per_node() == 2
+
+
+def test_abbreviated_flags_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--batch", "8"])
+    assert "--batch" in capsys.readouterr().err

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import project
-from benchmarks._calibrate import calibrate
-from benchmarks._costmodel import (
+from benchmarks.projection import project
+from benchmarks.projection.calibrate import calibrate
+from benchmarks.projection.costmodel import (
     ALGOS,
     Cluster,
     Link,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import sweep
-from benchmarks._sweep_grid import Cell, GridError, GridSpec, expand, sbatch_script, unused_options
-from benchmarks._sweep_results import (
+from benchmarks.sweep import cli as sweep
+from benchmarks.sweep.grid import Cell, GridError, GridSpec, expand, sbatch_script, unused_options
+from benchmarks.sweep.results import (
     DIVERGED_MARK,
     RESULTS_CSV,
     RESULTS_JSONL,
@@ -312,9 +312,9 @@ def test_diverged_run_is_a_finished_result(tmp_path):
 def test_diverged_mark_is_the_loops_message():
     import inspect
 
-    from hadpsgd.train import loop
+    from hadpsgd.train import control
 
-    assert DIVERGED_MARK in inspect.getsource(loop.Trainer._fail_nonfinite)
+    assert DIVERGED_MARK in inspect.getsource(control.ControlPoint._fail)
 
 
 def test_results_table_jsonl_and_csv(tmp_path):
@@ -348,7 +348,7 @@ def test_collect_sbatch_outputs(tmp_path, capsys):
 # ---------------------------------------------------------------------------- plots
 def test_plots_survive_failed_and_partial_cells(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks.plots import make_plots, scaling_groups
+    from benchmarks.sweep.plots import make_plots, scaling_groups
 
     rows = []
     for algo in ("ssgd", "adpsgd"):
@@ -378,7 +378,7 @@ def test_plots_survive_failed_and_partial_cells(tmp_path):
 
 
 def test_legend_names_only_the_passthrough_options_that_differ():
-    from benchmarks.plots import extra_options, label
+    from benchmarks.sweep.plots import extra_options, label
 
     assert extra_options("--train a.h5 --lr 0.1 --nesterov") == {
         "--train": "a.h5", "--lr": "0.1", "--nesterov": ""}
@@ -391,7 +391,7 @@ def test_legend_names_only_the_passthrough_options_that_differ():
 
 def test_baseline_is_drawn_in_every_panel(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks.plots import _pyplot, plot_loss_curves
+    from benchmarks.sweep.plots import _pyplot, plot_loss_curves
 
     class Spy:
         """pyplot, keeping the figures it makes (the plot closes them after saving)."""

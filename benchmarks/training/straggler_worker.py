@@ -11,13 +11,14 @@ import json
 import time
 
 import torch
-from torch.nn import functional as F  # noqa: N812
 
+from benchmarks._common.timing import frame_loss, seconds_per_step
 from hadpsgd import algorithms, comm
 from hadpsgd.models import build_model
 
 
 def main() -> None:
+    """Parse the options, train with rank 0 slowed down, print the aggregate frames/s."""
     p = argparse.ArgumentParser()
     p.add_argument("--algo", choices=["ssgd", "adpsgd"], required=True)
     p.add_argument("--slowdown", type=float, default=1.0)
@@ -36,25 +37,24 @@ def main() -> None:
     y = torch.randint(0, a.classes, (a.batch, 21))
 
     def compute() -> None:
-        F.cross_entropy(model(x).reshape(-1, a.classes), y.reshape(-1)).backward()
+        frame_loss(model, x, y, a.classes).backward()
 
-    compute()  # warm-up, and the cost of one step's compute on this rank
+    compute()  # warm-up
     algo.zero_grad()
-    tic = time.perf_counter()
-    compute()
-    base = time.perf_counter() - tic
+    base = seconds_per_step(compute, 1)  # the cost of one step's compute on this rank
     algo.zero_grad()
-    topo.barrier()
-    tic = time.perf_counter()
-    for _ in range(a.steps):
+
+    def step() -> None:
         compute()
         if topo.rank == 0 and a.slowdown > 1:
             time.sleep((a.slowdown - 1) * base)  # the straggler: k times the compute
         algo.step()
         algo.zero_grad()
-    elapsed = time.perf_counter() - tic
+
+    # Every rank's own pace: each stops its clock after its own steps, before close().
+    sec = seconds_per_step(step, a.steps, barrier=topo.barrier)
     algo.close()
-    rates = topo.allgather_object(a.steps * a.batch * 21 / elapsed)
+    rates = topo.allgather_object(a.batch * 21 / sec)
     if topo.rank == 0:
         print(json.dumps({"algo": a.algo, "slowdown": a.slowdown, "ranks": topo.size,
                           "frames_per_s": sum(rates), "per_rank": rates}), flush=True)

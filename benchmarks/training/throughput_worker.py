@@ -1,9 +1,10 @@
 """One measurement of training frames/s: plain PyTorch, hadpsgd SSGD, or torch DDP.
 
-Run by ``benchmarks/train_throughput.py``; prints one JSON line (rank 0 for the MPI cases).
-``plain`` is one process without communication; ``ssgd`` and ``ddp`` run on every rank of
-the MPI job. DDP's process group is bootstrapped over MPI (a FileStore whose path rank 0
-broadcasts), so no ``MASTER_ADDR``/``RANK`` environment is needed.
+Run by ``benchmarks/train_throughput.py`` (:mod:`benchmarks.training.throughput`); prints one
+JSON line (rank 0 for the MPI cases). ``plain`` is one process without communication; ``ssgd``
+and ``ddp`` run on every rank of the MPI job. DDP's process group is bootstrapped over MPI (a
+FileStore whose path rank 0 broadcasts), so no ``MASTER_ADDR``/``RANK`` environment is
+needed.
 """
 
 from __future__ import annotations
@@ -12,33 +13,15 @@ import argparse
 import datetime
 import json
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
+from benchmarks._common.launch import file_store, remove_store
+from benchmarks._common.timing import device_sync, seconds_per_step, training_step
 from hadpsgd.models import build_model
-
-
-def measure(step_fn: Callable[[], None], steps: int, warmup: int,
-            sync: Callable[[], None]) -> float:
-    """Seconds per step, after ``warmup`` untimed steps.
-
-    ``sync`` waits for the device before each reading of the clock: CUDA kernels are queued,
-    so without it the clock would stop before the last step's work is done.
-    """
-    for _ in range(warmup):
-        step_fn()
-    sync()
-    tic = time.perf_counter()
-    for _ in range(steps):
-        step_fn()
-    sync()
-    return (time.perf_counter() - tic) / steps
 
 
 @dataclass
@@ -82,7 +65,6 @@ def ddp_world(device: str) -> DDPWorld:
     """
     import torch.distributed as dist
 
-    from benchmarks._launch import file_store
     from hadpsgd.comm.deadline import timeout_from_env
     from hadpsgd.comm.mpi import mpi
     from hadpsgd.comm.placement import device_label, resolve_device
@@ -169,26 +151,15 @@ def main() -> None:
     x = torch.randn(a.batch, a.chunk_len, a.feat_dim, device=device)
     y = torch.randint(0, a.classes, (a.batch, a.chunk_len), device=device)
 
-    def step() -> None:
-        loss = F.cross_entropy(model(x).reshape(-1, a.classes), y.reshape(-1))
-        loss.backward()  # DDP reduces the gradients here, overlapped with the backward pass
-        if algo is None:
-            opt.step()
-            opt.zero_grad()
-        else:
-            algo.step()
-            algo.zero_grad()
-
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    sec = measure(step, a.steps, a.warmup, sync)
+    # DDP reduces the gradients in the step's backward pass, overlapped with it.
+    step = training_step(model, opt, x, y, a.classes, algo)
+    sec = seconds_per_step(step, a.steps, warmup=a.warmup, sync=device_sync(device))
     # The slowest rank sets the pace of a synchronous job.
     if algo is not None:
         sec = max(algo.topo.allgather_object(sec))
         algo.close()
     elif ddp is not None:
         import torch.distributed as dist
-
-        from benchmarks._launch import remove_store
 
         sec = float(ddp.comm.allreduce(sec, op=ddp.mpi.MAX))
         dist.destroy_process_group()

@@ -3,7 +3,7 @@
 The comm benchmark's JSON record (``python -m benchmarks.comm ... --json FILE``) has one row per
 op and message size with ``name``, ``op``, ``backend``, ``size_bytes``, ``nranks`` and
 ``time_us`` (the maximum over ranks of the mean time of one op). The links are fitted by
-least squares over the sizes (:func:`benchmarks._costmodel.fit_alpha_beta`):
+least squares over the sizes (:func:`benchmarks.projection.costmodel.fit_alpha_beta`):
 
 - intra-node: the ``intra/<backend>`` rows of the backend the topology used (``--op intra``),
   as ring allreduces over the node's ranks; without them, the ``allreduce/flat`` rows of a
@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._costmodel import Link, fit_alpha_beta, fit_error, ring_coefficients
+from benchmarks._common.timing import step_times, training_step
+from benchmarks.projection.costmodel import Link, fit_alpha_beta, fit_error, ring_coefficients
 
 
 @dataclass
@@ -195,7 +195,6 @@ def measure_compute(preset: str, batch: int, feat_dim: int = 260, num_classes: i
 def _time_steps(preset: str, batch: int, feat_dim: int, num_classes: int, chunk_len: int,
                 steps: int, warmup: int) -> tuple[float, int]:
     import torch
-    from torch.nn import functional as F  # noqa: N812
 
     from hadpsgd.models import build_model, count_parameters
 
@@ -204,19 +203,6 @@ def _time_steps(preset: str, batch: int, feat_dim: int, num_classes: int, chunk_
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, chunk_len, feat_dim)
     y = torch.randint(0, num_classes, (batch, chunk_len))
-
-    def step() -> None:
-        loss = F.cross_entropy(model(x).reshape(-1, num_classes), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        tic = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - tic)
+    times = step_times(training_step(model, opt, x, y, num_classes), steps, warmup=warmup)
     # The median: another process on a shared machine can stall any one step.
     return statistics.median(times), count_parameters(model)

@@ -1,22 +1,21 @@
 """Frames/s and bytes per step of BMUF at several sync periods, SSGD, and local-only training.
 
-Run by ``benchmarks/bmuf.py`` under mpirun: every mode runs in this one process, one after the
-other, on the same ranks, model and per-rank batch (random in-memory data, so only compute and
-communication are measured). Bytes are the payloads handed to the topology's collectives,
-counted by wrapping them. Rank 0 prints one JSON line per mode.
+Run by ``benchmarks/bmuf.py`` (:mod:`benchmarks.training.bmuf`) under mpirun: every mode runs
+in this one process, one after the other, on the same ranks, model and per-rank batch (random
+in-memory data, so only compute and communication are measured). Bytes are the payloads handed
+to the topology's collectives, counted by wrapping them. Rank 0 prints one JSON line per mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn import functional as F  # noqa: N812
 
+from benchmarks._common.timing import seconds_per_step, training_step, warm_up
 from hadpsgd import comm
 from hadpsgd.algorithms import BMUF, SSGD
 from hadpsgd.models import build_model
@@ -46,10 +45,12 @@ class ByteCounter:
         return counted
 
     def reset(self) -> None:
+        """Start counting from zero."""
         self.inter = self.intra = 0
 
 
 def main() -> None:
+    """Parse the options, run every mode on this rank, print one JSON line per mode (rank 0)."""
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="small")
     p.add_argument("--batch", type=int, default=16)
@@ -82,25 +83,10 @@ def main() -> None:
             algo = BMUF(model, opt, topo, sync_period=int(mode[len("bmuf-tau"):]),
                         adam_moments=a.adam_moments)
 
-        def step(model: torch.nn.Module = model, opt: torch.optim.Optimizer = opt,
-                 algo: Any = algo) -> None:
-            loss = F.cross_entropy(model(x).reshape(-1, a.classes), y.reshape(-1))
-            loss.backward()
-            if algo is None:  # local-only: no communication at all
-                opt.step()
-                opt.zero_grad()
-            else:
-                algo.step()
-                algo.zero_grad()
-
-        for _ in range(a.warmup):
-            step()
-        topo.barrier()
-        counter.reset()
-        tic = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        sec = (time.perf_counter() - tic) / a.steps
+        step = training_step(model, opt, x, y, a.classes, algo)  # algo None: local-only
+        warm_up(step, a.warmup)
+        counter.reset()  # the barrier below hands no bytes to the counted collectives
+        sec = seconds_per_step(step, a.steps, barrier=topo.barrier)
         sec = max(topo.allgather_object(sec))  # the slowest rank sets the pace
         if algo is not None:
             algo.close()

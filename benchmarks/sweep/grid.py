@@ -21,9 +21,18 @@ ADAM_OPTIMIZERS = ("adam", "adamw")
 """Optimizers that have a beta1."""
 DEFAULT_OPTIMIZER = {"bmuf": "adam", "ssgd": "sgd", "adpsgd": "sgd"}
 """``--optimizer auto``: the papers' choices (BMUF-Adam; SGD for SSGD and ADPSGD)."""
-APPLIES_TO = {"sync_period": ("bmuf",), "adam_moments": ("bmuf",),
-              "super_learner_size": ("adpsgd",)}
-"""Algorithm-specific options and the algorithms that read them (beta1: Adam cells only)."""
+GRID_OPTIONS = ("sync_period", "adam_moments", "super_learner_size")
+"""Algorithm-specific options the grid has axes for (beta1: Adam cells only)."""
+
+
+def applies_to(option: str) -> tuple[str, ...]:
+    """The algorithms that read ``option``, from the registry (each algorithm's ``Options``).
+
+    Imported here, not at the top: the driver stays free of torch until a grid is built.
+    """
+    from hadpsgd.algorithms import specs
+
+    return tuple(s.name for s in specs() if option in {f.name for f in fields(s.options)})
 CONTROLLED_FLAGS = ("--algo", "--epochs", "--batch-size", "--preset", "--optimizer", "--beta1",
                     "--sync-period", "--adam-moments", "--super-learner-size",
                     "--ranks-per-node", "--seed", "--out-dir", "--resume")
@@ -164,7 +173,8 @@ def unused_options(spec: GridSpec) -> list[str]:
     given = {"sync_period": spec.sync_periods, "adam_moments": spec.adam_moments,
              "super_learner_size": spec.super_learner_sizes}
     notes = []
-    for option, algos in APPLIES_TO.items():
+    for option in GRID_OPTIONS:
+        algos = applies_to(option)
         if given[option] and not set(algos) & set(spec.algos):
             notes.append(f"--{option.replace('_', '-')} applies to {', '.join(algos)} only, "
                          "which is not in --algos: ignored")
@@ -193,9 +203,9 @@ def expand(spec: GridSpec) -> list[Cell]:
     cells: list[Cell] = []
     for algo in dict.fromkeys(spec.algos):
         extra = (*spec.extra, *spec.algo_extra.get(algo, []))
-        taus = _values(spec.sync_periods) if algo in APPLIES_TO["sync_period"] else [None]
-        moments = _values(spec.adam_moments) if algo in APPLIES_TO["adam_moments"] else [None]
-        sls = (_values(spec.super_learner_sizes) if algo in APPLIES_TO["super_learner_size"]
+        taus = _values(spec.sync_periods) if algo in applies_to("sync_period") else [None]
+        moments = _values(spec.adam_moments) if algo in applies_to("adam_moments") else [None]
+        sls = (_values(spec.super_learner_sizes) if algo in applies_to("super_learner_size")
                else [None])
         for gb, n, opt_name, seed in itertools.product(
                 _values(spec.global_batches), _values(spec.learners), _values(spec.optimizers),

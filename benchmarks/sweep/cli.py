@@ -24,44 +24,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._launch import ROOT, emit
-from benchmarks._sweep_grid import (
+from benchmarks._common.launch import emit
+from benchmarks.sweep.grid import (
     DEFAULT_OPTIMIZER,
     Cell,
     GridError,
     GridSpec,
     expand,
-    sbatch_script,
     shell_line,
     unused_options,
 )
-from benchmarks._sweep_results import (
+from benchmarks.sweep.results import (
     FINISHED,
     STATUS_DIVERGED,
     TABLE_HEADER,
     append_row,
-    build_row,
     finished_ids,
     format_row,
     latest_rows,
 )
-from hadpsgd.launch import Launcher, find_launcher, launch_env, mpirun_command
+from benchmarks.sweep.runner import cell_dir, collect, local_command, run_cell, write_sbatch
+from hadpsgd.launch import Launcher, find_launcher
+
+# cell_dir is the runner's, named here too: where a cell of this sweep writes its run.
+__all__ = ["MOMENT_STRATEGIES", "OPTIMIZERS", "build_parser", "cell_dir", "main", "parse",
+           "run_all"]
 
 OPTIMIZERS = ("auto", "sgd", "adam", "adamw")
 MOMENT_STRATEGIES = ("corrected", "average", "local", "reset")
-KILL_GRACE_S = 30.0
-"""After SIGTERM at the time limit, seconds before SIGKILL (hadpsgd.run checkpoints on TERM)."""
 
 
 def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
@@ -195,115 +192,6 @@ def _check_values(a: argparse.Namespace) -> str | None:
     return None
 
 
-def cell_dir(sweep_dir: Path, cell: Cell) -> Path:
-    """The cell's ``--out-dir``."""
-    return Path(sweep_dir) / "cells" / cell.id
-
-
-def local_command(cell: Cell, sweep_dir: Path, launcher: Launcher) -> list[str]:
-    """The ``mpirun ... python -m hadpsgd.run ...`` command of a cell on this machine."""
-    return mpirun_command(cell.learners, cell.run_args(str(cell_dir(sweep_dir, cell))),
-                          launcher=launcher, module="hadpsgd.run")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the run's process group (mpirun and its ranks): TERM, then KILL after a grace."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def run_cell(cell: Cell, sweep_dir: Path, launcher: Launcher, timeout: float) -> dict[str, Any]:
-    """Run one cell to completion, failure or its time limit; return its results row."""
-    out = cell_dir(sweep_dir, cell)
-    if out.exists():
-        # Left by a failed or interrupted attempt: metrics.jsonl is appended to, so a fresh
-        # run needs a fresh directory. The last attempt is kept beside it for inspection.
-        prev = out.with_name(out.name + ".prev")
-        shutil.rmtree(prev, ignore_errors=True)
-        out.rename(prev)
-    out.mkdir(parents=True)
-    cmd = local_command(cell, sweep_dir, launcher)
-    (out / "cell.json").write_text(json.dumps({"id": cell.id, "params": cell.params(),
-                                               "command": cmd}, indent=1) + "\n")
-    env = launch_env(nprocs=cell.learners)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    log = out / "run.log"
-    timed_out = False
-    tic = time.perf_counter()
-    with log.open("wb") as fh:
-        # Its own session, so a time limit or Ctrl-C ends mpirun and every rank it started.
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop(proc)
-            code = proc.poll()
-        except KeyboardInterrupt:
-            _stop(proc)
-            raise
-    wall = time.perf_counter() - tic
-    return build_row(cell.id, cell.params(), out, code, round(wall, 2), timed_out,
-                     shell_line(cmd), log)
-
-
-def collect(cells: Sequence[Cell], sweep_dir: Path) -> tuple[int, int]:
-    """Record cells that finished as sbatch jobs (their ``exit.json``); ``(recorded, pending)``."""
-    done = finished_ids(sweep_dir)
-    recorded = pending = 0
-    for cell in cells:
-        out = cell_dir(sweep_dir, cell)
-        if cell.id in done:
-            continue
-        status = out / "exit.json"
-        if not status.is_file():
-            pending += 1
-            continue
-        info = json.loads(status.read_text())
-        known = latest_rows(sweep_dir).get(cell.id)
-        if known and known.get("exit_json_mtime") == status.stat().st_mtime:
-            continue  # this attempt is already recorded (as failed)
-        row = build_row(cell.id, cell.params(), out, info.get("exit_code"), info.get("wall_s"),
-                        log=out / "run.log")
-        row["exit_json_mtime"] = status.stat().st_mtime
-        append_row(sweep_dir, row)
-        print(format_row(row))
-        recorded += 1
-    return recorded, pending
-
-
-def write_sbatch(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> int:
-    """Write a script per cell not yet finished and print how to submit them; the count."""
-    directory = sweep_dir / "sbatch" if a.sbatch is True else Path(a.sbatch)
-    directory.mkdir(parents=True, exist_ok=True)
-    done = finished_ids(sweep_dir)
-    count = 0
-    for cell in cells:
-        if cell.id in done:
-            print(f"# {cell.id}: finished, no script")
-            continue
-        out = cell_dir(sweep_dir, cell).resolve()
-        out.mkdir(parents=True, exist_ok=True)  # Slurm opens --output before the script runs
-        script = directory / f"{cell.id}.sbatch"
-        script.write_text(sbatch_script(cell, str(out), a.timeout, a.sbatch_launcher,
-                                        a.sbatch_python, a.gpus_per_node, a.sbatch_opt))
-        print(f"sbatch {shlex.quote(str(script))}")
-        count += 1
-    print(f"# {count} script(s) in {directory}; when the jobs are done: the same command with "
-          "--collect instead of --sbatch, then python -m benchmarks.plots "
-          f"{shlex.quote(str(sweep_dir))}")
-    return count
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; 0 when every cell finished (or nothing was to run), 1 if any failed."""
     a, spec = parse(sys.argv[1:] if argv is None else argv)
@@ -371,7 +259,3 @@ def run_all(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> in
                "seconds": round(time.perf_counter() - tic, 1)}
     emit(summary, a.json)
     return 1 if counts["failed"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

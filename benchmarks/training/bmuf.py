@@ -1,0 +1,88 @@
+"""BMUF throughput and traffic: frames/s at sync periods tau against local-only and SSGD.
+
+One mpirun job runs, on the same ranks, model and per-rank batch: local-only training (no
+communication at all), SSGD (a gradient allreduce every step) and BMUF at each tau (default
+1, 8, 32; BMUF-Adam with the corrected moments, so a sync sends parameters, m and v). It
+reports frames/s with the ratios to local-only and to SSGD, and the bytes each learner hands
+to collectives per step (across super-learners / inside a node) with the ratio SSGD / BMUF.
+Usage::
+
+    python benchmarks/bmuf.py [-n 4] [--ranks-per-node 1] [--preset small] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common.launch import emit, run_worker
+
+WORKER = "benchmarks.training.bmuf_worker"
+"""The module every rank of the job runs (all modes, one after the other)."""
+
+
+def run_job(n: int, rpn: int, worker_args: list[str], timeout: float) -> list[dict[str, Any]]:
+    """Run the worker on ``n`` ranks; returns its JSON rows (one per mode)."""
+    return run_worker(WORKER, worker_args, n, timeout, {"HADPSGD_RANKS_PER_NODE": str(rpn)})
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Ratios of every row to local-only (frames/s) and to SSGD (frames/s and bytes)."""
+    by_mode = {r["mode"]: r for r in rows}
+    local, ssgd = by_mode["local"], by_mode["ssgd"]
+    for r in rows:
+        r["fps_vs_local"] = r["frames_per_s"] / local["frames_per_s"]
+        r["fps_vs_ssgd"] = r["frames_per_s"] / ssgd["frames_per_s"]
+        r["ssgd_bytes_over_bytes"] = (ssgd["inter_bytes_per_step"] / r["inter_bytes_per_step"]
+                                      if r["inter_bytes_per_step"] else None)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The stdout table: one line per mode."""
+    lines = [f"{'mode':<11} {'s/step':>8} {'frames/s':>10} {'vs local':>8} {'vs ssgd':>8} "
+             f"{'inter B/step':>13} {'intra B/step':>13} {'ssgd B / B':>10}"]
+    for r in rows:
+        ratio = r["ssgd_bytes_over_bytes"]
+        lines.append(
+            f"{r['mode']:<11} {r['sec_per_step']:>8.4f} {r['frames_per_s']:>10.0f} "
+            f"{r['fps_vs_local']:>8.2f} {r['fps_vs_ssgd']:>8.2f} "
+            f"{r['inter_bytes_per_step']:>13,.0f} {r['intra_bytes_per_step']:>13,.0f} "
+            f"{'-' if ratio is None else f'{ratio:.2f}':>10}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every mode in one job; print the table and the JSON record."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--ranks", type=int, default=4)
+    p.add_argument("--ranks-per-node", type=int, default=1,
+                   help="learners per super-learner (emulated node); 1 = flat BMUF")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--batch", type=int, default=16, help="sub-sequences per rank per step")
+    p.add_argument("--classes", type=int, default=64)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+    p.add_argument("--adam-moments", default="corrected",
+                   choices=["corrected", "average", "local", "reset"])
+    p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
+    p.add_argument("--json", type=Path, help="also write the JSON record here")
+    p.add_argument("--timeout", type=float, default=900)
+    a = p.parse_args(argv)
+
+    rows = run_job(a.ranks, a.ranks_per_node,
+                   ["--preset", a.preset, "--batch", str(a.batch), "--classes", str(a.classes),
+                    "--optimizer", a.optimizer, "--adam-moments", a.adam_moments,
+                    "--steps", str(a.steps), "--taus", *map(str, a.taus)], a.timeout)
+    add_ratios(rows)
+    first = rows[0]
+    print(f"{first['preset']} BLSTM ({first['params']:,} parameters), {first['ranks']} ranks "
+          f"on {first['nodes']} super-learners, {first['batch_per_rank']} x 21 frames per rank, "
+          f"{a.optimizer} (BMUF moments: {a.adam_moments}), {a.steps} timed steps per mode")
+    print(table(rows))
+    record = {"benchmark": "bmuf", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "cpus": os.cpu_count(), "ranks_per_node": a.ranks_per_node, "rows": rows}
+    emit(record, a.json)
+    return 0

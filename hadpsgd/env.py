@@ -1,0 +1,290 @@
+"""``hadpsgd.env``: every ``HADPSGD_*`` environment variable the package reads, parsed in one place.
+
+======================  ==========  ================  ==============================================
+variable                type        default           meaning
+======================  ==========  ================  ==============================================
+HADPSGD_TIMEOUT         float > 0   300               deadline in seconds of every blocking
+                                                      communication (``inf``: none)
+HADPSGD_RANKS_PER_NODE  int >= 1    the real nodes    emulate nodes of this many consecutive ranks
+                                                      (same as ``--ranks-per-node``)
+HADPSGD_INTRA_BACKEND   choice      auto              intra-node backend (``auto``, ``mpi``,
+                                                      ``gloo`` or ``nccl``) when the flag
+                                                      ``--intra-backend`` is ``auto``
+HADPSGD_BUCKET_MB       float > 0   64                bucket size in MiB of large reductions when
+                                                      not given to ``init``
+HADPSGD_CUDA_AWARE      0 or 1      ask the library   declare the MPI library CUDA-aware (``1``) or
+                                                      not (``0``)
+HADPSGD_CACHE           directory   ~/.cache/hadpsgd  where the synthetic default data set is cached
+HADPSGD_DEBUG           bool        off               print full tracebacks for user errors too
+                                                      (``1``/``true``/``yes``/``on`` or
+                                                      ``0``/``false``/``no``/``off``)
+HADPSGD_FAULT           fault spec  none              fault injection, e.g.
+                                                      ``kind=hang,rank=1,step=5`` (grammar:
+                                                      :mod:`hadpsgd.faults`)
+HADPSGD_TRACE_CHUNKS    directory   no trace          where every rank logs the chunk indices of
+                                                      each step
+======================  ==========  ================  ==============================================
+
+The README's "Environment variables" table lists the same variables. A variable set to the
+empty string (or only blanks) counts as unset. Every bad value raises :class:`EnvError`, whose
+message names the variable, the value and what to set instead.
+
+This is the lowest layer of the package: it imports nothing from the rest of ``hadpsgd``, so
+that ``comm``, ``faults``, ``data`` and ``train`` can all read their settings through it.
+Values are read at every call, not cached: tests and launchers change the environment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+TIMEOUT = "HADPSGD_TIMEOUT"
+RANKS_PER_NODE = "HADPSGD_RANKS_PER_NODE"
+INTRA_BACKEND = "HADPSGD_INTRA_BACKEND"
+BUCKET_MB = "HADPSGD_BUCKET_MB"
+CUDA_AWARE = "HADPSGD_CUDA_AWARE"
+CACHE = "HADPSGD_CACHE"
+DEBUG = "HADPSGD_DEBUG"
+FAULT = "HADPSGD_FAULT"
+TRACE_CHUNKS = "HADPSGD_TRACE_CHUNKS"
+
+NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, CUDA_AWARE, CACHE,
+                          DEBUG, FAULT, TRACE_CHUNKS)
+"""Every variable of the table above."""
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Deadline in seconds when ``HADPSGD_TIMEOUT`` is not set."""
+DEFAULT_BUCKET_MB = 64.0
+"""Bucket size in MiB when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""
+INTRA_BACKEND_CHOICES: tuple[str, ...] = ("auto", "mpi", "gloo", "nccl")
+"""Values of ``HADPSGD_INTRA_BACKEND`` (the same as ``--intra-backend``)."""
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class EnvError(ValueError):
+    """A ``HADPSGD_*`` environment variable has a value that cannot be used.
+
+    A :class:`ValueError`, so callers that already treat ``ValueError`` as a user's mistake
+    keep doing so.
+    """
+
+
+def raw(name: str) -> str | None:
+    """The value of variable ``name`` without surrounding blanks; ``None`` when unset or blank.
+
+    Blank counts as unset so that ``VAR= cmd`` in a shell (or a launcher forwarding an empty
+    value) means the default rather than an error.
+    """
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _positive_float(name: str, default: float, example: str) -> float:
+    """Variable ``name`` as a number > 0 (``default`` when unset).
+
+    Args:
+        name: The variable.
+        default: Its value when unset.
+        example: What to set instead, for the error messages (e.g. ``"a deadline in seconds,
+            e.g. 300"``).
+
+    Raises:
+        EnvError: If it is set but is not a number > 0.
+    """
+    value = raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not a number; set it to {example}, or unset it "
+                       f"(default {default:g})") from None
+    # NaN passes neither "> 0" nor "<= 0": it would silently disable every comparison.
+    if math.isnan(number) or number <= 0:
+        raise EnvError(f"{name}={value!r} must be > 0; set it to {example}, or unset it "
+                       f"(default {default:g})")
+    return number
+
+
+def _directory(name: str) -> Path | None:
+    """Variable ``name`` as a directory path (``~`` expanded); ``None`` when unset.
+
+    The directory need not exist yet (its users create it), but a path that exists and is not
+    a directory can never work: better to say so here than fail later in ``mkdir`` or with a
+    confusing ``NotADirectoryError`` deep inside a writer.
+
+    Raises:
+        EnvError: If the path exists and is not a directory.
+    """
+    value = raw(name)
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise EnvError(f"{name}={value!r} is a file, not a directory; set it to a directory "
+                       "(it is created if missing), or unset it")
+    return path
+
+
+def timeout() -> float:
+    """``HADPSGD_TIMEOUT``: the deadline in seconds of every blocking communication.
+
+    Returns:
+        The deadline (default :data:`DEFAULT_TIMEOUT_S`); ``inf`` is allowed (no deadline).
+
+    Raises:
+        EnvError: If it is set but is not a number > 0.
+    """
+    return _positive_float(TIMEOUT, DEFAULT_TIMEOUT_S, "a deadline in seconds, e.g. 300")
+
+
+def bucket_mb() -> float:
+    """``HADPSGD_BUCKET_MB``: the bucket size in MiB of large reductions.
+
+    Returns:
+        The size (default :data:`DEFAULT_BUCKET_MB`).
+
+    Raises:
+        EnvError: If it is set but is not a number > 0.
+    """
+    return _positive_float(BUCKET_MB, DEFAULT_BUCKET_MB, "a size in MiB, e.g. 64")
+
+
+def ranks_per_node() -> int | None:
+    """``HADPSGD_RANKS_PER_NODE``: emulate nodes of this many consecutive ranks.
+
+    Returns:
+        The number of ranks per emulated node, or ``None`` when unset (the real nodes).
+
+    Raises:
+        EnvError: If it is set but is not an integer >= 1.
+    """
+    value = raw(RANKS_PER_NODE)
+    if value is None:
+        return None
+    hint = ("set it to the number of consecutive ranks that form one emulated node, or unset "
+            "it")
+    try:
+        number = int(value)
+    except ValueError:
+        raise EnvError(f"{RANKS_PER_NODE}={value!r} is not an integer; {hint}") from None
+    if number < 1:
+        raise EnvError(f"{RANKS_PER_NODE}={value!r} must be >= 1; {hint}")
+    return number
+
+
+def intra_backend() -> str:
+    """``HADPSGD_INTRA_BACKEND``: the intra-node backend used when ``--intra-backend auto``.
+
+    Returns:
+        One of :data:`INTRA_BACKEND_CHOICES` (default ``auto``).
+
+    Raises:
+        EnvError: If it is set to anything else.
+    """
+    value = raw(INTRA_BACKEND)
+    if value is None:
+        return "auto"
+    if value not in INTRA_BACKEND_CHOICES:
+        raise EnvError(f"{INTRA_BACKEND}={value!r} is unknown; choose one of "
+                       f"{', '.join(INTRA_BACKEND_CHOICES)}, or unset it")
+    return value
+
+
+def cuda_aware() -> bool | None:
+    """``HADPSGD_CUDA_AWARE``: whether the MPI library accepts CUDA device pointers.
+
+    Returns:
+        ``True`` for ``1``, ``False`` for ``0``, ``None`` when unset (ask the library).
+
+    Raises:
+        EnvError: If it is set to anything else: a typo such as ``yes`` must not silently
+            fall back to asking the library, the very thing the variable overrides.
+    """
+    value = raw(CUDA_AWARE)
+    if value is None:
+        return None
+    if value not in ("0", "1"):
+        raise EnvError(f"{CUDA_AWARE}={value!r} is neither 0 nor 1; set 1 if the MPI library "
+                       "is CUDA-aware, 0 if not, or unset it to ask the library")
+    return value == "1"
+
+
+def cache_dir() -> Path:
+    """``HADPSGD_CACHE``: where the synthetic default data set is cached.
+
+    Returns:
+        The directory (default ``~/.cache/hadpsgd``), which may not exist yet.
+
+    Raises:
+        EnvError: If it names something that exists and is not a directory.
+    """
+    return _directory(CACHE) or Path.home() / ".cache" / "hadpsgd"
+
+
+def debug() -> bool:
+    """``HADPSGD_DEBUG``: print full tracebacks for user errors too.
+
+    Returns:
+        Whether it is on (default off).
+
+    Raises:
+        EnvError: If it is set to something that is neither a yes nor a no (``1``, ``true``,
+            ``yes``, ``on`` / ``0``, ``false``, ``no``, ``off``, any case): ``0`` must not
+            mean "on", as any non-empty value once did.
+    """
+    value = raw(DEBUG)
+    if value is None:
+        return False
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise EnvError(f"{DEBUG}={value!r} is neither on nor off; set it to 1 for full tracebacks, "
+                   "0 or unset it for one-line errors")
+
+
+def fault_spec() -> str:
+    """``HADPSGD_FAULT``: the raw fault-injection spec (``""`` when unset).
+
+    Its grammar belongs to :mod:`hadpsgd.faults`, whose ``parse`` raises :class:`EnvError` on
+    a bad spec; this module only reads the string.
+    """
+    return raw(FAULT) or ""
+
+
+def trace_chunks_dir() -> Path | None:
+    """``HADPSGD_TRACE_CHUNKS``: where every rank logs the chunk indices of each step.
+
+    Returns:
+        The directory (created by the caller if missing), or ``None`` when unset (no trace).
+
+    Raises:
+        EnvError: If it names something that exists and is not a directory.
+    """
+    return _directory(TRACE_CHUNKS)
+
+
+def check() -> None:
+    """Parse every variable this module reads, so a bad one is reported before any work.
+
+    Each reader also checks at its own call; this lets an entry point fail at start-up, as a
+    user error, rather than hours into a run (a bad ``HADPSGD_DEBUG`` is otherwise only read
+    while reporting another error). ``HADPSGD_FAULT``'s grammar is checked by
+    :mod:`hadpsgd.faults`, not here.
+
+    Raises:
+        EnvError: For the first bad variable, in the order of the table.
+    """
+    timeout()
+    ranks_per_node()
+    intra_backend()
+    bucket_mb()
+    cuda_aware()
+    cache_dir()
+    debug()
+    trace_chunks_dir()

@@ -1,0 +1,60 @@
+"""Throughput window, progress bar and the training log line of one epoch."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hadpsgd.algorithms import Algorithm
+from hadpsgd.train.metrics import MetricsWriter
+
+
+class Progress:
+    """Counts steps since the last log line and writes it (frames/s, loss, algorithm figures).
+
+    Args:
+        algo: The algorithm (its :meth:`metrics` go into the log line).
+        metrics: The metrics writer.
+        frames_per_step: Frames of one global step (for frames/s).
+        total: Steps in the epoch; ``initial`` of them already done.
+        initial: Steps of the epoch already taken (after a resume).
+        desc: Progress-bar label.
+        bar: Whether to show a tqdm bar (rank 0 only).
+    """
+
+    def __init__(self, algo: Algorithm, metrics: MetricsWriter, frames_per_step: int,
+                 total: int, initial: int, desc: str, bar: bool) -> None:
+        self.algo = algo
+        self.metrics = metrics
+        self.frames_per_step = frames_per_step
+        self._bar: Any = None
+        if bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step",
+                             dynamic_ncols=True, mininterval=1.0)
+        self._tic, self._window = time.perf_counter(), 0
+
+    def step(self) -> None:
+        """One more step taken."""
+        self._window += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def log(self, step: int, epoch: int, lr: float, mean_loss: float) -> None:
+        """Write the training line for the steps since the last one, and restart the window."""
+        elapsed = time.perf_counter() - self._tic
+        fps = self._window * self.frames_per_step / max(elapsed, 1e-9)
+        extra = self.algo.metrics()
+        if self.algo.skipped_steps:
+            extra["skipped_steps"] = float(self.algo.skipped_steps)
+        self.metrics.write("train", step, epoch=epoch, lr=lr, loss=mean_loss,
+                           frames_per_s=round(fps, 1), **extra)
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{fps:.0f}")
+        self._tic, self._window = time.perf_counter(), 0
+
+    def close(self) -> None:
+        """Close the bar."""
+        if self._bar is not None:
+            self._bar.close()

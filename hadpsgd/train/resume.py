@@ -1,0 +1,102 @@
+"""``--resume``: the one home of the resume policy (which checkpoint, exact or carried over).
+
+An exact resume needs the checkpoint's world size and algorithm; anything else is refused
+unless ``--allow-resume-change``, which carries over the deployable model, the optimizer
+state (same optimizer only), and the epoch position scaled to the new global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hadpsgd.cli import ConfigError
+from hadpsgd.comm import Topology
+from hadpsgd.config import RunConfig
+from hadpsgd.train.checkpoint import latest_checkpoint, load_checkpoint
+from hadpsgd.train.evaluate import EvalResult
+from hadpsgd.train.loop import Position, Trainer
+
+
+def _say(topo: Topology, msg: str) -> None:
+    if topo.rank == 0:
+        print(f"[hadpsgd] {msg}", flush=True)
+
+
+def _find(trainer: Trainer, cfg: RunConfig, topo: Topology) -> str | None:
+    """The checkpoint to resume from: rank 0 picks and verifies it, every rank learns it."""
+    path = None
+    if topo.rank == 0:
+        if cfg.train.resume == "auto":
+            found = latest_checkpoint(trainer.ckpt_dir, report=lambda m: _say(topo, m))
+            path = str(found) if found is not None else None
+        else:
+            path = cfg.train.resume
+            load_checkpoint(path, verify=True)  # fail here, naming it, if it is bad
+    return topo.bcast_object(path, root=0)
+
+
+def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
+    """Load the checkpoint named by ``--resume`` into ``trainer`` (every rank alike).
+
+    Raises:
+        ConfigError: If the checkpoint was written with another world size or algorithm and
+            ``--allow-resume-change`` is not given.
+        hadpsgd.train.checkpoint.CheckpointError: If a named checkpoint is bad.
+    """
+    path = _find(trainer, cfg, topo)
+    if path is None:
+        _say(topo, f"--resume auto: no complete checkpoint in {trainer.ckpt_dir}, starting "
+                   "fresh")
+        return
+    state = load_checkpoint(path, verify=False)  # rank 0 verified the checksums
+    old_world, old_algo = state.get("world_size"), state.get("algo", {}).get("name")
+    changed = []
+    if old_world != topo.size:
+        changed.append(f"{old_world} learners (now {topo.size}; same -np {old_world} resumes "
+                       "exactly)")
+    if old_algo != cfg.train.algo:
+        changed.append(f"--algo {old_algo} (now {cfg.train.algo})")
+    if changed and not cfg.train.allow_resume_change:
+        raise ConfigError(f"checkpoint {path} was written with {' and '.join(changed)}; "
+                          "resume it as it was written, or pass --allow-resume-change to carry "
+                          "over its model and epoch (not an exact resume)")
+    if changed:
+        same_opt = state["config"]["optim"]["optimizer"] == cfg.optim.optimizer
+        summary = adopt(trainer, state, same_optimizer=same_opt)
+        _say(topo, f"resumed from {path} with a change ({'; '.join(changed)}): {summary}")
+        return
+    trainer.load_state_dict(state)
+    _say(topo, f"resumed from {path} at step {trainer.pos.global_step}")
+
+
+def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
+    """Continue from a checkpoint of another world size or algorithm (not exact).
+
+    Takes its deployable model (BMUF's global model), the optimizer state when the optimizer
+    is the same kind, the epoch, and the position inside the epoch scaled to the new global
+    batch; the algorithm's own state starts afresh from the weights.
+
+    Returns:
+        A one-line summary of what was carried over.
+    """
+    algo = trainer.algo
+    algo.model.load_state_dict(state.get("eval_model") or state["model"])
+    kept = ["model"]
+    if same_optimizer and "optimizer" in state.get("algo", {}):
+        try:
+            algo.optimizer.load_state_dict(state["algo"]["optimizer"])
+            kept.append("optimizer state")
+        except (ValueError, KeyError):
+            pass  # a different parameter layout: start the optimizer afresh
+    algo.restart_from_model()
+    old = Position(**state["progress"])
+    old_world = int(state.get("world_size") or trainer.topo.size)
+    old_global = old_world * int(state["config"]["train"]["batch_size"])
+    new_global = trainer.opts.batch_size * trainer.topo.size
+    steps = len(trainer.sampler)
+    step_in_epoch = min(old.step_in_epoch * old_global // new_global, steps)
+    trainer.pos = Position(old.epoch, step_in_epoch, old.global_step)
+    trainer.history = [EvalResult(**r) for r in state.get("history", [])]
+    return (f"carried over {', '.join(kept)}; epoch {old.epoch}, step {step_in_epoch} of "
+            f"{steps} in it (was {old.step_in_epoch} at global batch {old_global}, now "
+            f"{new_global})")

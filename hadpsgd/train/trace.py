@@ -1,0 +1,62 @@
+"""Which chunks each step trained on: the sampler's record, and the optional trace file.
+
+``HADPSGD_TRACE_CHUNKS=DIR`` makes every rank append one JSON line per step to
+``DIR/chunks-rank<r>.jsonl`` (the exact-resume tests compare these).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterator
+from typing import IO
+
+from hadpsgd import env
+from hadpsgd.data import ChunkBatchSampler
+
+
+class Recorder:
+    """A batch sampler that remembers, in order, the batches it handed to the loader.
+
+    The loader may prefetch, so the batch of the step just taken is the oldest handed one.
+    """
+
+    def __init__(self, sampler: ChunkBatchSampler) -> None:
+        self.sampler = sampler
+        self.handed: collections.deque[list[int]] = collections.deque()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.sampler:
+            self.handed.append(list(batch))
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks in the data set (the sampler's)."""
+        return self.sampler.num_chunks
+
+
+class ChunkTrace:
+    """The per-rank trace file of ``HADPSGD_TRACE_CHUNKS`` (a no-op when it is unset)."""
+
+    def __init__(self, rank: int) -> None:
+        self._file: IO[str] | None = None
+        trace_dir = env.trace_chunks_dir()
+        if trace_dir is not None:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(trace_dir / f"chunks-rank{rank}.jsonl", "a")  # noqa: SIM115
+
+    def write(self, step: int, epoch: int, chunks: list[int]) -> None:
+        """Record that ``step`` of ``epoch`` trained on ``chunks``."""
+        if self._file is not None:
+            self._file.write(json.dumps({"step": step, "epoch": epoch, "chunks": chunks}) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
