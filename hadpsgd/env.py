@@ -23,6 +23,10 @@ HADPSGD_FAULT           fault spec  none              fault injection, e.g.
                                                       :mod:`hadpsgd.faults`)
 HADPSGD_TRACE_CHUNKS    directory   no trace          where every rank logs the chunk indices of
                                                       each step
+HADPSGD_EMULATE_STEP    step spec   none              a fixed wait before every training forward,
+                                                      e.g. ``ms=40,rank=1,factor=2`` (rank 1 twice
+                                                      as slow): an emulated device step for
+                                                      benchmarks on shared cores
 ======================  ==========  ================  ==============================================
 
 The README's "Environment variables" table lists the same variables. A variable set to the
@@ -49,9 +53,10 @@ CACHE = "HADPSGD_CACHE"
 DEBUG = "HADPSGD_DEBUG"
 FAULT = "HADPSGD_FAULT"
 TRACE_CHUNKS = "HADPSGD_TRACE_CHUNKS"
+EMULATE_STEP = "HADPSGD_EMULATE_STEP"
 
 NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, CUDA_AWARE, CACHE,
-                          DEBUG, FAULT, TRACE_CHUNKS)
+                          DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -269,6 +274,45 @@ def trace_chunks_dir() -> Path | None:
     return _directory(TRACE_CHUNKS)
 
 
+def emulated_step_s(rank: int) -> float:
+    """``HADPSGD_EMULATE_STEP``: seconds this rank waits before every training forward.
+
+    The spec is ``ms=M`` (every rank waits M milliseconds) optionally with ``rank=R`` and
+    ``factor=K`` (rank R waits K times as long: a straggler). A wait, not computation, so
+    that ranks sharing a few cores do not slow each other down and the benchmark measures
+    the algorithm, not the machine.
+
+    Returns:
+        The wait in seconds (0 when unset).
+
+    Raises:
+        EnvError: For a malformed spec, naming the part and the grammar.
+    """
+    value = raw(EMULATE_STEP)
+    if value is None:
+        return 0.0
+    grammar = "ms=M[,rank=R,factor=K], e.g. ms=40,rank=1,factor=2"
+    parts: dict[str, float] = {}
+    for item in value.split(","):
+        key, sep, num = item.partition("=")
+        key = key.strip()
+        if not sep or key not in ("ms", "rank", "factor"):
+            raise EnvError(f"{EMULATE_STEP}={value!r}: {item.strip()!r} is not ms=, rank= or "
+                           f"factor=; set it to {grammar}, or unset it")
+        try:
+            parts[key] = float(num)
+        except ValueError:
+            raise EnvError(f"{EMULATE_STEP}={value!r}: {key}={num.strip()!r} is not a number; "
+                           f"set it to {grammar}, or unset it") from None
+    if "ms" not in parts or parts["ms"] < 0 or parts.get("factor", 1.0) <= 0:
+        raise EnvError(f"{EMULATE_STEP}={value!r} needs ms >= 0 (and factor > 0); set it to "
+                       f"{grammar}, or unset it")
+    wait = parts["ms"] / 1000.0
+    if "rank" in parts and int(parts["rank"]) == rank:
+        wait *= parts.get("factor", 1.0)
+    return wait
+
+
 def check() -> None:
     """Parse every variable this module reads, so a bad one is reported before any work.
 
@@ -288,3 +332,4 @@ def check() -> None:
     cache_dir()
     debug()
     trace_chunks_dir()
+    emulated_step_s(0)

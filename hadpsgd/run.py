@@ -64,6 +64,7 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
     start = time.perf_counter()
     with trainer.algo:
         history = trainer.run()
+    trainer.close()
     trainer.metrics.close()
     if topo.rank == 0 and not trainer.stopped_by:
         first, last = history[0], history[-1]

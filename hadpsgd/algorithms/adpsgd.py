@@ -8,8 +8,11 @@ background thread, without any global barrier. With one learner per super-learne
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +79,8 @@ class ADPSGD(Algorithm):
     """
 
     Options = ADPSGDOptions
+    asynchronous = True
+    separate_eval_model = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  max_grad_norm: float = 0.0, max_staleness: int = 0,
@@ -96,6 +101,9 @@ class ADPSGD(Algorithm):
         self._flag = torch.zeros(1, dtype=torch.float64)
         self._delta_buf = torch.zeros_like(self.flat)
         self.consensus_distance = float("nan")
+        self._average: torch.Tensor | None = None
+        """The replicas' average at the last :meth:`sync` (what is evaluated and deployed)."""
+        self._eval_model: nn.Module | None = None
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
         # rank makes it, the leaders use it.
@@ -175,18 +183,39 @@ class ADPSGD(Algorithm):
 
     # ------------------------------------------------------------------ agreement
     def sync(self) -> None:
-        """Average all replicas now (a global collective: before evaluation, checkpoints)."""
+        """Average the replicas into the evaluation model (before evaluation, checkpoints).
+
+        A global collective, but the replicas are left as they are: the paper has no global
+        averaging, and writing the average back would add it. A delta still in flight is
+        applied at the learner's next step, as usual.
+        """
         self._check_thread()
+        if self._average is None:
+            self._average = torch.empty_like(self.flat)
         with self.lock:
-            if self.thread is not None:
-                delta = self.thread.take_delta()
-                if delta is not None:
-                    self.flat.add_(self._on_device(delta))
-                    self.thread.applied()
-            mine = self.flat.clone()
-            self.topo.allreduce_(self.flat, op="avg")
-            dist = (mine - self.flat).double().pow(2).sum().reshape(1)
+            self._average.copy_(self.flat)
+        self.topo.allreduce_(self._average, op="avg")
+        dist = (self.flat - self._average).double().pow(2).sum().reshape(1)
         self.consensus_distance = float(self.topo.allreduce_(dist, op="avg").sqrt())
+
+    @contextlib.contextmanager
+    def evaluation_parameters(self) -> Iterator[nn.Module]:
+        """A copy of the model holding the replicas' average from the last :meth:`sync`.
+
+        A separate model, not the replica swapped in place: the gossip thread may snapshot
+        the replica at any time, and must see the learner's own parameters.
+        """
+        if self._average is None:
+            self.sync()
+        if self._eval_model is None:
+            self._eval_model = copy.deepcopy(self.model)
+        offset = 0
+        assert self._average is not None
+        for p in self._eval_model.parameters():
+            if p.requires_grad:
+                p.data.copy_(self._average[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        yield self._eval_model
 
     def metrics(self) -> dict[str, float]:
         """Gossip health: exchanges per step, staleness, last consensus distance."""

@@ -161,6 +161,10 @@ class Algorithm(ABC):
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
 
+    asynchronous = False
+    """Whether learners step at their own pace (ADPSGD): the training loop then gives them a
+    shared work-conserving data pool and keeps every global collective off the step path."""
+
     separate_eval_model = False
     """Whether :meth:`evaluation_parameters` differs from the local replica (BMUF), so that a
     checkpoint must store both."""

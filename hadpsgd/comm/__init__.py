@@ -4,10 +4,11 @@
 + MPI between nodes), ``broadcast_``, the gossip pair ``exchange`` and their deadlines.
 """
 
+from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
 from hadpsgd.comm.flat import FlatBuffer
 from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
 from hadpsgd.comm.topology import Topology, TopologyError
 
-__all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "CommTimeoutError", "FlatBuffer", "Topology",
-           "TopologyError", "Watchdog", "init", "timeout_from_env"]
+__all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "CommTimeoutError", "FlatBuffer",
+           "SharedCounter", "Topology", "TopologyError", "Watchdog", "init", "timeout_from_env"]

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 
 from hadpsgd.comm.backends import IntraBackend
+from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Path, Reducer, Route
 from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
@@ -214,6 +215,10 @@ class Topology:
         control = self.comm.Dup()
         return PairChannel(self.inter.Dup(), Watchdog(control, self.timeout),
                            self.inter_ranks, self.cuda_aware)
+
+    def shared_counter(self, slots: int) -> SharedCounter:
+        """Counters every learner updates one-sidedly (collective: every rank calls it)."""
+        return SharedCounter(self.comm.Dup(), self.watchdog, slots)
 
     def barrier(self) -> None:
         """Wait until every learner arrives (with the deadline)."""

@@ -15,7 +15,7 @@ from hadpsgd.data.format import (
     write_features,
 )
 from hadpsgd.data.loader import ChunkDataset, make_loader
-from hadpsgd.data.sampler import ChunkBatchSampler, chunk_starts
+from hadpsgd.data.sampler import ChunkBatchSampler, PooledBatchSampler, chunk_starts
 
 if TYPE_CHECKING:
     from hadpsgd.data.synth import SynthSpec, default_dataset, generate
@@ -34,5 +34,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["FORMAT_VERSION", "ChunkBatchSampler", "ChunkDataset", "FeatureFile",
-           "FeatureFileError", "FeatureWriter", "SynthSpec", "chunk_starts", "default_dataset",
-           "generate", "make_loader", "write_features"]
+           "FeatureFileError", "FeatureWriter", "PooledBatchSampler", "SynthSpec", "chunk_starts",
+           "default_dataset", "generate", "make_loader", "write_features"]

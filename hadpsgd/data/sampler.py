@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -150,3 +150,75 @@ class ChunkBatchSampler(Sampler[list[int]]):
             base, extra = divmod(self.remainder, self.world_size)
             lo = self.full_steps * g + r * base + min(r, extra)
             yield perm[lo:lo + base + (r < extra)].tolist()
+
+
+class PooledBatchSampler(ChunkBatchSampler):
+    """Work-conserving batches: every super-learner takes the next one from one shared pool.
+
+    The epoch's permutation is cut into learner-batches of ``batch_size`` chunks (the same
+    chunks the sharded sampler uses), grouped into *slots* of ``group_size`` learner-batches,
+    one per member of a super-learner. ``take()`` returns the next free slot index, shared by
+    all super-learners (an atomic counter; inside a super-learner its leader takes and the
+    members receive it), so a fast super-learner takes more slots than a slow one and nobody
+    waits; every slot is taken exactly once. A negative ticket means the leader closed.
+
+    Iteration stops at :attr:`limit` (a checkpoint, the epoch's end or ``--max-steps``, where
+    the learners meet): a slot taken at or past it is *held* and handed out first after the
+    meeting, so no slot is lost or taken twice. :meth:`close` stops taking (a stop request):
+    the batches already handed to the loader still come out, then the iteration ends.
+
+    Args:
+        num_chunks, batch_size, rank, world_size, seed: As for :class:`ChunkBatchSampler`.
+        take: Returns the next free slot index (the same pool on every learner), or a
+            negative number once the super-learner's leader has closed.
+        group_size: Learners per super-learner (a slot holds one batch for each).
+        group_rank: This learner's place in its super-learner.
+    """
+
+    def __init__(self, num_chunks: int, batch_size: int, rank: int, world_size: int,
+                 seed: int, take: Callable[[], int], group_size: int = 1,
+                 group_rank: int = 0) -> None:
+        super().__init__(num_chunks, batch_size, rank, world_size, seed, shuffle=True,
+                         drop_last=True)
+        if world_size % group_size or not 0 <= group_rank < group_size:
+            raise ValueError(f"group_size {group_size} must divide world_size {world_size} "
+                             f"and group_rank {group_rank} lie in it")
+        self.take = take
+        self.group_size = group_size
+        self.group_rank = group_rank
+        self.slots = self.full_steps * world_size // group_size
+        """Slots per epoch."""
+        self.limit = self.slots
+        """Slots at or past this index wait for the next meeting."""
+        self.held: int | None = None
+        """A slot taken past :attr:`limit`, to be trained after the meeting."""
+        self.last = -1
+        """The slot of the last batch handed out."""
+        self.closed = False
+        """Set by :meth:`close`: the next ticket is a refusal."""
+
+    def close(self) -> None:
+        """Take no more slots this segment (the loader still yields what it was handed)."""
+        self.closed = True
+
+    def open(self, limit: int) -> None:
+        """Start a segment: hand out slots below ``limit``."""
+        self.limit = min(limit, self.slots)
+        self.closed = False
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield the chunk indices of each slot this learner takes, until the segment ends."""
+        self._fresh = False
+        perm = self.permutation()
+        b = self.batch_size
+        while True:
+            slot = self.held if self.held is not None else self.take()
+            self.held = None
+            if slot < 0:
+                return
+            if slot >= self.limit:
+                self.held = slot if slot < self.slots else None
+                return
+            self.last = slot
+            lo = (slot * self.group_size + self.group_rank) * b
+            yield perm[lo:lo + b].tolist()

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from torch.nn import functional as F  # noqa: N812
 
-from hadpsgd import faults
+from hadpsgd import env, faults
 from hadpsgd.algorithms import Algorithm
-from hadpsgd.comm import Topology
-from hadpsgd.data import ChunkBatchSampler, ChunkDataset, make_loader
+from hadpsgd.comm import SharedCounter, Topology
+from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
 from hadpsgd.train.control import ControlPoint, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate
 from hadpsgd.train.metrics import MetricsWriter
+from hadpsgd.train.pooled import POOL_SLOTS, run_pooled_epoch, ticket_taker
 from hadpsgd.train.progress import Progress
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.stop import FLAG, StopFlag
@@ -95,14 +97,29 @@ class Trainer:
         self.stopped_by: str | None = None
         """Set when the run ended early on an agreed stop request (after its checkpoint)."""
         self.control = ControlPoint(topo, stop, opts.max_nonfinite)
-        self.sampler = ChunkBatchSampler(len(train_set), opts.batch_size, topo.rank, topo.size,
-                                         seed=opts.seed, shuffle=True, drop_last=True)
+        # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
+        # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
+        pooled = algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes
+        self.pool: SharedCounter | None = topo.shared_counter(POOL_SLOTS) if pooled else None
+        self.sampler: ChunkBatchSampler
+        if self.pool is None:
+            self.sampler = ChunkBatchSampler(len(train_set), opts.batch_size, topo.rank,
+                                             topo.size, seed=opts.seed, shuffle=True,
+                                             drop_last=True)
+        else:
+            self.sampler = PooledBatchSampler(
+                len(train_set), opts.batch_size, topo.rank, topo.size, seed=opts.seed,
+                take=ticket_taker(topo, self.pool, lambda: self.sampler),  # type: ignore
+                group_size=topo.local_size, group_rank=topo.local_rank)
+        self.pool_next = 0
+        """Pooled mode: the first slot of the current epoch not yet trained (all below are)."""
         self.recorder = Recorder(self.sampler)
         self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers)
         self._trace: ChunkTrace | None = None
         self._lr = 0.0
         # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
-        faults.plan()
+        self._inject = faults.active()
+        self._step_wait = env.emulated_step_s(topo.rank)
 
     @property
     def nonfinite(self) -> list[tuple[int, str]]:
@@ -127,6 +144,8 @@ class Trainer:
             "world_size": self.topo.size,
             "nonfinite": list(self.nonfinite),
         }
+        if self.pool is not None:
+            state["pool_next"] = self.pool_next
         if self.algo.separate_eval_model:
             state["eval_model"] = evaluated
         return state
@@ -138,6 +157,8 @@ class Trainer:
         self.pos = Position(**state["progress"])
         self.history = [EvalResult(**r) for r in state.get("history", [])]
         self.control.nonfinite[:] = [tuple(e) for e in state.get("nonfinite", [])]
+        # Pooled mode: the epoch's untrained slots start here (sharded mode: step_in_epoch).
+        self.pool_next = int(state.get("pool_next", self.pos.step_in_epoch * self.topo.num_nodes))
 
     def checkpoint(self) -> Path:
         """Sync the replicas and write a checkpoint (rank 0 writes; all ranks wait)."""
@@ -175,6 +196,7 @@ class Trainer:
                     self._evaluate()
                     self.pos.epoch += 1
                     self.pos.step_in_epoch = 0
+                    self.pool_next = 0
                     self.checkpoint()
                     if self._control(None):
                         return self.history
@@ -186,6 +208,12 @@ class Trainer:
             return self.history
         finally:
             self._trace.close()
+
+    def close(self) -> None:
+        """Release the shared data pool (collective: call it on every rank after :meth:`run`)."""
+        if self.pool is not None:
+            self.pool.free()
+            self.pool = None
 
     def _control(self, loss: Any, progress: Progress | None = None) -> bool:
         """Agree with every rank (see :mod:`hadpsgd.train.control`); True to stop now.
@@ -206,42 +234,56 @@ class Trainer:
                   "with --resume auto", flush=True)
         return True
 
-    def _epoch(self) -> None:
+    def _start_epoch(self) -> Progress:
+        """Set the epoch's learning rate and data order; the epoch's progress reporter."""
         epoch = self.pos.epoch
         self._lr = self.schedule.lr(epoch)
         set_lr(self.algo.optimizer, self._lr)
-        self.sampler.set_epoch(epoch, start_step=self.pos.step_in_epoch)
-        progress = Progress(self.algo, self.metrics,
-                            self.opts.batch_size * self.topo.size * self.train_set.chunk_len,
-                            len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
-                            bar=self.opts.progress and self.topo.rank == 0)
-        model = self.algo.model
-        model.train()
+        self.algo.model.train()
         self.recorder.handed.clear()
-        inject = faults.active()
-        watchdog = self.topo.watchdog
+        return Progress(self.algo, self.metrics,
+                        self.opts.batch_size * self.topo.size * self.train_set.chunk_len,
+                        len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
+                        bar=self.opts.progress and self.topo.rank == 0)
+
+    def _train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any:
+        """One forward/backward/algorithm step of this learner; returns the detached loss."""
+        epoch = self.pos.epoch
+        # Told to a peer whose collective times out waiting for this rank.
+        self.topo.watchdog.activity = (f"in training step {step} (epoch {epoch}), outside "
+                                       "communication")
+        poison = faults.hit("step", self.topo.rank, step) if self._inject else None
+        if self._step_wait:
+            time.sleep(self._step_wait)  # HADPSGD_EMULATE_STEP: an emulated device step
+        model = self.algo.model
+        logits = model(feats.to(self.topo.device))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                               labels.to(self.topo.device).reshape(-1))
+        if poison == "nan":
+            loss = loss * float("nan")
+        loss.backward()
+        self.algo.step()
+        self.algo.zero_grad()
+        loss = loss.detach()
+        loss_finite = math.isfinite(float(loss))
+        if not loss_finite or self.algo.local_nonfinite:
+            self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
+        self._trace.write(trace_step, epoch, self.recorder.handed.popleft())
+        self.topo.watchdog.activity = f"after step {step}: loading the next batch"
+        return loss
+
+    def _epoch(self) -> None:
+        if self.pool is not None:
+            run_pooled_epoch(self)
+            return
+        self.sampler.set_epoch(self.pos.epoch, start_step=self.pos.step_in_epoch)
+        progress = self._start_epoch()
         for feats, labels in self.loader:
             step = self.pos.global_step + 1
-            # Told to a peer whose collective times out waiting for this rank.
-            watchdog.activity = f"in training step {step} (epoch {epoch}), outside communication"
-            poison = faults.hit("step", self.topo.rank, step) if inject else None
-            logits = model(feats.to(self.topo.device))
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                   labels.to(self.topo.device).reshape(-1))
-            if poison == "nan":
-                loss = loss * float("nan")
-            loss.backward()
-            self.algo.step()
-            self.algo.zero_grad()
-            loss = loss.detach()
-            loss_finite = math.isfinite(float(loss))
-            if not loss_finite or self.algo.local_nonfinite:
-                self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
-            self._trace.write(step, epoch, self.recorder.handed.popleft())
+            loss = self._train_step(feats, labels, step, step)
             self.pos.step_in_epoch += 1
             self.pos.global_step += 1
             progress.step()
-            watchdog.activity = f"after step {step}: loading the next batch"
             log = step % self.opts.log_every == 0
             if ((log or step % self.opts.control_every == 0)
                     and self._control(loss, progress if log else None)):

@@ -79,3 +79,36 @@ def test_adpsgd_trains_end_to_end(tiny_data, tmp_path):
     trains = [m for m in recs if m["kind"] == "train"]
     assert all("exchanges_per_step" in m and "staleness" in m for m in trains)
     assert "2 emulated nodes" in res.stdout
+
+
+@pytest.mark.parametrize(("algo", "extra"), [("adpsgd", ["--super-learner-size", "1"]),
+                                             ("adpsgd", ["--super-learner-size", "2"]),
+                                             ("ssgd", [])])
+def test_a_straggler_does_not_hold_back_the_others(algo, extra, tiny_data, tmp_path):
+    """Through ``python -m hadpsgd.run``: learner 1's steps take 6x longer (an emulated device
+    step). ADPSGD's other super-learners keep their pace and take more batches from the shared
+    pool, which still hands out every chunk of an epoch exactly once; SSGD stays in lock step.
+    (Counts of batches, not times: a property that two busy cores cannot blur.)"""
+    out = tmp_path / "run"
+    res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", algo, *extra, "--train",
+                      str(tiny_data[0]), "--heldout", str(tiny_data[1]), "--preset", "tiny",
+                      "--epochs", "2", "--batch-size", "4", "--out-dir", str(out),
+                      "--no-progress", "--control-every", "3"],
+                  env={"HADPSGD_EMULATE_STEP": "ms=10,rank=1,factor=6",
+                       "HADPSGD_TRACE_CHUNKS": str(tmp_path / "trace")})
+    assert_ok(res)
+    records = {r: [json.loads(x) for x in (tmp_path / "trace" / f"chunks-rank{r}.jsonl")
+                   .read_text().splitlines()] for r in range(4)}
+    taken = {r: len(recs) for r, recs in records.items()}
+    for epoch in (0, 1):
+        chunks = [c for recs in records.values() for x in recs if x["epoch"] == epoch
+                  for c in x["chunks"]]
+        assert len(chunks) == len(set(chunks)), f"epoch {epoch}: a chunk was trained twice"
+    if algo == "ssgd":
+        assert len(set(taken.values())) == 1, taken
+        return
+    slow_group = [0, 1] if extra[-1] == "2" else [1]  # rank 1's super-learner goes at its pace
+    fast = [r for r in range(4) if r not in slow_group]
+    assert all(taken[r] >= 2 * taken[1] for r in fast), taken
+    assert sum(taken.values()) == len({(x["epoch"], x["step"]) for recs in records.values()
+                                      for x in recs}), "a slot was trained twice"

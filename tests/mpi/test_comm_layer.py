@@ -60,3 +60,10 @@ def test_missing_peer_is_named_within_deadline(nprocs, per_node):
     assert {int(r) for r, _ in errors} == set(range(1, nprocs)), res.output
     for _, msg in errors:
         assert "rank(s) 0 never arrived" in msg and "HADPSGD_TIMEOUT" in msg, msg
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_shared_counter_hands_out_each_ticket_once(nprocs):
+    res = run_worker(nprocs, "shared_counter")
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs

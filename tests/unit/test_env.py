@@ -40,6 +40,8 @@ CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
     ("HADPSGD_FAULT", env.fault_spec, "", " kind=nan,rank=1 ", "kind=nan,rank=1", []),
     ("HADPSGD_TRACE_CHUNKS", env.trace_chunks_dir, None, "/tmp/hadpsgd-t",
      Path("/tmp/hadpsgd-t"), ["<a file>"]),
+    ("HADPSGD_EMULATE_STEP", lambda: env.emulated_step_s(0), 0.0, "ms=40", 0.04,
+     ["40", "ms=x", "ms=-1"]),
 ]
 IDS = [c[0] for c in CASES]
 
