@@ -114,7 +114,8 @@ class GossipThread(threading.Thread):
         """
         with self._cond:
             self._closing = True
-            pending = None if self._taken else self._delta
+            # A copy: the termination rounds that follow reuse the receive buffer it lives in.
+            pending = None if self._taken or self._delta is None else self._delta.clone()
             self._delta = None
             self._taken = False
             self._cond.notify_all()
@@ -163,7 +164,9 @@ class GossipThread(threading.Thread):
         if self._send[n] == 0.0 or self._recv[n] == 0.0:
             self.skipped_nonfinite += 1
             return
-        delta = (self._recv[:n] - self._send[:n]).mul_(0.5)
+        # In place, in the receive buffer: no round starts before the main thread has applied
+        # this delta (see _loop), so the buffer is not reused while it is being read.
+        delta = self._recv[:n].sub_(self._send[:n]).mul_(0.5)
         self.exchanges += 1
         if not apply_now:
             with self._cond:
