@@ -37,6 +37,8 @@ class Trainer(Protocol):
     opts: Any
     pos: Any
     control: Any
+    algo: Any
+    metrics: Any
     pool_next: int
     _lr: float
 
@@ -138,6 +140,19 @@ def _meet(t: Trainer, sampler: PooledBatchSampler, epoch_base: int) -> None:
     t.pos.global_step = epoch_base + t.pos.step_in_epoch
 
 
+def _log_learners(t: Trainer, batches: int) -> None:
+    """At a meeting (a collective anyway): every learner's own pace and gossip figures.
+
+    The training lines carry rank 0's figures only; this ``learners`` record lists, by rank,
+    the batches each took this epoch and its exchanges per step and staleness.
+    """
+    mine = {"batches": batches, **t.algo.metrics()}
+    every = t.topo.allgather_object(mine)
+    keys = sorted({k for m in every for k in m})
+    t.metrics.write("learners", t.pos.global_step, epoch=t.pos.epoch,
+                    **{k: [m.get(k) for m in every] for k in keys})
+
+
 def run_pooled_epoch(t: Trainer) -> None:
     """Train the current epoch from the shared pool (see the module docstring)."""
     sampler = t.sampler
@@ -167,6 +182,7 @@ def run_pooled_epoch(t: Trainer) -> None:
                 if (stop or diverged) and t.topo.local_rank == 0:
                     sampler.close()  # the members follow with the leader's refusal ticket
         _meet(t, sampler, epoch_base)
+        _log_learners(t, local)
         # The meeting's agreement is the ordinary, blocking one: it stops or raises on every
         # learner alike (a stop request, or too many non-finite steps).
         if t._control(None):

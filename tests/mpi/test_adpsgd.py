@@ -112,3 +112,8 @@ def test_a_straggler_does_not_hold_back_the_others(algo, extra, tiny_data, tmp_p
     assert all(taken[r] >= 2 * taken[1] for r in fast), taken
     assert sum(taken.values()) == len({(x["epoch"], x["step"]) for recs in records.values()
                                       for x in recs}), "a slot was trained twice"
+    # each learner's pace is in the log (rank 0's training lines carry only its own figures)
+    learners = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "learners"]
+    assert [m["epoch"] for m in learners] == [0, 1]
+    assert sum(sum(m["batches"]) for m in learners) == sum(taken.values())
+    assert all(len(m["exchanges_per_step"]) == 4 for m in learners)
