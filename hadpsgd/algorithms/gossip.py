@@ -1,11 +1,15 @@
-"""The background gossip of ADPSGD: matched ring pairs, snapshot exchange, clean termination.
+"""ADPSGD's background gossip: ready ring neighbours pair up, exchange, terminate cleanly.
 
-Super-learners sit on a ring. In even rounds the pairs are (0,1), (2,3), ...; in odd rounds
-(1,2), (3,4), ... and, with an even count, (N-1, 0). Each round's pairing is a matching, so
-the mixing matrix of every round is symmetric and doubly stochastic, and an odd ring simply
-lets one super-learner sit out a round. Every thread walks the rounds in order and a round
-needs both partners, which rules out deadlock: the thread at the lowest round always has its
-partner waiting for it.
+Super-learners sit on a ring. A leader whose main thread has stepped becomes *ready* on a
+shared board (one slot per super-learner, one-sided atomics on rank 0's window: nobody
+waits for a call of anybody else's); it then pairs with whichever ring neighbour is ready
+first: it takes itself off the board (compare-and-swap ``READY -> LOCKED``), claims a ready
+neighbour (``READY -> MATCHED + me``), or, if neither is ready, goes back on the board, where a
+neighbour may claim it. A claimed leader sees its slot say ``MATCHED + peer``. Every pairing is
+mutual and each partner applies the exact negation of the other's delta, so gossip conserves
+the sum of the replicas and the mixing is symmetric and doubly stochastic; and a slow
+super-learner only slows the exchanges that involve it: its neighbours pair with their other
+neighbour meanwhile (the paper's ring lets either neighbour serve).
 """
 
 from __future__ import annotations
@@ -14,23 +18,19 @@ import math
 import random
 import threading
 import time
-from typing import Any
 
 import torch
 
 from hadpsgd import faults
-from hadpsgd.comm.pair import PairChannel, Pending
+from hadpsgd.comm.pair import PairChannel
+
+BUSY, READY, LOCKED, CLOSED, MATCHED = 0, 1, 2, 3, 16
+"""Board states of a super-learner; ``MATCHED + p``: claimed by (and paired with) ``p``."""
 
 
-def partner(node: int, num_nodes: int, round_: int) -> int | None:
-    """The super-learner that ``node`` averages with in ``round_``, or None if it sits out."""
-    if num_nodes < 2:
-        return None
-    first_even = round_ % 2 == 0
-    p = node + 1 if (node % 2 == 0) == first_even else node - 1
-    if num_nodes % 2 == 0:
-        return p % num_nodes  # the ring closes: (N-1, 0) in odd rounds
-    return p if 0 <= p < num_nodes else None
+def neighbours(node: int, num_nodes: int) -> list[int]:
+    """The ring neighbours of ``node`` (one for a ring of two, none alone)."""
+    return sorted({(node - 1) % num_nodes, (node + 1) % num_nodes} - {node})
 
 
 class GossipThread(threading.Thread):
@@ -66,6 +66,9 @@ class GossipThread(threading.Thread):
         self.num_nodes = channel.size
         self.jitter = jitter
         self.rng = random.Random(1000 + self.node)
+        self.peers = neighbours(self.node, self.num_nodes)
+        self.board = channel.board(self.num_nodes)
+        """One slot per super-learner: BUSY, READY, LOCKED, CLOSED or MATCHED + partner."""
         n = flat.numel()
         # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
         # both partners then skip the round, which keeps the pair's deltas opposite.
@@ -114,7 +117,7 @@ class GossipThread(threading.Thread):
         """
         with self._cond:
             self._closing = True
-            # A copy: the termination rounds that follow reuse the receive buffer it lives in.
+            # A copy: the exchanges of the termination reuse the receive buffer it lives in.
             pending = None if self._taken or self._delta is None else self._delta.clone()
             self._delta = None
             self._taken = False
@@ -132,21 +135,49 @@ class GossipThread(threading.Thread):
         seen = 0
         while True:
             with self._cond:
-                # Pace: one round per main-thread step, after the last delta was applied.
+                # Pace: at most one exchange per main-thread step, after the last delta was
+                # applied.
                 while not self._closing and (self._steps <= seen or self._delta is not None):
                     self._cond.wait(0.05)
                 if self._closing:
                     break
                 seen = self._steps
-            self._round(apply_now=False)
+            peer = self._pair()
+            if peer is not None:
+                self._exchange(peer, apply_now=False)
         self._terminate()
 
-    def _round(self, apply_now: bool, terminating: Any = None) -> None:
-        p = partner(self.node, self.num_nodes, self.rounds)
-        r = self.rounds
+    def _pair(self) -> int | None:
+        """Get on the board and wait to be paired with a ready ring neighbour.
+
+        Returns:
+            The partner, or None when closing came first (this leader is off the board).
+        """
+        board, me = self.board, self.node
+        board.compare_and_swap(me, BUSY, READY)
+        pause = 50e-6
+        while True:
+            state = board.get(me)
+            if state >= MATCHED:  # a neighbour claimed this leader
+                board.compare_and_swap(me, state, BUSY)
+                return state - MATCHED
+            if self._closing:
+                if board.compare_and_swap(me, READY, BUSY) == READY:
+                    return None
+                continue  # claimed just now: the next read says by whom
+            if board.compare_and_swap(me, READY, LOCKED) == READY:
+                # Off the board while claiming, so nobody claims this leader meanwhile.
+                for j in self.rng.sample(self.peers, len(self.peers)):
+                    if board.compare_and_swap(j, READY, MATCHED + me) == READY:
+                        board.compare_and_swap(me, LOCKED, BUSY)
+                        return j
+                board.compare_and_swap(me, LOCKED, READY)
+            time.sleep(pause)
+            pause = min(2 * pause, 2e-3)  # idle leaders need not spin at full speed
+
+    def _exchange(self, p: int, apply_now: bool) -> None:
+        """Swap snapshots with partner ``p`` and publish (or apply) the delta."""
         self.rounds += 1
-        if p is None:
-            return
         if faults.active():  # tests: an exception in this thread, not the main one
             faults.hit("gossip", self.world_ranks[self.node], self._steps)
         if self.jitter:
@@ -156,16 +187,15 @@ class GossipThread(threading.Thread):
             self._send[:n].copy_(self.flat)
         # One sum: NaN and Inf propagate through it (a scan of every element costs far more).
         self._send[n] = 1.0 if math.isfinite(float(self._send[:n].sum())) else 0.0
-        what = (f"gossip exchange (round {r}) between super-learner {self.node} and "
-                f"{p} (rank {self.world_ranks[p]})")
-        # While terminating, keep the termination agreement moving as we wait (_terminate).
-        self.channel.exchange(self._send, self._recv, p, tag=r % 32_000, what=what,
-                              progress=terminating)
+        what = (f"gossip exchange between super-learner {self.node} and {p} (rank "
+                f"{self.world_ranks[p]})")
+        # A pair's exchanges are matched in order (MPI does not overtake): one tag suffices.
+        self.channel.exchange(self._send, self._recv, p, tag=0, what=what)
         if self._send[n] == 0.0 or self._recv[n] == 0.0:
             self.skipped_nonfinite += 1
             return
-        # In place, in the receive buffer: no round starts before the main thread has applied
-        # this delta (see _loop), so the buffer is not reused while it is being read.
+        # In place, in the receive buffer: no exchange starts before the main thread has
+        # applied this delta (see _loop), so the buffer is not reused while it is being read.
         delta = self._recv[:n].sub_(self._send[:n]).mul_(0.5)
         self.exchanges += 1
         if not apply_now:
@@ -181,33 +211,20 @@ class GossipThread(threading.Thread):
                 self.flat.add_(delta)
 
     def _terminate(self) -> None:
-        """Serve rounds until every super-learner is closing, then up to an agreed last round.
+        """Leave the board for good, then wait for every leader to have left it too.
 
-        Closing leaders enter a non-blocking barrier and keep exchanging (a learner far
-        behind still needs its partners). When the barrier completes, each contributes the
-        number of rounds it has started to a MAX reduction, and every thread finishes exactly
-        that many rounds, so no exchange is left without its partner.
+        A neighbour that claimed this leader just before is still served (its exchange is
+        committed); once the slot says ``CLOSED`` nobody can claim it, so after the final
+        barrier no exchange is left without its partner.
         """
-        barrier = self.channel.start_barrier()
-        agreed: list[Pending] = []
-
-        def drive() -> None:
-            if not agreed and barrier.done():
-                agreed.append(self.channel.start_max(self.rounds))
-
-        deadline = time.monotonic() + self.watchdog.timeout
+        board, me = self.board, self.node
         while True:
-            drive()
-            final = agreed[0].value if agreed and agreed[0].done() else None
-            if final is not None and self.rounds >= final:
-                return
-            if agreed and final is None:
-                # Agreement in flight: start no new round until the last one is known.
-                if time.monotonic() > deadline:
-                    self.watchdog.fail("gossip termination agreement", None)
-                time.sleep(1e-3)
-                continue
-            self._round(apply_now=True, terminating=drive)
-            deadline = time.monotonic() + self.watchdog.timeout
-            if final is None:
-                time.sleep(2e-3)  # closing peers need not spin at full speed
+            state = board.get(me)
+            if state >= MATCHED:
+                board.compare_and_swap(me, state, BUSY)
+                self._exchange(state - MATCHED, apply_now=True)
+            elif board.compare_and_swap(me, state, CLOSED) == state:
+                break
+        barrier = self.channel.start_barrier()
+        self.watchdog.wait_until(barrier.done, "gossip termination", None)
+        board.free()

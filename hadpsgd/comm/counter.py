@@ -55,6 +55,21 @@ class SharedCounter:
         self.win.Flush(0)
         return old
 
+    def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
+        """Atomically set ``slot`` to ``new`` if it holds ``expected``; return its old value."""
+        MPI = self._mpi  # noqa: N806
+        i64 = MPI.INT64_T
+        old = np.empty(1, dtype=np.int64)
+        self.win.Compare_and_swap([np.array([new], dtype=np.int64), i64],
+                                  [np.array([expected], dtype=np.int64), i64],
+                                  [old, i64], 0, slot)
+        self.win.Flush(0)
+        return int(old[0])
+
+    def get(self, slot: int) -> int:
+        """The current value of one slot (an atomic read)."""
+        return int(self.add([0], first=slot)[0])
+
     def take(self, slot: int = 0) -> int:
         """Atomically increment ``slot`` and return its value before (a ticket)."""
         return int(self.add([1], first=slot)[0])

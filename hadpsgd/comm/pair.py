@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager
@@ -98,6 +99,10 @@ class PairChannel:
         self.watchdog.wait_all(reqs, what, [self.world_ranks[peer]], progress=progress)
         if rhost is not None:
             recv.copy_(rhost)
+
+    def board(self, slots: int) -> SharedCounter:
+        """Shared counters over this channel's ranks (collective over the channel)."""
+        return SharedCounter(self.comm.Dup(), self.watchdog, slots)
 
     def start_barrier(self) -> Pending:
         """Begin a non-blocking barrier over the channel."""

@@ -1,39 +1,84 @@
-import numpy as np
+"""The gossip pairing protocol without processes: ready ring neighbours pair up mutually.
+
+The board is the one-sided counter of the comm layer in the real run; here an in-process
+stand-in with the same atomic compare-and-swap runs the very ``_pair`` code of the thread.
+"""
+
+import collections
+import random
+import threading
+import time
+
 import pytest
+import torch
 
-from hadpsgd.algorithms.gossip import partner
-
-
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8])
-def test_rounds_are_matchings_with_symmetric_doubly_stochastic_mixing(n):
-    for r in range(6):
-        mix = np.zeros((n, n))
-        for i in range(n):
-            p = partner(i, n, r)
-            if p is None:
-                mix[i, i] = 1.0
-                continue
-            assert p != i and partner(p, n, r) == i  # matched: no one waits forever
-            assert (p - i) % n in (1, n - 1)  # a ring neighbour
-            mix[i, i] = mix[i, p] = 0.5
-        assert np.allclose(mix, mix.T)
-        assert np.allclose(mix.sum(0), 1) and np.allclose(mix.sum(1), 1)
-        sitting = sum(partner(i, n, r) is None for i in range(n))
-        assert sitting == n % 2  # only an odd ring leaves one out
+from hadpsgd.algorithms.gossip import CLOSED, GossipThread, neighbours
 
 
-@pytest.mark.parametrize("n", [3, 4, 5])
-def test_alternating_rounds_mix_to_consensus(n):
-    w = np.arange(n, dtype=float)
-    for r in range(200):
-        new = w.copy()
-        for i in range(n):
-            p = partner(i, n, r)
-            if p is not None:
-                new[i] = (w[i] + w[p]) / 2
-        w = new
-    assert np.allclose(w, (n - 1) / 2)
+class Board:
+    """Slots with atomic compare-and-swap (what SharedCounter gives over MPI)."""
+
+    def __init__(self, n: int) -> None:
+        self.slots = [0] * n
+        self.lock = threading.Lock()
+
+    def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
+        with self.lock:
+            old = self.slots[slot]
+            if old == expected:
+                self.slots[slot] = new
+            return old
+
+    def get(self, slot: int) -> int:
+        with self.lock:
+            return self.slots[slot]
 
 
-def test_single_super_learner_has_no_partner():
-    assert partner(0, 1, 0) is None
+class Channel:
+    def __init__(self, rank: int, size: int, board: Board) -> None:
+        self.rank, self.size, self._board = rank, size, board
+        self.watchdog = None
+        self.world_ranks = list(range(size))
+
+    def board(self, slots: int) -> Board:
+        return self._board
+
+
+def test_neighbours_on_rings():
+    assert neighbours(0, 1) == []
+    assert neighbours(0, 2) == [1] and neighbours(1, 2) == [0]
+    assert neighbours(0, 5) == [1, 4] and neighbours(3, 5) == [2, 4]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_pairings_are_mutual_ring_neighbours_and_a_slow_one_is_not_waited_for(n):
+    board = Board(n)
+    threads = [GossipThread(torch.zeros(3), threading.Lock(), Channel(i, n, board))
+               for i in range(n)]
+    seen: dict[int, list[int]] = collections.defaultdict(list)
+
+    def work(i: int) -> None:
+        rng = random.Random(i)
+        # As in the thread's loop: pair until closing (set by the "main thread" below); a
+        # pairing that comes while closing is still served.
+        while (p := threads[i]._pair()) is not None:
+            seen[i].append(p)
+            # node 0 is slow between its pairings; the others are quick
+            time.sleep(0.02 if i == 0 else rng.uniform(0, 0.002))
+        assert board.compare_and_swap(i, 0, CLOSED) == 0
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)
+    for t in threads:
+        t._closing = True
+    for w in workers:
+        w.join(10)
+        assert not w.is_alive(), "a leader never got off the board"
+    pairs = collections.Counter((i, p) for i, ps in seen.items() for p in ps)
+    for (i, p), count in pairs.items():
+        assert p in neighbours(i, n)
+        assert pairs[(p, i)] == count  # every pairing is seen from both sides
+    if n >= 3:  # the fast ones paired far more often than the slow one's pace allows
+        assert len(seen[2]) > 2 * len(seen[0])
