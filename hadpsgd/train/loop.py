@@ -116,7 +116,8 @@ class Trainer:
         self.recorder = Recorder(self.sampler)
         self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers)
         self._trace: ChunkTrace | None = None
-        self._lr = 0.0
+        self.lr = 0.0
+        """The learning rate of the current epoch (set by :meth:`start_epoch`)."""
         # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
         self._inject = faults.active()
         self._step_wait = env.emulated_step_s(topo.rank)
@@ -198,7 +199,7 @@ class Trainer:
                     self.pos.step_in_epoch = 0
                     self.pool_next = 0
                     self.checkpoint()
-                    if self._control(None):
+                    if self.agree(None):
                         return self.history
             # Stopped inside an epoch by max_steps (or resumed a finished run): still leave
             # a held-out figure and a checkpoint of the final state.
@@ -215,14 +216,14 @@ class Trainer:
             self.pool.free()
             self.pool = None
 
-    def _control(self, loss: Any, progress: Progress | None = None) -> bool:
+    def agree(self, loss: Any, progress: Progress | None = None) -> bool:
         """Agree with every rank (see :mod:`hadpsgd.train.control`); True to stop now.
 
         With ``progress``, the agreed mean loss goes into the training log.
         """
         verdict = self.control.agree(loss)
         if progress is not None and verdict.mean_loss is not None:
-            progress.log(self.pos.global_step, self.pos.epoch, self._lr, verdict.mean_loss)
+            progress.log(self.pos.global_step, self.pos.epoch, self.lr, verdict.mean_loss)
         if verdict.stopped_by is None:
             return False
         self.stopped_by = verdict.stopped_by
@@ -234,11 +235,11 @@ class Trainer:
                   "with --resume auto", flush=True)
         return True
 
-    def _start_epoch(self) -> Progress:
+    def start_epoch(self) -> Progress:
         """Set the epoch's learning rate and data order; the epoch's progress reporter."""
         epoch = self.pos.epoch
-        self._lr = self.schedule.lr(epoch)
-        set_lr(self.algo.optimizer, self._lr)
+        self.lr = self.schedule.lr(epoch)
+        set_lr(self.algo.optimizer, self.lr)
         self.algo.model.train()
         self.recorder.handed.clear()
         return Progress(self.algo, self.metrics,
@@ -246,7 +247,7 @@ class Trainer:
                         len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
                         bar=self.opts.progress and self.topo.rank == 0)
 
-    def _train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any:
+    def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any:
         """One forward/backward/algorithm step of this learner; returns the detached loss."""
         epoch = self.pos.epoch
         # Told to a peer whose collective times out waiting for this rank.
@@ -277,16 +278,16 @@ class Trainer:
             run_pooled_epoch(self)
             return
         self.sampler.set_epoch(self.pos.epoch, start_step=self.pos.step_in_epoch)
-        progress = self._start_epoch()
+        progress = self.start_epoch()
         for feats, labels in self.loader:
             step = self.pos.global_step + 1
-            loss = self._train_step(feats, labels, step, step)
+            loss = self.train_step(feats, labels, step, step)
             self.pos.step_in_epoch += 1
             self.pos.global_step += 1
             progress.step()
             log = step % self.opts.log_every == 0
             if ((log or step % self.opts.control_every == 0)
-                    and self._control(loss, progress if log else None)):
+                    and self.agree(loss, progress if log else None)):
                 break
             if self.opts.checkpoint_every and step % self.opts.checkpoint_every == 0:
                 self.checkpoint()

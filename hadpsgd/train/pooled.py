@@ -40,16 +40,16 @@ class Trainer(Protocol):
     algo: Any
     metrics: Any
     pool_next: int
-    _lr: float
+    lr: float
 
     @property
     def nonfinite(self) -> list[tuple[int, str]]: ...  # noqa: D102
 
-    def _start_epoch(self) -> Any: ...  # noqa: D102
+    def start_epoch(self) -> Any: ...  # noqa: D102
 
-    def _train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any: ...  # noqa: D102
+    def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any: ...  # noqa: D102
 
-    def _control(self, loss: Any, progress: Any = None) -> bool: ...  # noqa: D102
+    def agree(self, loss: Any, progress: Any = None) -> bool: ...  # noqa: D102
 
     def checkpoint(self) -> Any: ...  # noqa: D102
 
@@ -162,7 +162,7 @@ def run_pooled_epoch(t: Trainer) -> None:
     sampler.held = None
     t.pool.reset([t.pool_next, 0, 0, 0, 0])  # collective: every learner starts the epoch here
     signals = _Signals(t)
-    progress = t._start_epoch()
+    progress = t.start_epoch()
     local = 0
     while True:
         end = _segment_end(t, sampler, epoch_base)
@@ -172,20 +172,20 @@ def run_pooled_epoch(t: Trainer) -> None:
             slot = sampler.last
             step = epoch_base + slot // t.topo.num_nodes + 1  # the global step of this batch
             trace_key = (t.pos.epoch * sampler.slots + slot) * t.topo.local_size
-            loss = t._train_step(feats, labels, step, trace_key + t.topo.local_rank)
+            loss = t.train_step(feats, labels, step, trace_key + t.topo.local_rank)
             progress.step()
             log = local % t.opts.log_every == 0
             if log or local % t.opts.control_every == 0:
                 stop, diverged, mean = signals.post(loss, log)
                 if mean is not None:
-                    progress.log(step, t.pos.epoch, t._lr, mean)
+                    progress.log(step, t.pos.epoch, t.lr, mean)
                 if (stop or diverged) and t.topo.local_rank == 0:
                     sampler.close()  # the members follow with the leader's refusal ticket
         _meet(t, sampler, epoch_base)
         _log_learners(t, local)
         # The meeting's agreement is the ordinary, blocking one: it stops or raises on every
         # learner alike (a stop request, or too many non-finite steps).
-        if t._control(None):
+        if t.agree(None):
             break
         if t.pool_next >= sampler.slots:
             break  # the epoch is done
