@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -192,8 +193,9 @@ class PooledBatchSampler(ChunkBatchSampler):
         """Slots at or past this index wait for the next meeting."""
         self.held: int | None = None
         """A slot taken past :attr:`limit`, to be trained after the meeting."""
-        self.last = -1
-        """The slot of the last batch handed out."""
+        self.handed: collections.deque[int] = collections.deque()
+        """Slots handed to the loader and not yet trained, oldest first (a loader with
+        workers prefetches: the step being trained is the oldest, not the last)."""
         self.closed = False
         """Set by :meth:`close`: the next ticket is a refusal."""
 
@@ -219,6 +221,6 @@ class PooledBatchSampler(ChunkBatchSampler):
             if slot >= self.limit:
                 self.held = slot if slot < self.slots else None
                 return
-            self.last = slot
+            self.handed.append(slot)
             lo = (slot * self.group_size + self.group_rank) * b
             yield perm[lo:lo + b].tolist()

@@ -160,6 +160,7 @@ def run_pooled_epoch(t: Trainer) -> None:
     epoch_base = t.pos.global_step - t.pos.step_in_epoch
     sampler.set_epoch(t.pos.epoch)
     sampler.held = None
+    sampler.handed.clear()
     t.pool.reset([t.pool_next, 0, 0, 0, 0])  # collective: every learner starts the epoch here
     signals = _Signals(t)
     progress = t.start_epoch()
@@ -169,7 +170,7 @@ def run_pooled_epoch(t: Trainer) -> None:
         sampler.open(end)
         for feats, labels in t.loader:
             local += 1
-            slot = sampler.last
+            slot = sampler.handed.popleft()
             step = epoch_base + slot // t.topo.num_nodes + 1  # the global step of this batch
             trace_key = (t.pos.epoch * sampler.slots + slot) * t.topo.local_size
             loss = t.train_step(feats, labels, step, trace_key + t.topo.local_rank)
