@@ -98,7 +98,8 @@ def cuda_support() -> tuple[bool, str]:
     query = getattr(lib, "MPIX_Query_cuda_support", None)
     if query is not None:
         query.restype = ctypes.c_int
-        return bool(query()), f"{name}: MPIX_Query_cuda_support() = {int(query())}"
+        answer = int(query())  # asked once: the reason must report the answer used
+        return bool(answer), f"{name}: MPIX_Query_cuda_support() = {answer}"
     gpu_query = getattr(lib, "MPIX_GPU_query_support", None)
     if gpu_query is not None:
         flag = ctypes.c_int(0)
