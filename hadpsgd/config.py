@@ -74,14 +74,19 @@ class ModelConfig:
             )
 
 
+DEFAULT_LR: dict[str, float] = {"sgd": 0.5, "adam": 0.004, "adamw": 0.004}
+"""--lr at --base-batch 128 when none is given, per optimizer."""
+
+
 @dataclass
 class OptimConfig:
     """Optimizer and the learning-rate recipe (h-adpsgd paper, section 3)."""
 
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
     """Local optimizer of every learner."""
-    lr: float = 0.5
-    """Learning rate at --base-batch sub-sequences; scaled linearly with the global batch."""
+    lr: float | None = None
+    """Learning rate at --base-batch sub-sequences; scaled linearly with the global batch.
+    Default: 0.5 for sgd, 0.004 for adam/adamw (1e-3 at a batch of 32)."""
     base_batch: int = 128
     """Global batch (sub-sequences) at which --lr applies: lr = lr * global_batch / base_batch."""
     momentum: float = 0.9
@@ -89,7 +94,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     """Weight decay (L2 for sgd/adam, decoupled for adamw)."""
     beta1: float = 0.9
-    """Adam beta1."""
+    """Adam beta1 (--algo bmuf: 0.5, the BMUF-Adam paper's)."""
     beta2: float = 0.999
     """Adam beta2."""
     warmup_epochs: int = 1
@@ -100,6 +105,11 @@ class OptimConfig:
     """Clip the averaged gradient to this global L2 norm before the step; 0 disables."""
 
     def __post_init__(self) -> None:
+        if self.optimizer not in DEFAULT_LR:
+            raise ConfigError(f"--optimizer must be one of {', '.join(DEFAULT_LR)}, got "
+                              f"{self.optimizer!r}")
+        if self.lr is None:  # resolved here, so config.json records the rate used
+            self.lr = DEFAULT_LR[self.optimizer]
         _positive(self, "lr", "base_batch")
         _positive(self, "momentum", "weight_decay", "warmup_epochs", "max_grad_norm",
                   allow_zero=True)
@@ -146,6 +156,9 @@ class TrainConfig:
     """Steps with a non-finite loss or gradient are skipped by every learner sharing them; more
     than this many such events (rank x step) stop the run with an error naming them (0: stop
     at the first)."""
+    max_loss_ratio: float = 5.0
+    """Stop the run as diverged when the held-out loss, or the training loss at 3 control
+    points in a row, exceeds this many times the run's starting training loss (0: never)."""
     tensorboard: bool = False
     """Also write TensorBoard event files (needs pip install 'hadpsgd[tb]')."""
     progress: bool = True
@@ -161,6 +174,9 @@ class TrainConfig:
         _positive(self, "control_every")
         _positive(self, "max_steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite",
                   allow_zero=True)
+        if self.max_loss_ratio and self.max_loss_ratio <= 1.0:
+            raise ConfigError(f"--max-loss-ratio must be > 1 (or 0 to disable the divergence "
+                              f"check), got {self.max_loss_ratio}")
         if self.resume == "auto" and self.out_dir is None:
             raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
 
@@ -263,9 +279,16 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         description="Train the SWB BLSTM with SSGD, ADPSGD / H-ADPSGD or BMUF over MPI. "
                     "Launch with mpirun (one process per learner). Algorithms: "
                     + "; ".join(f"{s.name}: {s.description}" for s in algorithms.specs()),
+        epilog=" ".join(s.options.recipe_help for s in algorithms.specs()
+                        if s.options.recipe_help) or None,
     )
     add_arguments(parser, RunConfig)
     ns = parser.parse_args(argv)
+    # The chosen algorithm's recipe fills options the user left out (BMUF: BMUF-Adam).
+    algo = getattr(ns, "algo", TrainConfig.algo)
+    if algo in algorithms.names():
+        for name, value in algorithms.get(algo).Options.recipe(vars(ns)).items():
+            setattr(ns, name, value)
     try:
         cfg = from_namespace(RunConfig, ns)
     except ConfigError as err:

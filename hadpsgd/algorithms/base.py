@@ -6,10 +6,10 @@ import contextlib
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -33,6 +33,23 @@ class AlgoOptions:
     def ranks_per_node(self) -> int | None:
         """Learners per super-learner this algorithm asks for (None: the nodes as they are)."""
         return None
+
+    # One line for --help: the defaults recipe() sets (empty if none). A comment, not a
+    # docstring, so that the generated CLI does not take it for an option.
+    recipe_help: ClassVar[str] = ""
+
+    @classmethod
+    def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults this algorithm gives to options the user did not set.
+
+        Args:
+            given: The options set on the command line (flag names with ``_``).
+
+        Returns:
+            Option name -> value, only for options absent from ``given``; shared options
+            (``optimizer``, ``beta1``) as well as the algorithm's own.
+        """
+        return {}
 
 
 @dataclass(frozen=True)
@@ -119,6 +136,8 @@ class Algorithm(ABC):
     name: str = "base"
     Options: type[AlgoOptions] = AlgoOptions
     """This algorithm's command-line options (none beyond the shared ones by default)."""
+    divergence_hint: str = ""
+    """This algorithm's advice when its run diverges (a sentence, or empty)."""
 
     @classmethod
     def options_of(cls, algo_cfg: Any) -> AlgoOptions:
@@ -245,6 +264,13 @@ class Algorithm(ABC):
     def sync(self) -> None:  # noqa: B027 - a no-op is right for always-synchronous algorithms
         """Force agreement of the replicas now (before evaluation and checkpoints)."""
 
+    def finish(self) -> None:
+        """End of training (before the final evaluation and checkpoint): by default a sync.
+
+        BMUF closes its last, partial block here, which it never does mid-run.
+        """
+        self.sync()
+
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:
         """Context in which ``self.model`` holds the parameters to evaluate and deploy.
@@ -292,6 +318,19 @@ class Algorithm(ABC):
         self.steps = int(state["steps"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def node_state(self) -> dict[str, Any] | None:
+        """What differs between super-learners and must be saved per node, or None.
+
+        A checkpoint holds rank 0's :meth:`state_dict` and the model's parameters; an
+        algorithm whose super-learners part ways between agreements (BMUF mid-block) returns
+        here what each node needs to resume exactly. Called on every rank, with the same
+        None-or-not answer everywhere.
+        """
+        return None
+
+    def load_node_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - no node state
+        """Restore this node's part of :meth:`node_state` (after :meth:`load_state_dict`)."""
 
     def close(self) -> None:
         """Finish in-flight communication on every rank; idempotent."""

@@ -16,7 +16,8 @@ with ``theta_init_0 = theta_0`` the initial (broadcast, or warmed-up) model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
 from hadpsgd.algorithms.bmuf_moments import STRATEGIES, BlockMoments, Layout
 from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import Topology
+
+WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 
 
 @dataclass
@@ -46,10 +49,34 @@ class BMUFOptions(AlgoOptions):
     adam_moments: str = field(default="corrected", metadata={"choices": STRATEGIES})
     """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
     fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
-    buffer is treated the same way with beta = --momentum."""
+    buffer is treated the same way with beta = --momentum. Default: corrected with Adam/AdamW,
+    reset with SGD (corrected extrapolates SGD's unnormalised buffer and diverged on real
+    speech; see docs/results.md)."""
     bmuf_warmup_steps: int = 0
     """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
     warmed model with Delta = 0."""
+    bmuf_warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS})
+    """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
+    the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
+    leaves this open)."""
+
+    recipe_help = ("--algo bmuf defaults to the BMUF-Adam paper's recipe: --optimizer adam "
+                   "--beta1 0.5 --adam-moments corrected; with --optimizer sgd, --adam-moments "
+                   "reset.")
+
+    @classmethod
+    def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """BMUF-Adam (Adam, beta1 0.5, corrected moments) unless the user chose otherwise.
+
+        With SGD the momentum buffer is reset at each block sync (the measured best; the
+        corrected extrapolation diverges on real speech).
+        """
+        optimizer = given.get("optimizer", "adam")
+        adam = optimizer in ("adam", "adamw")
+        out = {"optimizer": optimizer, "adam_moments": "corrected" if adam else "reset"}
+        if adam:
+            out["beta1"] = 0.5  # the paper's choice for BMUF-Adam (section 2.2)
+        return {k: v for k, v in out.items() if k not in given}
 
     def __post_init__(self) -> None:
         if self.sync_period < 1:
@@ -62,6 +89,9 @@ class BMUFOptions(AlgoOptions):
         if self.bmuf_warmup_steps < 0:
             raise ConfigError(f"{flag('bmuf_warmup_steps')} must be >= 0, got "
                               f"{self.bmuf_warmup_steps}")
+        if self.bmuf_warmup_moments not in WARMUP_MOMENTS:
+            raise ConfigError(f"{flag('bmuf_warmup_moments')} must be one of "
+                              f"{', '.join(WARMUP_MOMENTS)}, got {self.bmuf_warmup_moments!r}")
         if self.adam_moments not in STRATEGIES:
             raise ConfigError(f"{flag('adam_moments')} must be one of {', '.join(STRATEGIES)}, "
                               f"got {self.adam_moments!r}")
@@ -70,7 +100,8 @@ class BMUFOptions(AlgoOptions):
         """The constructor's keywords (its warm-up keyword has no ``bmuf_`` prefix)."""
         return {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
                 "block_lr": self.block_lr, "nesterov": self.nesterov,
-                "adam_moments": self.adam_moments, "warmup_steps": self.bmuf_warmup_steps}
+                "adam_moments": self.adam_moments, "warmup_steps": self.bmuf_warmup_steps,
+                "warmup_moments": self.bmuf_warmup_moments}
 
 
 @register("bmuf", "blockwise model-update filtering with block momentum every tau steps, "
@@ -96,6 +127,8 @@ class BMUF(Algorithm):
             see :mod:`hadpsgd.algorithms.bmuf_moments`.
         warmup_steps: Steps of synchronous SGD over all learners before BMUF starts (from the
             warmed model, with ``Delta = 0``).
+        warmup_moments: ``keep`` the warmed moment buffers (and Adam's ``k``) when BMUF starts,
+            or ``reset`` them to a fresh optimizer's.
         max_grad_norm: Clip the node-averaged gradient to this L2 norm; 0 disables.
 
     Raises:
@@ -105,14 +138,18 @@ class BMUF(Algorithm):
 
     separate_eval_model = True
     Options = BMUFOptions
+    divergence_hint = ("BMUF's block momentum amplifies each block's update about N times; "
+                       "try --optimizer adam (the BMUF-Adam recipe) or a smaller "
+                       "--block-momentum. ")
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  sync_period: int = 8, block_momentum: float | None = None,
                  block_lr: float = 1.0, nesterov: bool = True, adam_moments: str = "corrected",
-                 warmup_steps: int = 0, max_grad_norm: float = 0.0) -> None:
+                 warmup_steps: int = 0, warmup_moments: str = "keep",
+                 max_grad_norm: float = 0.0) -> None:
         # Every rank raises alike, before the first collective, so nobody is left waiting.
         BMUFOptions(sync_period, block_momentum, block_lr, nesterov, adam_moments,
-                    warmup_steps)
+                    warmup_steps, warmup_moments)
         topo.require_equal_nodes("bmuf")
         super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
         self.sync_period = sync_period
@@ -121,6 +158,7 @@ class BMUF(Algorithm):
         self.block_lr = float(block_lr)
         self.nesterov = nesterov
         self.warmup_steps = warmup_steps
+        self.warmup_moments = warmup_moments
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
         self.block_steps = 0
@@ -137,6 +175,13 @@ class BMUF(Algorithm):
         """Delta_n per dtype."""
         self._pack: dict[torch.dtype, torch.Tensor] = {}
         self.moments = BlockMoments(optimizer, adam_moments, self._layout())
+        if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
+            warnings.warn(
+                f"bmuf with a single super-learner (all {topo.size} learners on one node) is "
+                "synchronous SGD: there is nothing to filter. BMUF's workers are the nodes; "
+                "set --ranks-per-node 1 for one worker per rank (per GPU, as in the BMUF-Adam "
+                "paper) or --ranks-per-node K for workers of K ranks.",
+                RuntimeWarning, stacklevel=2)
         if warmup_steps == 0:
             self._start()
 
@@ -150,8 +195,15 @@ class BMUF(Algorithm):
             offsets[p.dtype] = off + p.numel()
         return layout
 
-    def _start(self) -> None:
-        """BMUF begins here: theta = theta_init = the current model, Delta = 0, rho = 0."""
+    def _start(self, reset_moments: bool = False) -> None:
+        """BMUF begins here: theta = theta_init = the current model, Delta = 0, rho = 0.
+
+        Args:
+            reset_moments: Zero the optimizer's moment buffers and Adam's ``k`` first (the
+                ``reset`` choice after a warm-up).
+        """
+        if reset_moments:
+            self.moments.reset_optimizer()
         for dtype, buf in self.params.buffers.items():
             self.global_model[dtype] = buf.clone()
             self.start_point[dtype] = buf.clone()
@@ -177,27 +229,41 @@ class BMUF(Algorithm):
         """End the warm-up when due; a block sync after every ``sync_period`` local steps."""
         if not self.started:
             if self.steps >= self.warmup_steps:
-                self._start()
+                self._start(reset_moments=self.warmup_moments == "reset")
             return
         self.block_steps += 1
         if self.block_steps >= self.sync_period:
             self._block_sync()
 
     def sync(self) -> None:
-        """Block sync now if any local step was taken since the last one (a short block)."""
+        """Nothing: evaluation and checkpoints never cut a block short.
+
+        The global model theta_n is kept apart (it is what is evaluated and deployed), and
+        :meth:`state_dict` resumes mid-block, so the trajectory does not depend on
+        ``--checkpoint-every`` or on when the run is stopped and resumed.
+        """
+
+    def finish(self) -> None:
+        """End of training: close the last, partial block so no trained step is lost."""
         if self.started and self.block_steps > 0:
             self._block_sync()
 
     def _block_sync(self) -> None:
         """Average models (+ moments) across super-learners in one message, then filter.
 
-        A forced sync ends a short block: ``tau`` is the number of local steps actually taken,
-        in rho's recursion and in Eq. 18 alike.
+        The closing sync of :meth:`finish` ends a short block: ``tau`` is the number of local
+        steps actually taken, in rho's recursion and in Eq. 18 alike.
+
+        The next block's start point lies ``eta * rho`` equivalent mini-batches beyond the
+        average: Nesterov's ``theta_bar + eta * Delta_n`` (Eq. 9) adds ``eta * rho_n``; the
+        classical start ``theta_n = theta_bar + eta * Delta_{n-1}`` (Eq. 6) adds
+        ``eta * rho_{n-1}``. The moments (Eq. 16) and Adam's ``k`` move by that amount.
         """
         tau = self.block_steps
         eta, zeta = self.block_momentum, self.block_lr
+        rho_prev = self.rho
         self.rho = eta * self.rho + tau
-        eta_rho = eta * self.rho
+        eta_rho = eta * (self.rho if self.nesterov else rho_prev)
         segments = 1 + len(self.moments.sent_keys)
         for dtype, params in self.params.buffers.items():
             n = params.numel()
@@ -274,9 +340,27 @@ class BMUF(Algorithm):
             "options": {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
                         "block_lr": self.block_lr, "nesterov": self.nesterov,
                         "adam_moments": self.moments.strategy,
-                        "warmup_steps": self.warmup_steps},
+                        "warmup_steps": self.warmup_steps,
+                        "warmup_moments": self.warmup_moments},
         }
         return state
+
+    def node_state(self) -> dict[str, Any] | None:
+        """Mid-block, each super-learner's own local model and optimizer state.
+
+        At a block boundary (or on one node) every learner holds the same, and rank 0's
+        state in the checkpoint is everyone's: nothing extra is saved.
+        """
+        if not self.started or self.block_steps == 0 or self.topo.num_nodes == 1:
+            return None
+        return {"params": {str(d): b.clone() for d, b in self.params.buffers.items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_node_state(self, state: dict[str, Any]) -> None:
+        """This super-learner's local model and optimizer state, saved mid-block."""
+        for dtype, buf in self.params.buffers.items():
+            buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (load the model's local parameters separately)."""

@@ -117,6 +117,18 @@ class BlockMoments:
             self.pack(dtype, flats)
             self.init[dtype] = flats
 
+    def reset_optimizer(self) -> None:
+        """Zero every moment buffer and Adam's ``k``: the state of a fresh optimizer.
+
+        (A zero SGD momentum buffer steps exactly like a missing one: ``mu * 0 + g = g``.)
+        """
+        for slots in self.layout.values():
+            for p, _ in slots:
+                for key in [*self.keys, "step"] if self.has_step else self.keys:
+                    state = self._state(p, key)
+                    if state is not None:
+                        state.zero_()
+
     def pack(self, dtype: torch.dtype, segments: list[torch.Tensor]) -> None:
         """Copy the sent buffers of ``dtype``'s parameters into ``segments`` (one per key).
 

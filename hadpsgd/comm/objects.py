@@ -1,4 +1,7 @@
-"""Broadcast and allgather of small picklable objects with a deadline (paths, labels)."""
+"""Broadcast, gather and allgather of picklable objects with a deadline.
+
+Paths, labels, checkpoint parts: anything small enough to pickle in one message.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +29,30 @@ def bcast_object(comm: Any, watchdog: Watchdog, obj: Any, root: int = 0,
             else np.empty(int(length[0]), dtype=np.uint8))
     watchdog.wait(comm.Ibcast(data, root=root), "object broadcast (payload)", group)
     return obj if rank == root else pickle.loads(data.tobytes())
+
+
+def gather_object(comm: Any, watchdog: Watchdog, obj: Any, root: int = 0,
+                  group: list[int] | None = None) -> list[Any] | None:
+    """Gather a picklable object from every rank of ``comm`` onto ``root``, in rank order.
+
+    Returns:
+        The list on ``root``; None elsewhere.
+    """
+    size = comm.Get_size()
+    if size == 1:
+        return [obj]
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    is_root = comm.Get_rank() == root
+    lengths = np.empty(size, dtype=np.int64)
+    watchdog.wait(comm.Igather(np.array([payload.size], dtype=np.int64), lengths, root=root),
+                  "object gather (lengths)", group)
+    out = np.empty(int(lengths.sum()) if is_root else 0, dtype=np.uint8)
+    watchdog.wait(comm.Igatherv(payload, [out, lengths] if is_root else None, root=root),
+                  "object gather (payload)", group)
+    if not is_root:
+        return None
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [pickle.loads(out[bounds[i]:bounds[i + 1]].tobytes()) for i in range(size)]
 
 
 def allgather_object(comm: Any, watchdog: Watchdog, obj: Any,

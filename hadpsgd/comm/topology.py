@@ -12,7 +12,7 @@ from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Path, Reducer, Route
 from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
-from hadpsgd.comm.objects import allgather_object, bcast_object
+from hadpsgd.comm.objects import allgather_object, bcast_object, gather_object
 from hadpsgd.comm.pair import PairChannel
 
 ReduceOp = Literal["avg", "sum"]
@@ -228,6 +228,10 @@ class Topology:
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         """Broadcast a picklable object from ``root`` (with the deadline) and return it."""
         return bcast_object(self.comm, self.watchdog, obj, root)
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Gather a picklable object from every learner onto ``root`` (None elsewhere)."""
+        return gather_object(self.comm, self.watchdog, obj, root)
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Gather a picklable object from every learner onto every learner."""

@@ -2,11 +2,13 @@
 
 Every ``--control-every`` steps, every ``--log-every`` step and after each epoch, one small
 allreduce of ``[loss, stop requests, non-finite events]`` at the same global step serves the
-training log, the graceful stop and the non-finite limit at once.
+training log, the graceful stop and the non-finite limit at once. The agreed loss also feeds
+the divergence guard, which every rank evaluates alike on the same agreed numbers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,76 @@ from hadpsgd.train.stop import StopFlag
 
 class NonFiniteError(RuntimeError):
     """Too many steps with a non-finite loss or gradient; raised on every rank alike."""
+
+
+class DivergedError(NonFiniteError):
+    """The loss exploded relative to its start (it stays finite); raised on every rank alike."""
+
+
+class DivergenceGuard:
+    """Stops a run whose loss explodes while staying finite (the non-finite guard's blind spot).
+
+    The reference is the run's first agreed training loss (kept across resumes). A held-out
+    loss above ``max_ratio`` times it stops the run at once; the training loss, noisier, must
+    stay above it at ``patience`` consecutive control points.
+
+    Args:
+        max_ratio: The allowed factor over the starting loss; 0 disables the guard.
+        hint: The algorithm's own advice, added to the error message.
+        patience: Consecutive control points over the limit before the training loss stops it.
+    """
+
+    def __init__(self, max_ratio: float, hint: str = "", patience: int = 3) -> None:
+        self.max_ratio = max_ratio
+        self.hint = hint
+        self.patience = patience
+        self.start: float | None = None
+        """The first agreed training loss of the run."""
+        self.over = 0
+        """Consecutive control points whose training loss was over the limit."""
+
+    def training(self, loss: float, step: int) -> None:
+        """Check an agreed training loss (the same value on every rank).
+
+        Raises:
+            DivergedError: After ``patience`` consecutive losses over the limit.
+        """
+        if not self.max_ratio or not math.isfinite(loss):
+            return  # non-finite losses are the non-finite guard's
+        if self.start is None:
+            self.start = loss
+            return
+        self.over = self.over + 1 if loss > self.max_ratio * self.start else 0
+        if self.over >= self.patience:
+            self._fail(f"the training loss {loss:.4g} at step {step} ({self.over} control "
+                       "points in a row)", loss)
+
+    def heldout(self, loss: float, step: int) -> None:
+        """Check an agreed held-out loss.
+
+        Raises:
+            DivergedError: If it is over the limit.
+        """
+        if self.max_ratio and self.start is not None and loss > self.max_ratio * self.start:
+            self._fail(f"the held-out loss {loss:.4g} after step {step}", loss)
+
+    def _fail(self, what: str, loss: float) -> None:
+        raise DivergedError(
+            f"the run diverged: {what} is {loss / self.start:.3g}x the starting training loss "
+            f"{self.start:.4g} (more than --max-loss-ratio {self.max_ratio:g}). "
+            f"{self.hint}Lower --lr or set --max-grad-norm, then start again (a resume would "
+            "continue from the diverged model); --max-loss-ratio 0 disables this check."
+        )
+
+    def state_dict(self) -> dict[str, float | int | None]:
+        """The reference loss and the current run of over-limit points."""
+        return {"start": self.start, "over": self.over}
+
+    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
+        """Restore :meth:`state_dict`."""
+        start = state.get("start")
+        self.start = None if start is None else float(start)
+        self.over = int(state.get("over") or 0)
 
 
 @dataclass

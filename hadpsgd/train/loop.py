@@ -15,7 +15,7 @@ from hadpsgd.algorithms import Algorithm
 from hadpsgd.comm import SharedCounter, Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
-from hadpsgd.train.control import ControlPoint, NonFiniteError
+from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.pooled import POOL_SLOTS, run_pooled_epoch, ticket_taker
@@ -24,7 +24,7 @@ from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.stop import FLAG, StopFlag
 from hadpsgd.train.trace import ChunkTrace, Recorder
 
-__all__ = ["LoopOptions", "NonFiniteError", "Position", "Trainer"]
+__all__ = ["DivergedError", "LoopOptions", "NonFiniteError", "Position", "Trainer"]
 
 
 @dataclass
@@ -53,6 +53,7 @@ class LoopOptions:
     num_workers: int = 0
     control_every: int = 10
     max_nonfinite: int = 5
+    max_loss_ratio: float = 5.0
     keep_checkpoints: int = 3
 
 
@@ -74,7 +75,9 @@ class Trainer:
     Every ``control_every`` steps (and after every epoch) the ranks agree, with one small
     allreduce at the same global step, on two things: whether any rank was asked to stop (it
     then checkpoints and :attr:`stopped_by` is set) and how many non-finite steps occurred
-    (more than ``max_nonfinite`` raises :class:`NonFiniteError` on every rank).
+    (more than ``max_nonfinite`` raises :class:`NonFiniteError` on every rank). The agreed
+    training loss and every held-out loss also go through the divergence guard (a loss over
+    ``max_loss_ratio`` times the start raises :class:`DivergedError` on every rank).
     """
 
     def __init__(self, algo: Algorithm, topo: Topology, train_set: ChunkDataset,
@@ -97,6 +100,7 @@ class Trainer:
         self.stopped_by: str | None = None
         """Set when the run ended early on an agreed stop request (after its checkpoint)."""
         self.control = ControlPoint(topo, stop, opts.max_nonfinite)
+        self.guard = DivergenceGuard(opts.max_loss_ratio, algo.divergence_hint)
         # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
         # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
         pooled = algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes
@@ -128,8 +132,13 @@ class Trainer:
         return self.control.nonfinite
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """Checkpoint content: model, algorithm (with optimizer), position, config."""
+    def state_dict(self, node_states: list[Any] | None = None) -> dict[str, Any]:
+        """Checkpoint content: model, algorithm (with optimizer), position, config.
+
+        Args:
+            node_states: Every node's :meth:`Algorithm.node_state`, by node (see
+                :meth:`checkpoint`), when the algorithm has one.
+        """
         evaluated = None
         if self.algo.separate_eval_model:
             with self.algo.evaluation_parameters() as model:
@@ -144,11 +153,14 @@ class Trainer:
             "config": self.config,
             "world_size": self.topo.size,
             "nonfinite": list(self.nonfinite),
+            "divergence": self.guard.state_dict(),
         }
         if self.pool is not None:
             state["pool_next"] = self.pool_next
         if self.algo.separate_eval_model:
             state["eval_model"] = evaluated
+        if node_states is not None:
+            state["node_states"] = node_states
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -158,15 +170,19 @@ class Trainer:
         self.pos = Position(**state["progress"])
         self.history = [EvalResult(**r) for r in state.get("history", [])]
         self.control.nonfinite[:] = [tuple(e) for e in state.get("nonfinite", [])]
+        self.guard.load_state_dict(state.get("divergence", {}))
+        if state.get("node_states") is not None:
+            self.algo.load_node_state(state["node_states"][self.topo.node])
         # Pooled mode: the epoch's untrained slots start here (sharded mode: step_in_epoch).
         self.pool_next = int(state.get("pool_next", self.pos.step_in_epoch * self.topo.num_nodes))
 
     def checkpoint(self) -> Path:
-        """Sync the replicas and write a checkpoint (rank 0 writes; all ranks wait)."""
+        """Write a checkpoint (rank 0 writes, with every node's own part; all ranks wait)."""
         self.algo.sync()
         step = self.pos.global_step
         path = checkpoint_path(self.ckpt_dir, step)
         self.topo.watchdog.activity = f"writing checkpoint {path.name}"
+        node_states = self._node_states()
         if self.topo.rank == 0:
             hook = None
             if faults.active():
@@ -174,7 +190,7 @@ class Trainer:
                     faults.hit(phase, self.topo.rank, step)
             meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
                     "algo": self.algo.name}
-            save_checkpoint(self.state_dict(), path, keep=self.opts.keep_checkpoints,
+            save_checkpoint(self.state_dict(node_states), path, keep=self.opts.keep_checkpoints,
                             meta=meta, on_phase=hook)
         self.topo.barrier()
         self.last_checkpoint = path
@@ -182,6 +198,18 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ loop
+    def _node_states(self) -> list[Any] | None:
+        """Every node's part of the algorithm's state on rank 0, by node (collective)."""
+        mine = self.algo.node_state()
+        if mine is None:  # the same answer on every rank: nobody enters the gather
+            return None
+        gathered = self.topo.gather_object(
+            (self.topo.node, mine if self.topo.local_rank == 0 else None))
+        if gathered is None:
+            return None
+        by_node: dict[int, Any] = {node: st for node, st in gathered if st is not None}
+        return [by_node[n] for n in range(self.topo.num_nodes)]
+
     def _done(self) -> bool:
         return bool(self.opts.max_steps) and self.pos.global_step >= self.opts.max_steps
 
@@ -194,6 +222,8 @@ class Trainer:
                 if self.stopped_by:
                     return self.history
                 if self.pos.step_in_epoch >= len(self.sampler):
+                    if self.pos.epoch + 1 >= self.opts.epochs or self._done():
+                        self.algo.finish()  # the last epoch: nothing trained may be left out
                     self._evaluate()
                     self.pos.epoch += 1
                     self.pos.step_in_epoch = 0
@@ -204,6 +234,7 @@ class Trainer:
             # Stopped inside an epoch by max_steps (or resumed a finished run): still leave
             # a held-out figure and a checkpoint of the final state.
             if self._checkpointed_step != self.pos.global_step:
+                self.algo.finish()
                 self._evaluate()
                 self.checkpoint()
             return self.history
@@ -222,6 +253,8 @@ class Trainer:
         With ``progress``, the agreed mean loss goes into the training log.
         """
         verdict = self.control.agree(loss)
+        if verdict.mean_loss is not None:
+            self.guard.training(verdict.mean_loss, self.pos.global_step)
         if progress is not None and verdict.mean_loss is not None:
             progress.log(self.pos.global_step, self.pos.epoch, self.lr, verdict.mean_loss)
         if verdict.stopped_by is None:
@@ -308,4 +341,5 @@ class Trainer:
         if self.topo.rank == 0:
             print(f"[hadpsgd] epoch {self.pos.epoch} step {self.pos.global_step}: held-out "
                   f"loss {result.loss:.4f}, frame accuracy {result.accuracy:.4f}", flush=True)
+        self.guard.heldout(result.loss, self.pos.global_step)
         return result

@@ -165,6 +165,7 @@ def run_pooled_epoch(t: Trainer) -> None:
     signals = _Signals(t)
     progress = t.start_epoch()
     local = 0
+    last_loss = float("nan")  # a learner that took no batch adds NaN: the guard skips it
     while True:
         end = _segment_end(t, sampler, epoch_base)
         sampler.open(end)
@@ -174,6 +175,7 @@ def run_pooled_epoch(t: Trainer) -> None:
             step = epoch_base + slot // t.topo.num_nodes + 1  # the global step of this batch
             trace_key = (t.pos.epoch * sampler.slots + slot) * t.topo.local_size
             loss = t.train_step(feats, labels, step, trace_key + t.topo.local_rank)
+            last_loss = loss
             progress.step()
             log = local % t.opts.log_every == 0
             if log or local % t.opts.control_every == 0:
@@ -185,8 +187,9 @@ def run_pooled_epoch(t: Trainer) -> None:
         _meet(t, sampler, epoch_base)
         _log_learners(t, local)
         # The meeting's agreement is the ordinary, blocking one: it stops or raises on every
-        # learner alike (a stop request, or too many non-finite steps).
-        if t.agree(None):
+        # learner alike (a stop request, too many non-finite steps, or the mean of the
+        # learners' last losses exploding: the divergence guard's training check).
+        if t.agree(last_loss):
             break
         if t.pool_next >= sampler.slots:
             break  # the epoch is done

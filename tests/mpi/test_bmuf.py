@@ -4,7 +4,8 @@ The reference below is written from the paper (Eq. 1-9 for the filter, Eq. 13 an
 the moments, Algorithm 1 for Adam's step k), with NumPy versions of torch's SGD-momentum and
 Adam updates; it does not import hadpsgd. Workers (``tests/workers/bmuf_ref.py``) run every
 configuration of ``tests/workers/bmuf_common.py`` for 5 blocks and a partial one on float64
-models and dump every rank's state before and after the closing ``sync()``.
+models and dump every rank's state before and after the closing ``finish()`` (after checking
+that ``sync()``, which evaluation and checkpoints call, changes nothing).
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def reference(c: dict, n_super: int, per_super: int) -> dict[str, dict[str, np.n
     for t in range(1, c["warmup"] + 1):  # synchronous SGD over all learners
         g = np.mean([grad(j, t) for j in range(n_super)], axis=0)
         local = [o.step(p, g) for o, p in zip(opts, local, strict=True)]
+    if c["warmup"] and c["warmup_moments"] == "reset":  # a fresh optimizer when BMUF starts
+        opts = [make_np_opt(c, n) for _ in range(n_super)]
     theta, start, delta, rho = local[0].copy(), local[0].copy(), np.zeros(n), 0.0
     m_init = {k: (opts[0].get(k) if opts[0].get(k) is not None else np.zeros(n)).copy()
               for k in opts[0].moments}
@@ -115,8 +118,12 @@ def reference(c: dict, n_super: int, per_super: int) -> dict[str, dict[str, np.n
         box["start"] = (box["theta"] + eta * box["delta"] if c["nesterov"]         # Eq. 7
                         else box["theta"].copy())                                  # Eq. 5
         local[:] = [box["start"].copy() for _ in local]
+        rho_prev = box["rho"]
         box["rho"] = eta * box["rho"] + steps                                      # Eq. 4
-        er = eta * box["rho"]
+        # The start point lies eta * rho mini-batches beyond theta_bar: Nesterov's
+        # theta_bar + eta * Delta_n (Eq. 9) adds eta * rho_n, the classical
+        # theta_bar + eta * Delta_{n-1} (Eq. 6) adds eta * rho_{n-1}.
+        er = eta * (box["rho"] if c["nesterov"] else rho_prev)
         for key, beta in opts[0].moments.items():
             bar = np.mean([o.get(key) for o in opts], axis=0)                      # Eq. 13
             if c["moments"] == "average":
@@ -215,7 +222,8 @@ IDS = [c["name"] for c in BMUF_CASES]
 def test_matches_numpy_reference(runs, c, layout, n_super, per_super, ranks_per_super):
     got = _load(runs, layout, c["name"])
     _check_against_reference(got, reference(c, n_super, per_super), c, ranks_per_super)
-    assert got["num_syncs"] == 6  # 5 full blocks and the partial one closed by sync()
+    assert got["num_syncs"] == 6  # 5 full blocks and the partial one closed by finish()
+    assert got["sync_noop"]  # evaluation/checkpoint sync() left the block running
 
 
 @pytest.mark.parametrize("c", BMUF_CASES, ids=IDS)

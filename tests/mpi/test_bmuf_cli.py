@@ -30,12 +30,13 @@ def _train(data: tuple[Path, Path], out: Path, *extra: str, fault: str = "") -> 
 
 
 def test_resume_is_bit_exact(tiny_data, tmp_path):
-    # ~15 steps per epoch: the checkpoint at step 10 ends a short block (tau = 3: 2 warm-up
-    # steps, blocks end at 5 and 8, then 2 steps); the run continues across an epoch boundary
-    # (evaluation -> forced sync, LR change, reshuffle) to step 20, again mid-block.
-    # A checkpoint forces a block sync, so the uninterrupted run checkpoints at step 10 too.
+    # ~15 steps per epoch: the checkpoint at step 10 is mid-block (tau = 3: 2 warm-up steps,
+    # blocks end at 5 and 8, then 2 steps); the run continues across an epoch boundary
+    # (evaluation, LR change, reshuffle) to step 20, where finish() closes the last block.
     # The run is killed at step 13 and resumed from step 10; parameters, moments, filter
-    # state and the chunk sequence must equal the uninterrupted run's.
+    # state and the chunk sequence must equal the uninterrupted run's. A run that never
+    # checkpoints mid-run must end identically too: neither checkpoints nor evaluations
+    # cut a block short, so --checkpoint-every does not change the trajectory.
     from tests.mpi._resume import assert_same_run
 
     k = 10
@@ -47,6 +48,10 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     _train(tiny_data, tmp_path / "part", "--max-steps", str(2 * k), "--checkpoint-every",
            str(k), "--resume", "auto")
     assert_same_run(tmp_path / "full", tmp_path / "part")
+    plain = _train(tiny_data, tmp_path / "plain", "--max-steps", str(2 * k))
+    for key in ("model", "eval_model"):
+        for name, value in full[key].items():
+            assert torch.equal(value, plain[key][name]), (key, name)
     bmuf = full["algo"]["bmuf"]
     assert bmuf["started"] and bmuf["num_syncs"] >= 5 and bmuf["rho"] > 3
     step = full["algo"]["optimizer"]["state"][0]["step"]

@@ -48,3 +48,21 @@ def test_too_many_nonfinite_stops_every_rank(algo, tiny_data, tmp_path):
     assert "step 3 on rank 1 (loss)" in res.stderr
     assert "Traceback" not in res.stderr
     assert "[hadpsgd] done in" not in res.stdout
+
+
+@pytest.mark.parametrize(("algo", "extra"), [("ssgd", []),
+                                             ("bmuf", ["--ranks-per-node", "1",
+                                                       "--optimizer", "sgd"])])
+def test_finite_divergence_stops_every_rank(algo, extra, tiny_data, tmp_path):
+    # A rate far too high, clipped so that nothing becomes NaN: the loss explodes but stays
+    # finite, which only the divergence guard sees.
+    res = run_mpi(2, run_args(tiny_data, tmp_path, "--algo", algo, "--batch-size", "4",
+                              "--max-steps", "60", "--log-every", "5", "--lr", "300",
+                              "--max-grad-norm", "1", "--max-loss-ratio", "2", *extra))
+    from hadpsgd.run import EXIT_DIVERGED
+
+    assert res.returncode == EXIT_DIVERGED, res.output[-3000:]
+    assert "the run diverged" in res.stderr and "--max-loss-ratio 2" in res.stderr
+    assert "Lower --lr" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert "[hadpsgd] done in" not in res.stdout

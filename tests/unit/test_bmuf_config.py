@@ -15,7 +15,7 @@ from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
 from hadpsgd.run import parse_config
 
 BMUF_FIELDS = ["sync_period", "block_momentum", "block_lr", "nesterov", "adam_moments",
-               "bmuf_warmup_steps"]
+               "bmuf_warmup_steps", "bmuf_warmup_moments"]
 
 
 def test_registered_and_flags_documented():
@@ -38,7 +38,8 @@ def test_flags_reach_the_constructor():
                         "--max-grad-norm", "2"])
     assert BMUF.options_from(cfg) == {
         "sync_period": 4, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
-        "adam_moments": "average", "warmup_steps": 3, "max_grad_norm": 2.0}
+        "adam_moments": "average", "warmup_steps": 3, "warmup_moments": "keep",
+        "max_grad_norm": 2.0}
     assert cfg.optim.optimizer == "adam" and cfg.optim.beta1 == 0.5
 
 
@@ -46,7 +47,7 @@ def test_defaults():
     opts = BMUF.options_from(parse_config(["--algo", "bmuf"]))
     assert opts == {"sync_period": 8, "block_momentum": None, "block_lr": 1.0,
                     "nesterov": True, "adam_moments": "corrected", "warmup_steps": 0,
-                    "max_grad_norm": 0.0}
+                    "warmup_moments": "keep", "max_grad_norm": 0.0}
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [

@@ -48,16 +48,18 @@ def group_batch(first: int, count: int, t: int) -> tuple[np.ndarray, np.ndarray]
 
 def cfg(name: str, opt: str = "adam", moments: str = "corrected", nesterov: bool = True,
         tau: int = 3, eta: float | None = None, zeta: float = 1.0, warmup: int = 0,
-        kind: str = "bmuf", **opt_kw: float) -> dict:
+        warmup_moments: str = "keep", kind: str = "bmuf", **opt_kw: float) -> dict:
     """One run: ``warmup + 5 * tau + max(1, tau - 1)`` steps (5 blocks and a partial one).
 
-    The worker then calls ``sync()``, which closes the partial block.
+    The worker then calls ``sync()`` (which must change nothing) and ``finish()``, which
+    closes the partial block.
     """
     defaults = {"adam": {"lr": 0.02, "b1": 0.5, "b2": 0.99, "wd": 0.0},
                 "adamw": {"lr": 0.02, "b1": 0.9, "b2": 0.99, "wd": 0.1},
                 "sgd": {"lr": 0.05, "momentum": 0.9, "sgd_nesterov": 0.0, "wd": 0.0}}[opt]
     return {"name": name, "opt": opt, "moments": moments, "nesterov": nesterov, "tau": tau,
-            "eta": eta, "zeta": zeta, "warmup": warmup, "kind": kind,
+            "eta": eta, "zeta": zeta, "warmup": warmup, "warmup_moments": warmup_moments,
+            "kind": kind,
             "steps": warmup + 5 * tau + max(1, tau - 1), **defaults, **opt_kw}
 
 
@@ -68,6 +70,8 @@ MAIN = [
     cfg("adam-local-nbm", moments="local"),
     cfg("adam-reset-nbm", moments="reset"),
     cfg("adam-corrected-warmup", warmup=4, tau=4),
+    cfg("adam-corrected-warmup-reset", warmup=4, tau=4, warmup_moments="reset"),
+    cfg("sgd-corrected-warmup-reset", opt="sgd", warmup=3, warmup_moments="reset"),
     cfg("adamw-corrected-eta-zeta", opt="adamw", eta=0.6, zeta=0.8),
     cfg("sgd-corrected-nbm", opt="sgd"),
     cfg("sgd-corrected-cbm", opt="sgd", nesterov=False),

@@ -45,7 +45,7 @@ def make_opt(c: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
 def make_bmuf(c: dict, model: torch.nn.Module, opt: torch.optim.Optimizer) -> BMUF:
     return BMUF(model, opt, topo, sync_period=c["tau"], block_momentum=c["eta"],
                 block_lr=c["zeta"], nesterov=c["nesterov"], adam_moments=c["moments"],
-                warmup_steps=c["warmup"])
+                warmup_steps=c["warmup"], warmup_moments=c["warmup_moments"])
 
 
 def train_step(model: torch.nn.Module, algo, group: int, t: int) -> None:
@@ -131,7 +131,10 @@ def run(c: dict, group: int) -> dict[str, np.ndarray]:
             for k, v in snapshot(c, m_, o_, a_).items():
                 res[f"resume_{name}_{k}"] = v
     res.update({f"before_{k}": v for k, v in snapshot(c, model, opt, algo).items()})
-    algo.sync()
+    algo.sync()  # what evaluation and checkpoints call: it must not end the block
+    res["sync_noop"] = np.array(all(
+        np.array_equal(v, res[f"before_{k}"]) for k, v in snapshot(c, model, opt, algo).items()))
+    algo.finish()  # the end of training closes the partial block
     res.update({f"after_{k}": v for k, v in snapshot(c, model, opt, algo).items()})
     res["replicas_ok"] = np.array(replicas_ok)
     res["node_ok"] = np.array(node_ok)
