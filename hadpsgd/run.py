@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from hadpsgd import algorithms, comm, env
 from hadpsgd.cli import ConfigError
@@ -40,6 +42,17 @@ watchdog's: a blocking collective that timed out inside MPI, see ``comm.deadline
 # Errors a user causes, found while setting up (before the first step): one line, exit 2.
 USER_ERRORS = (ConfigError, FeatureFileError, FileNotFoundError, comm.TopologyError,
                CheckpointError, ImportError, ValueError)
+
+
+_PLAIN_FORMAT = warnings.formatwarning
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, line: str | None = None, **kw: Any) -> str:
+    """hadpsgd's own warnings (a run that is not what it seems) as one log line."""
+    if issubclass(category, RuntimeWarning) and "hadpsgd" in filename:
+        return f"[hadpsgd] warning: {message}\n"
+    return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
 def _setup(cfg: RunConfig, topo: comm.Topology) -> Trainer:
@@ -99,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     FLAG.install()
+    warnings.formatwarning = _format_warning
     try:
         try:
             trainer = _setup(cfg, topo)

@@ -139,7 +139,8 @@ class BMUF(Algorithm):
     separate_eval_model = True
     Options = BMUFOptions
     divergence_hint = ("BMUF's block momentum amplifies each block's update about N times; "
-                       "try --optimizer adam (the BMUF-Adam recipe) or a smaller "
+                       "use the BMUF-Adam recipe (the default: no --optimizer and "
+                       "--adam-moments), --adam-moments reset with SGD, or a smaller "
                        "--block-momentum. ")
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,

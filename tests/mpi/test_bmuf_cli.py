@@ -58,3 +58,19 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     assert float(step) != round(float(step))  # corrected: Adam's k is fractional
     # the global model (evaluated) differs from the Nesterov start point (local)
     assert any(not torch.equal(full["model"][n], full["eval_model"][n]) for n in full["model"])
+
+
+def test_default_is_bmuf_adam_and_one_node_is_reported(tiny_data, tmp_path):
+    import json
+
+    # Two ranks on one (real) node: a single super-learner, which the run must say.
+    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                      str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path),
+                      "--no-progress", "--algo", "bmuf", "--max-steps", "3"])
+    assert_ok(res)
+    assert res.stderr.count("[hadpsgd] warning: bmuf with a single super-learner") == 1
+    assert "--ranks-per-node 1" in res.stderr
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    # The recipe, resolved and recorded: Adam, beta1 0.5, corrected moments, Adam's rate.
+    assert (cfg["optim"]["optimizer"], cfg["optim"]["beta1"], cfg["algo"]["adam_moments"],
+            cfg["optim"]["lr"]) == ("adam", 0.5, "corrected", 0.004)
