@@ -49,7 +49,7 @@ _PLAIN_FORMAT = warnings.formatwarning
 
 def _format_warning(message: Warning | str, category: type[Warning], filename: str,
                     lineno: int, line: str | None = None, **kw: Any) -> str:
-    """hadpsgd's own warnings (a run that is not what it seems) as one log line."""
+    """Format hadpsgd's own warnings (a run that is not what it seems) as one log line."""
     if issubclass(category, RuntimeWarning) and "hadpsgd" in filename:
         return f"[hadpsgd] warning: {message}\n"
     return _PLAIN_FORMAT(message, category, filename, lineno, line)
