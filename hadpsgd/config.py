@@ -158,7 +158,8 @@ class TrainConfig:
     at the first)."""
     max_loss_ratio: float = 5.0
     """Stop the run as diverged when the held-out loss, or the training loss at 3 control
-    points in a row, exceeds this many times the run's starting training loss (0: never)."""
+    points in a row, exceeds this many times the starting loss ln C, the loss of a uniform
+    guess over the C classes (0: never)."""
     tensorboard: bool = False
     """Also write TensorBoard event files (needs pip install 'hadpsgd[tb]')."""
     progress: bool = True

@@ -28,22 +28,30 @@ class DivergedError(NonFiniteError):
 class DivergenceGuard:
     """Stops a run whose loss explodes while staying finite (the non-finite guard's blind spot).
 
-    The reference is the run's first agreed training loss (kept across resumes). A held-out
-    loss above ``max_ratio`` times it stops the run at once; the training loss, noisier, must
-    stay above it at ``patience`` consecutive control points.
+    The reference is the starting loss: given (the trainer gives ``ln C``, the cross-entropy
+    of a uniform guess over ``C`` classes, where a freshly initialised classifier starts; the
+    same number on every rank without any communication, and known before the first step
+    even to ADPSGD, whose learners agree only at meetings), or else the first agreed training
+    loss. A held-out loss above ``max_ratio`` times it stops the run at once; the training
+    loss, noisier, must stay above it at ``patience`` consecutive control points.
 
     Args:
         max_ratio: The allowed factor over the starting loss; 0 disables the guard.
         hint: The algorithm's own advice, added to the error message.
         patience: Consecutive control points over the limit before the training loss stops it.
+        reference: The starting loss, if known in advance (with ``what`` saying what it is).
+        what: How the message names ``reference``.
     """
 
-    def __init__(self, max_ratio: float, hint: str = "", patience: int = 3) -> None:
+    def __init__(self, max_ratio: float, hint: str = "", patience: int = 3,
+                 reference: float | None = None, what: str = "") -> None:
         self.max_ratio = max_ratio
         self.hint = hint
         self.patience = patience
-        self.start: float | None = None
-        """The first agreed training loss of the run."""
+        self.fixed = reference is not None
+        self.what = what
+        self.start: float | None = reference
+        """The reference: given, or the first agreed training loss of the run."""
         self.over = 0
         """Consecutive control points whose training loss was over the limit."""
 
@@ -74,8 +82,9 @@ class DivergenceGuard:
 
     def _fail(self, what: str, loss: float) -> None:
         raise DivergedError(
-            f"the run diverged: {what} is {loss / self.start:.3g}x the starting training loss "
-            f"{self.start:.4g} (more than --max-loss-ratio {self.max_ratio:g}). "
+            f"the run diverged: {what} is {loss / self.start:.3g}x "
+            f"{self.what or f'the starting training loss {self.start:.4g}'} (more than "
+            f"--max-loss-ratio {self.max_ratio:g}). "
             f"{self.hint}Lower --lr or set --max-grad-norm, then start again (a resume would "
             "continue from the diverged model); --max-loss-ratio 0 disables this check."
         )
@@ -87,7 +96,8 @@ class DivergenceGuard:
     def load_state_dict(self, state: dict[str, float | int | None]) -> None:
         """Restore :meth:`state_dict`."""
         start = state.get("start")
-        self.start = None if start is None else float(start)
+        if not self.fixed:
+            self.start = None if start is None else float(start)
         self.over = int(state.get("over") or 0)
 
 

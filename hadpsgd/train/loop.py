@@ -100,7 +100,12 @@ class Trainer:
         self.stopped_by: str | None = None
         """Set when the run ended early on an agreed stop request (after its checkpoint)."""
         self.control = ControlPoint(topo, stop, opts.max_nonfinite)
-        self.guard = DivergenceGuard(opts.max_loss_ratio, algo.divergence_hint)
+        classes = train_set.file.num_classes
+        self.guard = DivergenceGuard(
+            opts.max_loss_ratio, algo.divergence_hint,
+            reference=math.log(classes) if classes > 1 else None,
+            what=f"the loss of a uniform guess over the {classes} classes (ln {classes} = "
+                 f"{math.log(max(classes, 2)):.3g}, where training starts)")
         # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
         # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
         pooled = algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes

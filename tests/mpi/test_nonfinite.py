@@ -52,7 +52,8 @@ def test_too_many_nonfinite_stops_every_rank(algo, tiny_data, tmp_path):
 
 @pytest.mark.parametrize(("algo", "extra"), [("ssgd", []),
                                              ("bmuf", ["--ranks-per-node", "1",
-                                                       "--optimizer", "sgd"])])
+                                                       "--optimizer", "sgd"]),
+                                             ("adpsgd", ["--super-learner-size", "1"])])
 def test_finite_divergence_stops_every_rank(algo, extra, tiny_data, tmp_path):
     # A rate far too high, clipped so that nothing becomes NaN: the loss explodes but stays
     # finite, which only the divergence guard sees.

@@ -191,3 +191,28 @@ def test_mid_block_state_dict_round_trip_and_evaluation_swap():
         assert torch.equal(a, b)
     assert torch.equal(algo.global_model[torch.float32], algo2.global_model[torch.float32])
     assert float(opt.state[model.weight]["step"]) == float(opt2.state[model2.weight]["step"])
+
+
+@pytest.mark.parametrize(("argv", "expect"), [
+    # (optimizer, beta1, lr at base batch 128, adam_moments)
+    (["--algo", "bmuf"], ("adam", 0.5, 0.004, "corrected")),        # the BMUF-Adam recipe
+    (["--algo", "bmuf", "--optimizer", "sgd"], ("sgd", 0.9, 0.5, "reset")),
+    (["--algo", "bmuf", "--optimizer", "adamw"], ("adamw", 0.5, 0.004, "corrected")),
+    (["--algo", "bmuf", "--beta1", "0.9", "--adam-moments", "average", "--lr", "0.01"],
+     ("adam", 0.9, 0.01, "average")),                                # what the user says wins
+    (["--algo", "bmuf", "--optimizer", "sgd", "--adam-moments", "corrected"],
+     ("sgd", 0.9, 0.5, "corrected")),
+    (["--algo", "ssgd"], ("sgd", 0.9, 0.5, "corrected")),            # no recipe elsewhere
+    (["--algo", "ssgd", "--optimizer", "adam"], ("adam", 0.9, 0.004, "corrected")),
+])
+def test_recipe_fills_only_what_the_user_left_out(argv, expect):
+    cfg = parse_config(argv)
+    assert (cfg.optim.optimizer, cfg.optim.beta1, cfg.optim.lr, cfg.algo.adam_moments) == expect
+
+
+def test_help_states_the_recipe(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--algo bmuf defaults to the BMUF-Adam paper's recipe" in out
+    assert "--bmuf-warmup-moments" in out and "--max-loss-ratio" in out

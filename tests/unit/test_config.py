@@ -56,6 +56,8 @@ def test_unknown_algo_lists_registered(capsys):
         ({"beta1": 1.0}, OptimConfig, "--beta1"),
         ({"anneal": 0.0}, OptimConfig, "--anneal"),
         ({"batch_size": 0}, TrainConfig, "--batch-size"),
+        ({"max_loss_ratio": 0.5}, TrainConfig, "--max-loss-ratio"),
+        ({"optimizer": "lamb"}, OptimConfig, "--optimizer"),
         ({"resume": "auto"}, TrainConfig, "--out-dir"),
         ({"train": "a.h5"}, DataConfig, "--heldout"),
         ({"chunk_len": 0}, DataConfig, "--chunk-len"),

@@ -56,3 +56,14 @@ def test_state_round_trip_keeps_reference_and_count():
     fresh = DivergenceGuard(2.0)
     fresh.load_state_dict({})  # a checkpoint from before the guard existed
     assert fresh.start is None and fresh.over == 0
+
+
+def test_given_reference_is_fixed_and_named():
+    g = DivergenceGuard(5.0, reference=math.log(31), what="the loss of a uniform guess (ln 31)")
+    g.training(0.5, 10)  # a low first loss does not become the reference
+    g.load_state_dict({"start": 0.1, "over": 0})  # nor does an older checkpoint's
+    assert g.start == pytest.approx(3.434, abs=1e-3)
+    g.heldout(17.0, 20)  # 4.95x: under the limit
+    with pytest.raises(DivergedError, match=r"held-out loss 45 after step 30 is 13.1x the "
+                                            r"loss of a uniform guess \(ln 31\)"):
+        g.heldout(45.0, 30)
