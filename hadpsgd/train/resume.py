@@ -56,6 +56,10 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
                        "exactly)")
     if old_algo != cfg.train.algo:
         changed.append(f"--algo {old_algo} (now {cfg.train.algo})")
+    nodes = state.get("node_states")  # BMUF mid-block: one local state per worker (node)
+    if nodes is not None and len(nodes) != topo.num_nodes:
+        changed.append(f"{len(nodes)} BMUF workers mid-block (now {topo.num_nodes}; the same "
+                       "--ranks-per-node resumes exactly)")
     if changed and not cfg.train.allow_resume_change:
         raise ConfigError(f"checkpoint {path} was written with {' and '.join(changed)}; "
                           "resume it as it was written, or pass --allow-resume-change to carry "

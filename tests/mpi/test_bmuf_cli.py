@@ -52,6 +52,15 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     for key in ("model", "eval_model"):
         for name, value in full[key].items():
             assert torch.equal(value, plain[key][name]), (key, name)
+    # The mid-block checkpoint holds one local state per worker: another layout is refused
+    # (naming the fix) before anything is trained.
+    mid = tmp_path / "full" / "checkpoints" / f"step-{k:08d}"
+    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                      str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path / "x"),
+                      "--no-progress", "--algo", "bmuf", "--resume", str(mid)],
+                  env={"HADPSGD_RANKS_PER_NODE": "2"})
+    assert res.returncode == 2, res.output[-3000:]
+    assert "2 BMUF workers mid-block (now 1; the same --ranks-per-node" in res.stderr
     bmuf = full["algo"]["bmuf"]
     assert bmuf["started"] and bmuf["num_syncs"] >= 5 and bmuf["rho"] > 3
     step = full["algo"]["optimizer"]["state"][0]["step"]
