@@ -131,8 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_STOPPED if trainer.stopped_by else EXIT_OK
 
 
-def _run_as_script() -> int:
-    """``python -m hadpsgd.run``: like ``python -m mpi4py``, an escaped exception aborts the job.
+def script_main() -> int:
+    """Run ``python -m hadpsgd.run`` / ``hadpsgd-run``: an escaped exception aborts the job.
+
+    Like ``python -m mpi4py``.
 
     :func:`main` handles everything raised while training; this catches the rest (an error
     while importing or setting up, or a failure in another thread's hook) so that no rank is
@@ -164,4 +166,4 @@ def _abort_world(code: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_run_as_script())
+    sys.exit(script_main())

@@ -1,4 +1,4 @@
-"""``python -m hadpsgd.launch -n 4 -- <hadpsgd.run args>``: start a local multi-rank job."""
+"""``python -m hadpsgd.launch -n 4 [--] <hadpsgd.run args>``: start a local multi-rank job."""
 
 from __future__ import annotations
 
@@ -14,20 +14,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse launcher options, run ``mpirun`` and return its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     rest: list[str] = []
-    if "--" in argv:
+    separated = "--" in argv
+    if separated:
         split = argv.index("--")
         argv, rest = argv[:split], argv[split + 1:]
     parser = argparse.ArgumentParser(
-        prog="python -m hadpsgd.launch",
+        prog="python -m hadpsgd.launch", allow_abbrev=False,
         description="Start N local ranks of python -m hadpsgd.run under the venv's mpirun, "
                     "Open MPI or MPICH (adds what a root or oversubscribed run needs). "
-                    "Arguments after -- go to hadpsgd.run.",
+                    "Every other argument (or all after --) goes to hadpsgd.run.",
     )
     parser.add_argument("-n", "--nprocs", type=int, default=4, help="number of ranks (default 4)")
     parser.add_argument("--module", default="hadpsgd.run",
                         help="module every rank runs (default hadpsgd.run)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    opts = parser.parse_args(argv)
+    if separated:
+        opts = parser.parse_args(argv)
+    else:
+        # No separator: the launcher takes its own options, hadpsgd.run gets the rest.
+        opts, rest = parser.parse_known_args(argv)
     try:
         cmd = mpirun_command(opts.nprocs, rest, module=opts.module)
     except LauncherError as err:
