@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
 from hadpsgd import algorithms
-from hadpsgd.cli import ConfigError, add_arguments, field_docs, flag, from_namespace
+from hadpsgd.cli import ConfigError, add_arguments, field_docs, flag, from_namespace, to_dict
+from hadpsgd.config_file import merge, read_config_file
 
 __all__ = ["AlgoConfig", "CommConfig", "ConfigError", "DataConfig", "ModelConfig",
            "OptimConfig", "RunConfig", "TrainConfig", "parse_config"]
@@ -284,7 +286,24 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
                         if s.options.recipe_help) or None,
     )
     add_arguments(parser, RunConfig)
+    group = parser.add_argument_group("configuration file")
+    group.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                       help="read options from a JSON file with the sections of a run's "
+                            "config.json; options on the command line win")
+    group.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
+                       help="print the resolved configuration as JSON and exit")
     ns = parser.parse_args(argv)
+    show = bool(vars(ns).pop("print_config", False))
+    path = vars(ns).pop("config", None)
+    owners: dict[str, list[str]] = AlgoConfig.__owners__  # type: ignore[attr-defined]
+    if path is not None:
+        try:
+            from_file = read_config_file(path, _option_names(RunConfig))
+        except ConfigError as err:
+            parser.error(str(err))
+        algo = getattr(ns, "algo", from_file.get("algo", TrainConfig.algo))
+        for name, value in merge(vars(ns), from_file, algo, owners).items():
+            setattr(ns, name, value)
     # The chosen algorithm's recipe fills options the user left out (BMUF: BMUF-Adam).
     algo = getattr(ns, "algo", TrainConfig.algo)
     if algo in algorithms.names():
@@ -299,4 +318,19 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         # Silently ignoring them would run something else than the user asked for.
         parser.error(f"--algo {cfg.train.algo} does not read {', '.join(foreign)}; drop it or "
                      "choose that algorithm")
+    if show:
+        print(json.dumps(to_dict(cfg), indent=2))
+        raise SystemExit(0)
     return cfg
+
+
+def _option_names(cls: type) -> list[str]:
+    """Every option's field name, through the nested sections."""
+    hints = get_type_hints(cls)
+    names: list[str] = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            names += _option_names(hints[f.name])
+        else:
+            names.append(f.name)
+    return names

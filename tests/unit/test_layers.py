@@ -15,7 +15,8 @@ ALLOWED = {
     "data": {"env"},
     "faults": {"env"},
     "algorithms": {"cli", "comm", "faults"},
-    "config": {"cli", "models", "algorithms"},
+    "config_file": {"cli"},
+    "config": {"cli", "config_file", "models", "algorithms"},
     "train": {"env", "cli", "models", "comm", "data", "faults", "algorithms", "config"},
     "run": {"env", "cli", "models", "comm", "data", "faults", "algorithms", "config", "train"},
 }

@@ -1,0 +1,72 @@
+"""``--config FILE``: options from a JSON file with the sections of ``config.json``.
+
+A run's ``config.json`` can be given back as it is: its sections (``data``, ``model``,
+``optim``, ``train``, ``algo``, ``comm``) hold the options by their field names, and what is
+not an option (``world``, ``provenance``) is skipped. Options given on the command line win
+over the file; the file wins over the defaults and over an algorithm's recipe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hadpsgd.cli import ConfigError
+
+SECTIONS = ("data", "model", "optim", "train", "algo", "comm")
+"""The sections of ``config.json`` that hold options."""
+SKIPPED = ("world", "provenance")
+"""Top-level keys of ``config.json`` that record the run rather than configure it."""
+
+
+def read_config_file(path: str, options: Iterable[str]) -> dict[str, Any]:
+    """The options in the JSON file ``path``, flattened to ``{field name: value}``.
+
+    Args:
+        path: The file.
+        options: Every option's field name (``sync_period``, ``lr``, ...).
+
+    Raises:
+        ConfigError: For a missing or malformed file, or a key that is no option, naming it.
+    """
+    where = Path(path)
+    try:
+        data = json.loads(where.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--config {path}: not a readable JSON file ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object with the sections "
+                          f"{', '.join(SECTIONS)} (as in a run's config.json)")
+    known = set(options)
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in SKIPPED:
+            continue
+        if key in SECTIONS and isinstance(value, dict):
+            items = value.items()
+        elif key in known:  # a flat file ({"lr": 0.1}) is accepted too
+            items = [(key, value)]
+        else:
+            raise ConfigError(f"--config {path}: unknown key {key!r}; use the sections "
+                              f"{', '.join(SECTIONS)} or option names (see --print-config)")
+        for name, val in items:
+            if name not in known:
+                raise ConfigError(f"--config {path}: {key}.{name} is no option of "
+                                  "python -m hadpsgd.run (see --print-config for the keys)")
+            flat[name] = val
+    return flat
+
+
+def merge(given: Mapping[str, Any], from_file: Mapping[str, Any], algo: str,
+          owners: Mapping[str, list[str]]) -> dict[str, Any]:
+    """The file's options to add: those not given, without other algorithms' own options.
+
+    A run's ``config.json`` records every algorithm's options; those of algorithms other
+    than ``algo`` are dropped rather than refused.
+    """
+    return {name: value for name, value in from_file.items()
+            if name not in given and (name not in owners or algo in owners[name])}
