@@ -8,7 +8,9 @@ from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
 from hadpsgd.comm.flat import FlatBuffer
 from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
+from hadpsgd.comm.mpi import library_version as mpi_library_version
 from hadpsgd.comm.topology import Topology, TopologyError
 
 __all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "CommTimeoutError", "FlatBuffer",
-           "SharedCounter", "Topology", "TopologyError", "Watchdog", "init", "timeout_from_env"]
+           "SharedCounter", "Topology", "TopologyError", "Watchdog", "init", "mpi_library_version",
+           "timeout_from_env"]

@@ -68,6 +68,14 @@ def loaded_libmpi() -> str | None:
     return ctypes.util.find_library("mpi")
 
 
+def library_version() -> str:
+    """The MPI library's own version line (``MPI_Get_library_version``), first line only."""
+    try:
+        return mpi().Get_library_version().replace("\x00", "").strip().splitlines()[0]
+    except Exception as err:  # noqa: BLE001 - only recorded, never needed to run
+        return f"unknown ({err})"
+
+
 def cuda_support() -> tuple[bool, str]:
     """Whether the loaded MPI library accepts CUDA device pointers, and how that was decided.
 

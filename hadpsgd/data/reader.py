@@ -85,7 +85,9 @@ class FeatureFile:
             # straight from the file. Measured on 4096x260 chunks, a random 21-frame read takes
             # ~10 us this way and ~0.5 ms through the default 1 MiB cache, which loads and
             # evicts whole 4 MiB chunks. Chunks are never re-read soon enough for a cache to pay.
-            return h5py.File(self.path, "r", rdcc_nbytes=0)
+            # No HDF5 file locking for reading: shared file systems (Lustre, NFS) often lack
+            # the locks, and every rank opens the same files.
+            return h5py.File(self.path, "r", rdcc_nbytes=0, locking=False)
         except OSError as exc:
             if "truncated file" in str(exc):
                 # HDF5 compares the end-of-file address in the header with the actual size.

@@ -35,7 +35,8 @@ class MetricsWriter:
                 raise ImportError(
                     "--tensorboard needs the tensorboard package: pip install 'hadpsgd[tb]'"
                 ) from err
-            self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tb"))
+            self._tb_dir = str(Path(out_dir) / "tb")
+            self._tb = SummaryWriter(log_dir=self._tb_dir)
 
     def write(self, kind: str, step: int, **values: Any) -> None:
         """Record ``values`` of ``kind`` (``train``, ``eval``, ...) at global ``step``."""
@@ -49,6 +50,19 @@ class MetricsWriter:
             for key, value in values.items():
                 if isinstance(value, int | float):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def resumed_at(self, step: int) -> None:
+        """A resume from the checkpoint of ``step``: later records of the earlier run are void.
+
+        A ``resume`` record marks the place in ``metrics.jsonl``; TensorBoard's events after
+        ``step`` are purged, so its curves do not zig-zag over the steps trained twice.
+        """
+        self.write("resume", step)
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(log_dir=self._tb_dir, purge_step=step + 1)
 
     def close(self) -> None:
         """Flush and close the sinks."""

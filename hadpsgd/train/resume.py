@@ -67,9 +67,11 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
     if changed:
         same_opt = state["config"]["optim"]["optimizer"] == cfg.optim.optimizer
         summary = adopt(trainer, state, same_optimizer=same_opt)
+        trainer.metrics.resumed_at(trainer.pos.global_step)
         _say(topo, f"resumed from {path} with a change ({'; '.join(changed)}): {summary}")
         return
     trainer.load_state_dict(state)
+    trainer.metrics.resumed_at(trainer.pos.global_step)
     _say(topo, f"resumed from {path} at step {trainer.pos.global_step}")
 
 

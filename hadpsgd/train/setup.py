@@ -7,7 +7,6 @@ output directory exists; :func:`build_trainer` is the whole assembly ``run.py`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
 from hadpsgd.models import build_model
+from hadpsgd.train import provenance
 from hadpsgd.train.loop import LoopOptions, Trainer
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.schedule import LRSchedule
@@ -172,8 +172,12 @@ def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
 
 
 def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
-    """Create the run directory (rank 0 picks the default name) and save the resolved config."""
+    """Create the run directory and save the resolved config with this start's provenance.
+
+    Rank 0 picks the default name and writes; collective (the hosts are gathered).
+    """
     out = None
+    start = provenance.entry(topo, cfg.train.resume)  # collective (the hosts)
     if topo.rank == 0:
         out = Path(cfg.train.out_dir or f"runs/{cfg.train.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
         out.mkdir(parents=True, exist_ok=True)
@@ -181,7 +185,8 @@ def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
         resolved["train"]["out_dir"] = str(out)
         resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
                              "node_sizes": topo.node_sizes, "device": str(topo.device)}
-        (out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+        assert start is not None
+        provenance.write_config(out / "config.json", resolved, start)
         out = str(out)
     return Path(topo.bcast_object(out, root=0))
 
