@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -283,7 +284,8 @@ class Trainer:
         return Progress(self.algo, self.metrics,
                         self.opts.batch_size * self.topo.size * self.train_set.chunk_len,
                         len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
-                        bar=self.opts.progress and self.topo.rank == 0)
+                        bar=self.opts.progress and self.topo.rank == 0 and sys.stdout.isatty(),
+                        lines=self.topo.rank == 0)
 
     def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any:
         """One forward/backward/algorithm step of this learner; returns the detached loss."""

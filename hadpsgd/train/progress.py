@@ -8,6 +8,9 @@ from typing import Any
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.train.metrics import MetricsWriter
 
+LINE_EVERY_S = 10.0
+"""The shortest interval between two plain log lines."""
+
 
 class Progress:
     """Counts steps since the last log line and writes it (frames/s, loss, algorithm figures).
@@ -19,12 +22,19 @@ class Progress:
         total: Steps in the epoch; ``initial`` of them already done.
         initial: Steps of the epoch already taken (after a resume).
         desc: Progress-bar label.
-        bar: Whether to show a tqdm bar (rank 0 only).
+        bar: Whether to show a tqdm bar (rank 0, on a terminal, with --progress).
+        lines: Whether to print plain log lines where there is no bar (rank 0): a batch log
+            gets one line per log step, at most one per ``LINE_EVERY_S`` seconds, instead of
+            a bar's carriage-return updates.
     """
 
     def __init__(self, algo: Algorithm, metrics: MetricsWriter, frames_per_step: int,
-                 total: int, initial: int, desc: str, bar: bool) -> None:
+                 total: int, initial: int, desc: str, bar: bool, lines: bool = False) -> None:
         self.algo = algo
+        self.total = total
+        self.lines = lines and not bar
+        self._last_line = float("-inf")
+        self._done = initial
         self.metrics = metrics
         self.frames_per_step = frames_per_step
         self._bar: Any = None
@@ -38,6 +48,7 @@ class Progress:
     def step(self) -> None:
         """One more step taken."""
         self._window += 1
+        self._done += 1
         if self._bar is not None:
             self._bar.update(1)
 
@@ -52,7 +63,12 @@ class Progress:
                            frames_per_s=round(fps, 1), **extra)
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{fps:.0f}")
-        self._tic, self._window = time.perf_counter(), 0
+        now = time.perf_counter()
+        if self.lines and now - self._last_line >= LINE_EVERY_S:
+            self._last_line = now
+            print(f"[hadpsgd] epoch {epoch} step {step} ({self._done}/{self.total} of the "
+                  f"epoch): loss {mean_loss:.4f}, lr {lr:.3g}, {fps:.0f} frames/s", flush=True)
+        self._tic, self._window = now, 0
 
     def close(self) -> None:
         """Close the bar."""

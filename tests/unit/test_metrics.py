@@ -25,3 +25,33 @@ def test_tensorboard_events(tmp_path):
     w.write("train", 1, loss=2.0)
     w.close()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_plain_log_lines_where_there_is_no_bar(tmp_path, capsys, monkeypatch):
+    """A batch log (no terminal) gets plain lines, throttled; no carriage-return bar."""
+    from hadpsgd.train import progress as prog
+
+    class Algo:
+        skipped_steps = 0
+
+        def metrics(self) -> dict:
+            return {}
+
+    writer = MetricsWriter(tmp_path, enabled=True)
+    p = prog.Progress(Algo(), writer, frames_per_step=100, total=50, initial=10,
+                      desc="epoch 0", bar=False, lines=True)
+    for step in (11, 12):
+        p.step()
+        p.log(step, 0, 0.1, 1.5)
+    out = capsys.readouterr().out
+    assert out.count("[hadpsgd] epoch 0 step 11 (11/50 of the epoch): loss 1.5000") == 1
+    assert "step 12" not in out and "\r" not in out  # within LINE_EVERY_S of the first
+    monkeypatch.setattr(prog, "LINE_EVERY_S", 0.0)
+    p.step()
+    p.log(13, 0, 0.1, 1.25)
+    assert "step 13 (13/50 of the epoch): loss 1.2500" in capsys.readouterr().out
+    quiet = prog.Progress(Algo(), writer, 100, 50, 0, "epoch 0", bar=False, lines=False)
+    quiet.step()
+    quiet.log(1, 0, 0.1, 1.0)
+    assert capsys.readouterr().out == ""
+    writer.close()
