@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank launcher inside the job (default 'srun --mpi=pmix')")
     g.add_argument("--sbatch-python", default="python", help="interpreter of the ranks")
     g.add_argument("--gpus-per-node", type=int, default=8,
-                   help="tasks per node when --ranks-per-node is not given (default 8)")
+                   help="tasks (one GPU each) per node when --ranks-per-node is not given; "
+                        "0 for a CPU cluster (default 8)")
     g.add_argument("--collect", action="store_true",
                    help="record the cells that sbatch jobs finished (their exit.json); run "
                         "nothing")

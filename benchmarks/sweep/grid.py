@@ -243,11 +243,15 @@ def shell_line(cmd: Sequence[str]) -> str:
 def sbatch_script(cell: Cell, cell_dir: str, timeout_s: float, launcher: str = "srun --mpi=pmix",
                   python: str = "python", gpus_per_node: int = 8,
                   options: Sequence[str] = ()) -> str:
-    """A Slurm batch script running ``cell`` on a cluster.
+    """A Slurm batch script running ``cell`` on a cluster, that survives preemption.
 
     The ranks of one node form a super-learner, so ``--ntasks-per-node`` is the cell's emulated
-    node size when the sweep set one, else ``gpus_per_node`` (at most the learners). The script
-    leaves ``exit.json`` (exit code, wall seconds) next to the run's outputs for ``--collect``.
+    node size when the sweep set one, else ``gpus_per_node`` (at most the learners), with one
+    GPU per task (``gpus_per_node`` 0: a CPU cluster, no GPUs asked). Slurm sends SIGUSR1 to
+    every rank (not only the batch shell: no ``B:``) 120 s before the time limit or at
+    preemption; the ranks checkpoint and exit 75, and the script requeues the job, which
+    continues with ``--resume auto``. Only a finished run leaves ``exit.json`` (exit code,
+    wall seconds) next to its outputs for ``--collect``.
 
     Args:
         cell: The cell.
@@ -258,20 +262,30 @@ def sbatch_script(cell: Cell, cell_dir: str, timeout_s: float, launcher: str = "
         gpus_per_node: Tasks per node when the cell has no emulated node size.
         options: Extra ``#SBATCH`` options, e.g. ``--partition=gpu``, ``--gpus-per-node=8``.
     """
-    per_node = cell.ranks_per_node or min(cell.learners, gpus_per_node)
+    per_node = cell.ranks_per_node or (min(cell.learners, gpus_per_node) if gpus_per_node
+                                       else cell.learners)
     minutes = max(1, int(timeout_s + 59) // 60)
     run = [*shlex.split(launcher), python, "-m", "hadpsgd.run",
-           *cell.run_args(cell_dir, emulate_nodes=False)]
+           *cell.run_args(cell_dir, emulate_nodes=False), "--resume", "auto"]
+    gpus = [f"#SBATCH --gpus-per-node={per_node}"] if gpus_per_node else []
     lines = ["#!/bin/bash", f"#SBATCH --job-name=hadpsgd-{cell.id}",
              f"#SBATCH --ntasks={cell.learners}", f"#SBATCH --ntasks-per-node={per_node}",
+             *gpus,
              f"#SBATCH --time={minutes // 60:d}:{minutes % 60:02d}:00",
              f"#SBATCH --output={cell_dir}/run.log",
+             "#SBATCH --open-mode=append",
+             "#SBATCH --signal=USR1@120",
+             "#SBATCH --requeue",
              *(f"#SBATCH {opt}" for opt in options),
              f"# cell {cell.id}: {json.dumps(cell.params(), sort_keys=True)}",
              f"mkdir -p {shlex.quote(cell_dir)}",
              "start=$(date +%s)",
              shell_line(run),
              "rc=$?",
+             "if [ \"$rc\" -eq 75 ]; then  # stopped on the signal after a checkpoint: go on later",
+             "  scontrol requeue \"$SLURM_JOB_ID\"",
+             "  exit 0",
+             "fi",
              "end=$(date +%s)",
              f"printf '{{\"exit_code\": %d, \"wall_s\": %d}}\\n' \"$rc\" \"$((end - start))\" "
              f"> {shlex.quote(cell_dir + '/exit.json')}",

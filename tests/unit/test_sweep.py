@@ -169,8 +169,11 @@ def test_sbatch_scripts(tmp_path, capsys):
     assert all(f"sbatch {s}" in out for s in scripts)
     text = scripts[0].read_text()
     for part in ("#SBATCH --ntasks=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --time=1:00:00",
-                 "#SBATCH --partition=gpu", "srun --mpi=pmix python -m hadpsgd.run", "exit.json"):
+                 "#SBATCH --partition=gpu", "srun --mpi=pmix python -m hadpsgd.run", "exit.json",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --signal=USR1@120", "#SBATCH --requeue",
+                 "--resume auto", 'if [ "$rc" -eq 75 ]', 'scontrol requeue "$SLURM_JOB_ID"'):
         assert part in text
+    assert "B:USR1" not in text  # the batch shell alone would never tell the ranks
     assert "--ranks-per-node" not in text
 
 
@@ -180,6 +183,8 @@ def test_sbatch_script_node_size():
     assert "--ntasks-per-node=4" in text and "--time=0:02:00" in text
     cell = expand(spec(learners=[16], global_batches=[64]))[0]
     assert "--ntasks-per-node=8" in sbatch_script(cell, "/shared/c", 90, gpus_per_node=8)
+    cpu = sbatch_script(cell, "/shared/c", 90, gpus_per_node=0)  # a CPU cluster
+    assert "--ntasks-per-node=16" in cpu and "--gpus" not in cpu
 
 
 # ---------------------------------------------------------------------------- resume
