@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hadpsgd.data.reader import FeatureFile
 from hadpsgd.data.writer import FeatureWriter
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,14 @@ def alignment_rspecifier(alignments: str) -> str:
     return f"scp:{alignments}" if alignments.endswith(".scp") else f"ark:{alignments}"
 
 
+def feature_rspecifier(feats: str) -> str:
+    """Normalise a feature source to a Kaldi rspecifier (like :func:`alignment_rspecifier`).
+
+    ``ark:copy-feats scp:feats.scp ark:- |`` and other pipelines are kept as they are.
+    """
+    return alignment_rspecifier(feats)
+
+
 def _load_alignments(kaldiio: Any, alignments: str) -> dict[str, np.ndarray]:
     result: dict[str, np.ndarray] = {}
     with kaldiio.ReadHelper(alignment_rspecifier(alignments)) as reader:
@@ -60,50 +69,148 @@ def _load_alignments(kaldiio: Any, alignments: str) -> dict[str, np.ndarray]:
     return result
 
 
+def read_utt2spk(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Kaldi's ``utt2spk``: one ``utterance speaker`` pair per line.
+
+    Raises:
+        ValueError: For a line that is not two fields, naming the file and line.
+    """
+    out: dict[str, str] = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise ValueError(f"{path}:{number}: expected 'utterance speaker', got {line!r}")
+        out[fields[0]] = fields[1]
+    return out
+
+
+def load_norm(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Normalisation statistics from a feature file (``norm/``) or an ``.npz`` (mean, std).
+
+    Raises:
+        ValueError: If the file has none, naming it.
+    """
+    where = Path(path)
+    if where.suffix == ".npz":
+        with np.load(where) as data:
+            if "mean" not in data or "std" not in data:
+                raise ValueError(f"{where}: an .npz of normalisation statistics needs arrays "
+                                 "'mean' and 'std'")
+            return data["mean"].astype(np.float32), data["std"].astype(np.float32)
+    ff = FeatureFile(where)
+    if ff.norm_mean is None or ff.norm_std is None:
+        raise ValueError(f"{where} has no normalisation statistics (norm/mean, norm/std); "
+                         "import the training set without --no-norm")
+    return ff.norm_mean, ff.norm_std
+
+
+class SpeakerCMVN:
+    """Per-speaker cepstral mean (and variance) normalisation, as Kaldi's apply-cmvn.
+
+    Statistics are accumulated over every frame of a speaker's utterances in a first pass over
+    the features; :meth:`apply` then normalises an utterance with its speaker's.
+    """
+
+    def __init__(self, utt2spk: dict[str, str], norm_vars: bool) -> None:
+        self.utt2spk = utt2spk
+        self.norm_vars = norm_vars
+        self.stats: dict[str, list[Any]] = {}
+
+    def accumulate(self, utt: str, mat: np.ndarray) -> None:
+        """Add one utterance's frames to its speaker's statistics."""
+        spk = self.utt2spk.get(utt)
+        if spk is None:
+            return
+        x = mat.astype(np.float64)
+        acc = self.stats.setdefault(spk, [0, 0.0, 0.0])
+        acc[0] += len(x)
+        acc[1] = acc[1] + x.sum(0)
+        acc[2] = acc[2] + (x * x).sum(0)
+
+    def apply(self, utt: str, mat: np.ndarray) -> np.ndarray:
+        """The utterance normalised with its speaker's statistics."""
+        n, total, squares = self.stats[self.utt2spk[utt]]
+        mean = total / max(n, 1)
+        out = mat.astype(np.float64) - mean
+        if self.norm_vars:
+            std = np.sqrt(np.maximum(squares / max(n, 1) - mean * mean, 0.0))
+            out /= np.where(std < 1e-6, 1.0, std)
+        return out.astype(np.float32)
+
+
 def import_kaldi(
     feats_scp: str, alignments: str, out: str | os.PathLike[str],
-    num_classes: int | None = None, compute_norm: bool = True,
+    num_classes: int | None = None, compute_norm: bool = True, *,
+    like: str | os.PathLike[str] | None = None,
+    norm_from: str | os.PathLike[str] | None = None,
+    utt2spk: str | os.PathLike[str] | None = None, cmvn_vars: bool = False,
 ) -> dict[str, Any]:
     """Convert a Kaldi feature table and its pdf-id alignments to one feature file.
 
-    Utterances are written in the order of ``feats_scp``. Utterances without an alignment,
-    whose frame count differs from the alignment length, whose feature dimension differs from
-    the first utterance's, or with non-finite features are skipped and counted. The output is
-    written atomically (a failed import leaves no file under ``out``).
+    Utterances are written in the order of the feature source. Utterances without an
+    alignment (or, with ``utt2spk``, without a speaker), whose frame count differs from the
+    alignment length, whose feature dimension differs from the first utterance's, or with
+    non-finite features are skipped and counted. The output is written atomically (a failed
+    import leaves no file under ``out``).
 
     Args:
-        feats_scp: Feature ``.scp`` (a leading ``scp:`` is accepted).
+        feats_scp: Features: a ``feats.scp`` path, or any rspecifier (``scp:...``,
+            ``ark:...``, a pipeline such as ``ark:apply-cmvn ... scp:feats.scp ark:- |``).
         alignments: pdf-id alignments: ``ark:ali.ark``, ``scp:ali.scp``, or a plain ``.ark``
             / ``.scp`` path (or any kaldiio rspecifier, e.g. ``ark:gunzip -c ali.gz |``).
         out: Output ``.h5`` file.
-        num_classes: Number of pdfs; default the largest pdf-id in the alignments + 1.
+        num_classes: Number of pdfs; default ``like``'s, else the largest pdf-id + 1.
         compute_norm: Store per-dimension mean and std of the written frames as ``norm/``.
+        like: The training set's feature file: a held-out split takes its class count and
+            its normalisation statistics (so both splits are normalised alike).
+        norm_from: Store these statistics instead (a feature file or an ``.npz`` with
+            ``mean`` and ``std``).
+        utt2spk: Kaldi's ``utt2spk``: per-speaker mean normalisation before anything else.
+        cmvn_vars: With ``utt2spk``, normalise the per-speaker variance too.
 
     Returns:
-        Summary: ``utts``, ``frames``, ``feat_dim``, ``num_classes``, ``out``, ``skipped``
-        (count per reason), ``skipped_utts`` (up to 10 ids per reason) and
-        ``unused_alignments`` (alignments with no features).
+        Summary: ``utts``, ``frames``, ``feat_dim``, ``num_classes``, ``out``, ``norm``
+        (where the statistics came from), ``skipped`` (count per reason), ``skipped_utts``
+        (up to 10 ids per reason) and ``unused_alignments`` (alignments with no features).
 
     Raises:
         ImportError: If kaldiio is not installed.
         ValueError: If no utterance can be imported, pdf-ids are negative or not below
-            ``num_classes``.
+            ``num_classes``, or ``like`` disagrees with ``num_classes``.
     """
     kaldiio = _kaldiio()
-    scp = feats_scp[4:] if feats_scp.startswith("scp:") else feats_scp
-    feats = kaldiio.load_scp(scp)
+    rspec = feature_rspecifier(feats_scp)
     ali = _load_alignments(kaldiio, alignments)
-    paired = [utt for utt in feats if utt in ali]
-    if paired:
-        low = min(int(ali[u].min()) for u in paired if len(ali[u]))
-        high = max(int(ali[u].max()) for u in paired if len(ali[u]))
+    norm: tuple[np.ndarray, np.ndarray] | None = None
+    norm_source = "computed on these frames" if compute_norm else "none"
+    if like is not None:
+        template = FeatureFile(like)
+        if num_classes is not None and num_classes != template.num_classes:
+            raise ValueError(f"--num-classes {num_classes} disagrees with {like} "
+                             f"({template.num_classes} classes); drop one of them")
+        num_classes = template.num_classes
+        if compute_norm and norm_from is None:
+            norm_from = like
+    if norm_from is not None and compute_norm:
+        norm = load_norm(norm_from)
+        norm_source = f"from {norm_from}"
+    lengths = [a for a in ali.values() if len(a)]
+    if lengths:  # checked before any feature is read: no work is lost to a bad count
+        low, top = min(int(a.min()) for a in lengths), max(int(a.max()) for a in lengths)
         if low < 0:
             raise ValueError(f"{alignments}: negative pdf-id {low}; pass pdf-id alignments")
-        if num_classes is None:
-            num_classes = high + 1
-        elif high >= num_classes:
-            raise ValueError(f"{alignments}: pdf-id {high} is not below --num-classes "
-                             f"{num_classes}; raise it to at least {high + 1}")
+        if num_classes is not None and top >= num_classes:
+            raise ValueError(f"{alignments}: pdf-id {top} is not below --num-classes "
+                             f"{num_classes}; raise it to at least {top + 1}")
+        num_classes = top + 1 if num_classes is None else num_classes
+    speakers = read_utt2spk(utt2spk) if utt2spk is not None else None
+    cmvn = SpeakerCMVN(speakers, cmvn_vars) if speakers is not None else None
+    if cmvn is not None:  # first pass: the speakers' statistics
+        with kaldiio.ReadHelper(rspec) as reader:
+            for utt, mat in reader:  # every utterance of a speaker, as compute-cmvn-stats
+                cmvn.accumulate(utt, np.asarray(mat))
 
     skipped: Counter[str] = Counter()
     skipped_utts: dict[str, list[str]] = {}
@@ -115,41 +222,54 @@ def import_kaldi(
             skipped_utts[reason].append(utt)
 
     writer: FeatureWriter | None = None
+    seen: set[str] = set()
     try:
-        for utt in feats:
-            if utt not in ali:
-                skip(utt, "no alignment")
-                continue
-            mat = np.asarray(feats[utt])
-            if mat.ndim != 2:
-                skip(utt, "features not a matrix")
-                continue
-            if mat.shape[0] != len(ali[utt]):
-                skip(utt, "length mismatch")
-                continue
-            if writer is not None and mat.shape[1] != writer.feat_dim:
-                skip(utt, "feature dimension differs")
-                continue
-            if not np.isfinite(mat).all():
-                skip(utt, "non-finite features")
-                continue
-            if writer is None:
-                assert num_classes is not None  # set above: this utterance is paired
-                writer = FeatureWriter(out, mat.shape[1], num_classes)
-            writer.append(utt, mat, ali[utt])
+        with kaldiio.ReadHelper(rspec) as reader:
+            for utt, raw in reader:
+                seen.add(utt)
+                if utt not in ali:
+                    skip(utt, "no alignment")
+                    continue
+                if speakers is not None and utt not in speakers:
+                    skip(utt, "not in utt2spk")
+                    continue
+                mat, labels = np.asarray(raw), ali[utt]
+                if mat.ndim != 2:
+                    skip(utt, "features not a matrix")
+                    continue
+                if mat.shape[0] != len(labels):
+                    skip(utt, "length mismatch")
+                    continue
+                if writer is not None and mat.shape[1] != writer.feat_dim:
+                    skip(utt, "feature dimension differs")
+                    continue
+                if not np.isfinite(mat).all():
+                    skip(utt, "non-finite features")
+                    continue
+                if writer is None:
+                    assert num_classes is not None  # this utterance has an alignment
+                    writer = FeatureWriter(out, mat.shape[1], num_classes)
+                writer.append(utt, cmvn.apply(utt, mat) if cmvn is not None else mat, labels)
         if writer is None:
-            raise ValueError(f"no utterance of {feats_scp} could be imported ({len(feats)} in "
+            raise ValueError(f"no utterance of {feats_scp} could be imported ({len(seen)} in "
                              f"the table, skipped: {dict(skipped) or 'none'}); check that the "
                              f"alignments {alignments} belong to these features")
+        if norm is not None and (norm[0].shape != (writer.feat_dim,)
+                                 or norm[1].shape != (writer.feat_dim,)):
+            raise ValueError(f"normalisation statistics {norm_source} have dimension "
+                             f"{norm[0].shape[0]}, the features {writer.feat_dim}")
         summary = {"out": str(out), "utts": writer.num_utts, "frames": writer.num_frames,
-                   "feat_dim": writer.feat_dim, "num_classes": writer.num_classes}
-        writer.commit(writer.running_norm() if compute_norm else None)
+                   "feat_dim": writer.feat_dim, "num_classes": writer.num_classes,
+                   "norm": norm_source}
+        if compute_norm and norm is None:
+            norm = writer.running_norm()
+        writer.commit(norm if compute_norm else None)
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
     summary.update(skipped=dict(skipped), skipped_utts=skipped_utts,
-                   unused_alignments=len(set(ali) - set(paired)))
+                   unused_alignments=len(set(ali) - seen))
     if skipped:
         log.warning("%s: skipped %d utterance(s): %s", feats_scp, sum(skipped.values()),
                     dict(skipped))
@@ -161,23 +281,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hadpsgd.data.kaldi",
                                      description="Convert Kaldi features + pdf alignments to "
                                                  "the hadpsgd HDF5 feature format.")
-    parser.add_argument("--feats-scp", required=True, help="feature table (feats.scp)")
+    parser.add_argument("--feats", "--feats-scp", dest="feats", required=True,
+                        help="features: feats.scp, or any rspecifier, e.g. "
+                             "'ark:apply-cmvn ... scp:feats.scp ark:- |'")
     parser.add_argument("--alignments", required=True,
-                        help="pdf-id alignments: ark:ali.ark, scp:ali.scp or a .ark/.scp path")
+                        help="pdf-id alignments: ark:ali.ark, scp:ali.scp, a .ark/.scp path or "
+                             "a pipeline, e.g. 'ark:ali-to-pdf final.mdl \"ark:gunzip -c "
+                             "ali.*.gz|\" ark:- |'")
+    parser.add_argument("--like", type=Path, default=None, metavar="TRAIN.h5",
+                        help="the training set's file: take its class count and normalisation "
+                             "statistics (import held-out splits with it)")
     parser.add_argument("--num-classes", type=int, default=None,
-                        help="number of pdfs (default: largest pdf-id + 1)")
+                        help="number of pdfs (default: --like's, else largest pdf-id + 1)")
+    parser.add_argument("--norm-from", type=Path, default=None, metavar="FILE",
+                        help="store these normalisation statistics (a feature file, or an "
+                             ".npz with 'mean' and 'std') instead of computing them")
+    parser.add_argument("--utt2spk", type=Path, default=None,
+                        help="Kaldi utt2spk: per-speaker mean normalisation (CMVN) first")
+    parser.add_argument("--cmvn-vars", action="store_true",
+                        help="with --utt2spk, normalise the per-speaker variance too")
     parser.add_argument("--out", type=Path, required=True, help="output .h5 file")
     parser.add_argument("--no-norm", action="store_true",
                         help="do not store normalisation statistics (norm/mean, norm/std)")
     args = parser.parse_args(argv)
     try:
-        summary = import_kaldi(args.feats_scp, args.alignments, args.out,
-                               num_classes=args.num_classes, compute_norm=not args.no_norm)
+        summary = import_kaldi(args.feats, args.alignments, args.out,
+                               num_classes=args.num_classes, compute_norm=not args.no_norm,
+                               like=args.like, norm_from=args.norm_from, utt2spk=args.utt2spk,
+                               cmvn_vars=args.cmvn_vars)
     except (ImportError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {summary['out']}: {summary['utts']} utterances, {summary['frames']} frames, "
-          f"feat_dim {summary['feat_dim']}, {summary['num_classes']} classes")
+          f"feat_dim {summary['feat_dim']}, {summary['num_classes']} classes, normalisation "
+          f"{summary['norm']}")
     for reason, count in summary["skipped"].items():
         print(f"skipped {count} ({reason}): {', '.join(summary['skipped_utts'][reason])}"
               f"{' ...' if count > _MAX_LISTED else ''}")

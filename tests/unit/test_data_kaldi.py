@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -117,3 +118,68 @@ def test_cli(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--feats-scp", str(kaldi_dir / "feats.scp"), "--alignments",
                  str(kaldi_dir / "ali.ark"), "--out", str(out), "--num-classes", "3"]) == 1
     assert "at least 12" in capsys.readouterr().err
+
+
+def test_heldout_like_train_shares_classes_and_normalisation(kaldi_dir: Path) -> None:
+    """A held-out split whose pdf-ids happen to stop lower still gets the training set's class
+    inventory, and is normalised with the training statistics, not its own."""
+    rng = np.random.default_rng(1)
+    dev = {"d1": (5.0 + rng.standard_normal((6, D))).astype(np.float32)}
+    kaldiio.save_ark(str(kaldi_dir / "dev.ark"), dev, scp=str(kaldi_dir / "dev.scp"))
+    kaldiio.save_ark(str(kaldi_dir / "devali.ark"), {"d1": np.array([0, 1, 2, 1, 0, 2],
+                                                                    np.int32)})
+    train = kaldi_dir / "train.h5"
+    import_kaldi(str(kaldi_dir / "feats.scp"), str(kaldi_dir / "ali.ark"), train)
+    held = kaldi_dir / "heldout.h5"
+    summary = import_kaldi(str(kaldi_dir / "dev.scp"), str(kaldi_dir / "devali.ark"), held,
+                           like=train)
+    tr, ho = FeatureFile(train), FeatureFile(held)
+    assert ho.num_classes == tr.num_classes == 12  # not 3 from the held-out's own pdf-ids
+    np.testing.assert_array_equal(ho.norm_mean, tr.norm_mean)
+    np.testing.assert_array_equal(ho.norm_std, tr.norm_std)
+    assert summary["norm"] == f"from {train}"
+    feats, _ = ho.read(0, ho.num_frames)
+    assert feats.mean() > 3.0  # the shift stays visible: not re-centred on its own mean
+    with pytest.raises(ValueError, match="disagrees with"):
+        import_kaldi(str(kaldi_dir / "dev.scp"), str(kaldi_dir / "devali.ark"),
+                     kaldi_dir / "x.h5", like=train, num_classes=20)
+    np.savez(kaldi_dir / "stats.npz", mean=np.ones(D, np.float32), std=np.full(D, 2, np.float32))
+    import_kaldi(str(kaldi_dir / "dev.scp"), str(kaldi_dir / "devali.ark"), kaldi_dir / "n.h5",
+                 norm_from=kaldi_dir / "stats.npz")
+    assert FeatureFile(kaldi_dir / "n.h5").norm_std.tolist() == [2.0] * D
+
+
+def test_pipeline_features_and_speaker_cmvn(kaldi_dir: Path) -> None:
+    (kaldi_dir / "utt2spk").write_text("spk1-u1 spk1\nspk1-u2 spk1\nspk2-u3 spk2\n"
+                                       "spk2-short spk2\n")
+    out = kaldi_dir / "cmvn.h5"
+    summary = import_kaldi(f"ark:cat {kaldi_dir / 'feats.ark'} |", str(kaldi_dir / "ali.ark"),
+                           out, compute_norm=False, utt2spk=kaldi_dir / "utt2spk",
+                           cmvn_vars=True)
+    assert summary["utts"] == 3  # spk2-noali has no alignment, spk2-short a length mismatch
+    ff = FeatureFile(out)
+    feats, _ = ff.read(0, ff.num_frames)
+    spk1 = feats[:17]  # spk1-u1 (10 frames) and spk1-u2 (7): one speaker's statistics
+    np.testing.assert_allclose(spk1.mean(0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(spk1.std(0), 1.0, rtol=1e-4)
+    # spk2's statistics include every utterance of spk2 in utt2spk, imported or not
+    raw, _ = expected(kaldi_dir, ["spk2-u3"])
+    assert not np.allclose(feats[17:], raw)
+
+
+def test_info_tool(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hadpsgd.data.__main__ import main as data_main
+
+    out = kaldi_dir / "train.h5"
+    import_kaldi(str(kaldi_dir / "feats.scp"), str(kaldi_dir / "ali.ark"), out)
+    assert data_main(["info", str(out), "--chunk-len", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "3 utterances, 20 frames, feat_dim 5, 12 classes" in text
+    assert "normalisation: mean in" in text and "training chunks of 5" in text
+    assert data_main(["info", "--json", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    _, labels = expected(kaldi_dir, GOOD)
+    assert sum(n for _, n in info["most_frequent"]) <= 20
+    assert info["classes_without_frames"] == sorted(set(range(12)) - set(labels.tolist()))
+    assert data_main(["info", str(kaldi_dir / "missing.h5")]) == 2
+    assert "does not exist" in capsys.readouterr().err

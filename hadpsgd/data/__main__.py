@@ -1,0 +1,110 @@
+"""``python -m hadpsgd.data info FILE ...``: what a feature file holds, checked.
+
+For each file: utterances, frames, feature dimension, classes, the label histogram (and the
+classes no frame carries), the frames per utterance, the normalisation statistics, and how
+many ``--chunk-len`` chunks training cuts from it. Opening the file validates its structure
+(the same checks as training); ``--json`` prints one JSON object per file instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import h5py
+import numpy as np
+
+from hadpsgd.data._schema import LABELS
+from hadpsgd.data.reader import FeatureFile, FeatureFileError
+from hadpsgd.data.sampler import chunk_starts
+
+_SHOWN = 10  # classes listed by count, most and least frequent
+_BLOCK = 1 << 22  # labels read per block
+
+
+def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
+    """The summary of one feature file (see the module docstring).
+
+    Raises:
+        FeatureFileError: If the file is missing or malformed, naming the problem.
+    """
+    with FeatureFile(path) as ff:
+        counts = np.zeros(ff.num_classes, np.int64)
+        # Labels only, a block at a time: the features of a real corpus do not fit in memory.
+        with h5py.File(path, "r", locking=False) as h5:
+            labels = h5[LABELS]
+            for start in range(0, ff.num_frames, _BLOCK):
+                block = labels[start:start + _BLOCK].astype(np.int64)
+                counts += np.bincount(block, minlength=ff.num_classes)[:ff.num_classes]
+        lengths = np.diff(ff.offsets)
+        order = np.argsort(-counts, kind="stable")
+        out: dict[str, Any] = {
+            "file": str(path), "utterances": ff.num_utts, "frames": ff.num_frames,
+            "feat_dim": ff.feat_dim, "num_classes": ff.num_classes,
+            "frames_per_utterance": {"min": int(lengths.min()), "median": float(
+                np.median(lengths)), "max": int(lengths.max())},
+            "chunks": len(chunk_starts(ff.offsets, chunk_len)), "chunk_len": chunk_len,
+            "classes_without_frames": [int(c) for c in np.flatnonzero(counts == 0)],
+            "most_frequent": [[int(c), int(counts[c])] for c in order[:_SHOWN]],
+            "least_frequent": [[int(c), int(counts[c])] for c in order[::-1][:_SHOWN]
+                               if counts[c] > 0],
+            "normalisation": None,
+        }
+        if ff.norm_mean is not None and ff.norm_std is not None:
+            out["normalisation"] = {
+                "mean_range": [float(ff.norm_mean.min()), float(ff.norm_mean.max())],
+                "std_range": [float(ff.norm_std.min()), float(ff.norm_std.max())]}
+    return out
+
+
+def _text(info: dict[str, Any]) -> str:
+    lines = [f"{info['file']}: {info['utterances']} utterances, {info['frames']} frames, "
+             f"feat_dim {info['feat_dim']}, {info['num_classes']} classes"]
+    fpu = info["frames_per_utterance"]
+    lines.append(f"  frames per utterance: min {fpu['min']}, median {fpu['median']:g}, "
+                 f"max {fpu['max']}; {info['chunks']} training chunks of {info['chunk_len']}")
+    top = ", ".join(f"{c}: {n}" for c, n in info["most_frequent"])
+    lines.append(f"  labels, most frequent (class: frames): {top}")
+    low = ", ".join(f"{c}: {n}" for c, n in info["least_frequent"])
+    lines.append(f"  labels, least frequent: {low}")
+    empty = info["classes_without_frames"]
+    lines.append(f"  classes without frames: {len(empty)}"
+                 + (f" ({', '.join(map(str, empty[:20]))}{' ...' if len(empty) > 20 else ''})"
+                    if empty else ""))
+    norm = info["normalisation"]
+    lines.append("  normalisation: none (features are used as stored)" if norm is None else
+                 f"  normalisation: mean in [{norm['mean_range'][0]:.4g}, "
+                 f"{norm['mean_range'][1]:.4g}], std in [{norm['std_range'][0]:.4g}, "
+                 f"{norm['std_range'][1]:.4g}] (applied on read)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line; returns the exit code (2 for a missing or malformed file)."""
+    parser = argparse.ArgumentParser(prog="python -m hadpsgd.data", allow_abbrev=False,
+                                     description="Inspect hadpsgd HDF5 feature files.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="utterances, frames, classes, label histogram, "
+                                       "normalisation of each file")
+    info.add_argument("files", nargs="+", metavar="FILE")
+    info.add_argument("--chunk-len", type=int, default=21,
+                      help="training chunk length to count chunks for (default 21)")
+    info.add_argument("--json", action="store_true", help="one JSON object per file")
+    args = parser.parse_args(argv)
+    status = 0
+    for path in args.files:
+        try:
+            summary = describe(path, args.chunk_len)
+        except FeatureFileError as err:
+            print(f"hadpsgd.data: error: {err}", file=sys.stderr)
+            status = 2
+            continue
+        print(json.dumps(summary) if args.json else _text(summary))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
