@@ -19,7 +19,7 @@ import numpy as np
 
 from hadpsgd.data._schema import LABELS
 from hadpsgd.data.reader import FeatureFile, FeatureFileError
-from hadpsgd.data.sampler import chunk_starts
+from hadpsgd.data.sampler import chunk_starts, tail_chunks
 
 _SHOWN = 10  # classes listed by count, most and least frequent
 _BLOCK = 1 << 22  # labels read per block
@@ -46,7 +46,8 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
             "feat_dim": ff.feat_dim, "num_classes": ff.num_classes,
             "frames_per_utterance": {"min": int(lengths.min()), "median": float(
                 np.median(lengths)), "max": int(lengths.max())},
-            "chunks": len(chunk_starts(ff.offsets, chunk_len)), "chunk_len": chunk_len,
+            "chunks": len(chunk_starts(ff.offsets, chunk_len)) + len(
+                tail_chunks(ff.offsets, chunk_len)[0]), "chunk_len": chunk_len,
             "classes_without_frames": [int(c) for c in np.flatnonzero(counts == 0)],
             "most_frequent": [[int(c), int(counts[c])] for c in order[:_SHOWN]],
             "least_frequent": [[int(c), int(counts[c])] for c in order[::-1][:_SHOWN]
@@ -65,7 +66,8 @@ def _text(info: dict[str, Any]) -> str:
              f"feat_dim {info['feat_dim']}, {info['num_classes']} classes"]
     fpu = info["frames_per_utterance"]
     lines.append(f"  frames per utterance: min {fpu['min']}, median {fpu['median']:g}, "
-                 f"max {fpu['max']}; {info['chunks']} training chunks of {info['chunk_len']}")
+                 f"max {fpu['max']}; {info['chunks']} training chunks of {info['chunk_len']} "
+                 "(the tails included)")
     top = ", ".join(f"{c}: {n}" for c, n in info["most_frequent"])
     lines.append(f"  labels, most frequent (class: frames): {top}")
     low = ", ".join(f"{c}: {n}" for c, n in info["least_frequent"])

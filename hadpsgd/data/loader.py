@@ -9,13 +9,24 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hadpsgd.data.reader import FeatureFile
-from hadpsgd.data.sampler import ChunkBatchSampler, chunk_starts
+from hadpsgd.data.sampler import ChunkBatchSampler, chunk_starts, tail_chunks
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+IGNORE = -100
+"""The label of a position that does not count (padding, or a frame another chunk holds);
+``torch.nn.functional.cross_entropy`` skips it by default."""
+
+
 class ChunkDataset(Dataset[Batch]):
-    """The non-overlapping ``chunk_len``-frame chunks of a feature file.
+    """The ``chunk_len``-frame chunks of a feature file, covering every frame once.
+
+    First the non-overlapping chunks of every utterance (:func:`chunk_starts`), then one chunk
+    per utterance tail (:func:`tail_chunks`): the last ``chunk_len`` frames of a longer
+    utterance with only the uncovered ones labelled, or a whole shorter utterance padded. The
+    labels of positions that do not count are :data:`IGNORE`, so every frame of the file is
+    labelled in exactly one chunk (``cover_tails=False``: the whole chunks only).
 
     Batches are fetched with :meth:`__getitems__` (which ``DataLoader`` calls with a whole
     batch of indices when it is given a ``batch_sampler``): the requested chunks are sorted by
@@ -27,6 +38,7 @@ class ChunkDataset(Dataset[Batch]):
         path: The feature file.
         chunk_len: Frames per chunk (the unroll length).
         expected_feat_dim: If given, the feature dimension the model needs.
+        cover_tails: Add the tail chunks (default); False drops every utterance's tail.
 
     Raises:
         FeatureFileError: If the file is malformed or has another feature dimension.
@@ -35,13 +47,22 @@ class ChunkDataset(Dataset[Batch]):
 
     def __init__(
         self, path: str | os.PathLike[str], chunk_len: int = 21,
-        expected_feat_dim: int | None = None,
+        expected_feat_dim: int | None = None, cover_tails: bool = True,
     ) -> None:
         if chunk_len < 1:
             raise ValueError(f"chunk_len must be >= 1, got {chunk_len}")
         self.file = FeatureFile(path, expected_feat_dim=expected_feat_dim)
         self.chunk_len = int(chunk_len)
-        self.starts = chunk_starts(self.file.offsets, self.chunk_len)
+        whole = chunk_starts(self.file.offsets, self.chunk_len)
+        self.num_whole = len(whole)
+        """The first ``num_whole`` chunks are whole; the tail chunks follow."""
+        tails = (tail_chunks(self.file.offsets, self.chunk_len) if cover_tails
+                 else (np.zeros(0, np.int64),) * 3)
+        self.starts = np.concatenate([whole, tails[0]])
+        self.keep_from = tails[1]
+        """Per tail chunk: the first position whose label counts."""
+        self.valid = tails[2]
+        """Per tail chunk: the real frames read from its start (the rest is padding)."""
 
     @property
     def feat_dim(self) -> int:
@@ -78,8 +99,21 @@ class ChunkDataset(Dataset[Batch]):
         n, length, dim = len(idx), self.chunk_len, self.file.feat_dim
         feats = np.empty((n, length, dim), dtype=np.float32)
         labels = np.empty((n, length), dtype=np.int64)
-        order = np.argsort(self.starts[idx], kind="stable")
-        starts = self.starts[idx][order]
+        tail = idx >= self.num_whole
+        for pos in np.flatnonzero(tail):  # one per utterance: read on their own
+            j = int(idx[pos]) - self.num_whole
+            start, keep, valid = int(self.starts[idx[pos]]), int(self.keep_from[j]), \
+                int(self.valid[j])
+            block_f, block_l = self.file.read(start, start + valid)
+            feats[pos, :valid] = block_f
+            feats[pos, valid:] = 0.0
+            labels[pos, :valid] = block_l
+            labels[pos, :keep] = IGNORE
+            labels[pos, valid:] = IGNORE
+        whole = np.flatnonzero(~tail)
+        n = len(whole)
+        order = whole[np.argsort(self.starts[idx[whole]], kind="stable")]
+        starts = self.starts[idx[order]]
         # A run ends where the next chunk does not begin exactly where this one ends
         # (a gap, or a duplicate index whose start repeats).
         breaks = np.flatnonzero(np.diff(starts) != length) + 1

@@ -9,6 +9,39 @@ import numpy as np
 from torch.utils.data import Sampler
 
 
+def tail_chunks(offsets: np.ndarray, chunk_len: int) -> tuple[np.ndarray, np.ndarray,
+                                                              np.ndarray]:
+    """The chunks that cover what :func:`chunk_starts` leaves out: each utterance's tail.
+
+    An utterance of ``L >= chunk_len`` frames with ``r = L % chunk_len > 0`` gets one chunk of
+    its last ``chunk_len`` frames, of which only the last ``r`` count (the others belong to
+    a regular chunk already): the model sees a full unroll of real context, and every frame
+    is counted once. A shorter utterance (``0 < L < chunk_len``) gets one chunk of its ``L``
+    frames, padded at the end; the padding does not count.
+
+    Args:
+        offsets: ``[U+1]`` utterance boundaries.
+        chunk_len: Frames per chunk.
+
+    Returns:
+        ``(starts, keep_from, valid)``: the chunks' global start frames, the first position
+        whose label counts, and the number of real frames read (the rest is padding).
+    """
+    if chunk_len < 1:
+        raise ValueError(f"chunk_len must be >= 1, got {chunk_len}")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    rest = lengths % chunk_len
+    long_tail = (lengths >= chunk_len) & (rest > 0)
+    short = (lengths > 0) & (lengths < chunk_len)
+    utts = np.flatnonzero(long_tail | short)
+    is_long = long_tail[utts]
+    starts = np.where(is_long, offsets[utts + 1] - chunk_len, offsets[utts])
+    keep_from = np.where(is_long, chunk_len - rest[utts], 0)
+    valid = np.where(is_long, chunk_len, lengths[utts])
+    return starts.astype(np.int64), keep_from.astype(np.int64), valid.astype(np.int64)
+
+
 def chunk_starts(offsets: np.ndarray, chunk_len: int) -> np.ndarray:
     """Global start frames of the non-overlapping ``chunk_len``-frame chunks of each utterance.
 

@@ -1,4 +1,4 @@
-"""Held-out evaluation: frame cross-entropy and frame accuracy over every held-out chunk."""
+"""Held-out evaluation: frame cross-entropy and frame accuracy over every held-out frame."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, make_loader
+from hadpsgd.data.loader import IGNORE
 
 
 @dataclass(frozen=True)
@@ -21,16 +22,18 @@ class EvalResult:
     accuracy: float
     """Fraction of frames whose arg-max class is the label."""
     frames: int
-    """Frames evaluated (every held-out chunk exactly once)."""
+    """Frames evaluated: every frame of the held-out set, once."""
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: ChunkDataset, topo: Topology,
              batch_size: int = 64) -> EvalResult:
-    """Evaluate ``model`` on every chunk of ``dataset``, split disjointly across learners.
+    """Evaluate ``model`` on every frame of ``dataset``, its chunks split across learners.
 
-    The shards are summed with one allreduce, so the result is exact and identical on every
-    rank whatever the number of learners.
+    Each frame is labelled in exactly one chunk (an utterance's tail in a chunk of its last
+    frames, see :class:`hadpsgd.data.ChunkDataset`); positions labelled ``IGNORE`` do not
+    count. The shards are summed with one allreduce, so the result is exact and identical on
+    every rank whatever the number of learners.
     """
     was_training = model.training
     model.eval()
@@ -43,10 +46,11 @@ def evaluate(model: nn.Module, dataset: ChunkDataset, topo: Topology,
             continue
         logits = model(feats.to(topo.device))
         labels = labels.to(topo.device)
-        flat = logits.reshape(-1, logits.shape[-1])
-        totals[0] += float(F.cross_entropy(flat, labels.reshape(-1), reduction="sum"))
-        totals[1] += float((flat.argmax(-1) == labels.reshape(-1)).sum())
-        totals[2] += labels.numel()
+        flat, target = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        counted = target != IGNORE
+        totals[0] += float(F.cross_entropy(flat, target, ignore_index=IGNORE, reduction="sum"))
+        totals[1] += float((flat.argmax(-1) == target)[counted].sum())
+        totals[2] += float(counted.sum())
     topo.allreduce_(totals, op="sum")
     model.train(was_training)
     frames = int(totals[2])

@@ -15,6 +15,7 @@ from hadpsgd import env, faults
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.comm import SharedCounter, Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
+from hadpsgd.data.loader import IGNORE
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate
@@ -298,8 +299,13 @@ class Trainer:
             time.sleep(self._step_wait)  # HADPSGD_EMULATE_STEP: an emulated device step
         model = self.algo.model
         logits = model(feats.to(self.topo.device))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                               labels.to(self.topo.device).reshape(-1))
+        target = labels.to(self.topo.device).reshape(-1)
+        # Summed over the counted frames (padding and frames of another chunk are IGNORE)
+        # and divided by the batch's positions, not by its counted frames: every frame
+        # weighs the same in any batch, so N learners' mean gradient is still exactly the
+        # gradient of their concatenated batch (SSGD's big-batch equivalence).
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target,
+                               ignore_index=IGNORE, reduction="sum") / max(target.numel(), 1)
         if poison == "nan":
             loss = loss * float("nan")
         loss.backward()

@@ -109,7 +109,9 @@ def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
 
 def check_steps(train_set: ChunkDataset, heldout_set: ChunkDataset, batch_size: int,
                 world_size: int) -> None:
-    """Refuse data too small for one training step or one held-out chunk.
+    """Refuse training data too small for one step.
+
+    Held-out data always has a chunk: a short utterance is one padded chunk.
 
     Raises:
         FeatureFileError: Naming the file, its chunk count, the global batch and the fixes.
@@ -122,11 +124,6 @@ def check_steps(train_set: ChunkDataset, heldout_set: ChunkDataset, batch_size: 
             f"fewer than one global batch of {global_batch} ({batch_size} per learner x "
             f"{world_size} learners), so an epoch would have zero steps; use a smaller "
             f"--batch-size or --chunk-len, fewer learners, or more training data")
-    if len(heldout_set) == 0:
-        raise FeatureFileError(
-            f"{heldout_set.file.path}: no utterance is at least --chunk-len "
-            f"{heldout_set.chunk_len} frames long, so there is nothing to evaluate; use a "
-            f"smaller --chunk-len or longer held-out utterances")
 
 
 def _scan_share(ff: FeatureFile, rank: int, size: int) -> int | str | None:

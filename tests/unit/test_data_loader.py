@@ -28,10 +28,36 @@ def data(tmp_path: Path) -> Path:
     return write(tmp_path / "d.h5", [23, 10, 4, 31, 15, 0, 12])
 
 
+def reference_chunks(ff: FeatureFile) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every chunk, from the utterances as the spec says: first each utterance's whole
+    L-frame chunks, then per utterance its tail: the last L frames with only the uncovered
+    ones labelled, or a shorter utterance padded with zeros (labels -100 where not counted)."""
+    utts = [ff.read(int(a), int(b)) for a, b in zip(ff.offsets[:-1], ff.offsets[1:],
+                                                    strict=True)]
+    whole, tails = [], []
+    for f, y in utts:
+        n = len(y)
+        whole += [(f[k:k + L], y[k:k + L]) for k in range(0, n - n % L, L)]
+        if n % L == 0:
+            continue
+        if n >= L:
+            lab = y[n - L:].copy()
+            lab[:L - n % L] = -100
+            tails.append((f[n - L:], lab))
+        else:
+            pad_f = np.zeros((L, D), np.float32)
+            pad_f[:n] = f
+            lab = np.full(L, -100, np.int64)
+            lab[:n] = y
+            tails.append((pad_f, lab))
+    return whole + tails
+
+
 def direct(ds: ChunkDataset, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The expected batch: one plain slice of the file per chunk."""
-    reads = [ds.file.read(int(ds.starts[i]), int(ds.starts[i]) + L) for i in indices]
-    return np.stack([r[0] for r in reads]), np.stack([r[1] for r in reads])
+    """The expected batch, chunk by chunk from :func:`reference_chunks`."""
+    ref = reference_chunks(ds.file)
+    return (np.stack([ref[i][0] for i in indices]).reshape(-1, L, D),
+            np.stack([ref[i][1] for i in indices]).reshape(-1, L))
 
 
 class CountingReads:
@@ -45,7 +71,8 @@ class CountingReads:
 
 def test_batches_equal_direct_slices(data: Path) -> None:
     ds = ChunkDataset(data, chunk_len=L)
-    assert len(ds) == 4 + 2 + 0 + 6 + 3 + 0 + 2
+    # whole chunks of [23, 10, 4, 31, 15, 0, 12], then the tails of 23, 4, 31 and 12
+    assert len(ds) == 4 + 2 + 0 + 6 + 3 + 0 + 2 + 4 and ds.num_whole == 17
     rng = np.random.default_rng(1)
     for indices in ([3], [5, 0, 12, 1, 2], rng.integers(0, len(ds), 40).tolist(),
                     [4, 4, 3, 4], list(range(len(ds)))[::-1]):
@@ -76,11 +103,12 @@ def test_adjacent_chunks_are_read_in_one_block(data: Path) -> None:
     ds.file.read = counter  # type: ignore[method-assign]
     everything = np.random.default_rng(2).permutation(len(ds)).tolist()
     x, _ = ds.__getitems__(everything)
-    # Runs of adjacent chunks, computed independently: a run breaks after an utterance
-    # whose length is not a multiple of L (or at an utterance with no chunk).
-    starts = ds.starts.tolist()
+    # Runs of adjacent whole chunks, computed independently: a run breaks after an
+    # utterance whose length is not a multiple of L (or at an utterance with no chunk);
+    # each tail chunk is one read of its own.
+    starts = ds.starts[:ds.num_whole].tolist()
     runs = 1 + sum(b != a + L for a, b in zip(starts, starts[1:], strict=False))
-    assert len(counter.calls) == runs < len(ds)
+    assert len(counter.calls) == runs + (len(ds) - ds.num_whole) < len(ds)
     assert sorted(counter.calls)[0] == (0, 20)  # utterance u0's four chunks in one read
     np.testing.assert_array_equal(x.numpy(), direct(ds, everything)[0])
     counter.calls.clear()
@@ -121,3 +149,18 @@ def test_make_loader_checks_sampler_size(data: Path) -> None:
     ds = ChunkDataset(data, chunk_len=L)
     with pytest.raises(ValueError, match="chunks"):
         make_loader(ds, ChunkBatchSampler(len(ds) + 1, 2, 0, 1, seed=0))
+
+
+def test_every_frame_is_labelled_in_exactly_one_chunk(data: Path) -> None:
+    ds = ChunkDataset(data, chunk_len=L)
+    _, y = ds.__getitems__(list(range(len(ds))))
+    counted = (y != -100).numpy()
+    assert counted.sum() == ds.file.num_frames  # 95 frames, none twice, none left out
+    # which global frame each counted position is: no frame appears twice
+    frames = []
+    for i in range(len(ds)):
+        start = int(ds.starts[i])
+        frames += [start + k for k in np.flatnonzero(counted[i])]
+    assert sorted(frames) == list(range(ds.file.num_frames))
+    legacy = ChunkDataset(data, chunk_len=L, cover_tails=False)
+    assert len(legacy) == 17  # whole chunks only: the tails' 13 frames are dropped

@@ -215,20 +215,21 @@ def test_file_without_frames(good: Path) -> None:
 
 
 def test_fewer_chunks_than_one_global_batch(good: Path) -> None:
-    train = ChunkDataset(good, chunk_len=2)  # 2+0+3+2+4+1 = 12 chunks
-    check_steps(train, train, batch_size=3, world_size=4)  # exactly one step: fine
+    train = ChunkDataset(good, chunk_len=2)  # 2+0+3+2+4+1 = 12 whole chunks and 4 tails
+    check_steps(train, train, batch_size=4, world_size=4)  # exactly one step: fine
     with pytest.raises(FeatureFileError) as info:
-        check_steps(train, train, batch_size=4, world_size=4)
+        check_steps(train, train, batch_size=5, world_size=4)
     msg = str(info.value)
-    for phrase in ("good.h5", "12 chunks of 2 frames", "global batch of 16", "zero steps",
+    for phrase in ("good.h5", "16 chunks of 2 frames", "global batch of 20", "zero steps",
                    "--batch-size", "--chunk-len", "more training data"):
         assert phrase in msg, msg
 
 
-def test_heldout_without_chunks(good: Path) -> None:
+def test_heldout_shorter_than_a_chunk_is_still_evaluated(good: Path) -> None:
+    # Every utterance is shorter than 10 frames: each becomes one padded chunk.
     train, heldout = ChunkDataset(good, chunk_len=1), ChunkDataset(good, chunk_len=10)
-    with pytest.raises(FeatureFileError, match="good.h5.*--chunk-len 10.*smaller --chunk-len"):
-        check_steps(train, heldout, batch_size=1, world_size=1)
+    check_steps(train, heldout, batch_size=1, world_size=1)
+    assert len(heldout) == 5  # the five non-empty utterances
 
 
 # ------------------------------------------------------------------ 7. offsets / utt_ids
