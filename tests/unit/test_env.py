@@ -170,7 +170,7 @@ def test_synth_cache_reads_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 
 def test_env_module_imports_nothing_from_the_package() -> None:
-    tree = ast.parse((ROOT / "hadpsgd" / "env.py").read_text())
+    tree = ast.parse((ROOT / "hadpsgd" / "env" / "__init__.py").read_text())
     modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     modules += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not [m for m in modules if m.split(".")[0] == "hadpsgd"], modules

@@ -16,6 +16,7 @@ ALLOWED = {
     "faults": {"env"},
     "algorithms": {"cli", "comm", "faults"},
     "config_file": {"cli"},
+    "env_check": {"env", "comm"},
     "config": {"cli", "config_file", "models", "algorithms"},
     "train": {"env", "cli", "models", "comm", "data", "faults", "algorithms", "config"},
     "run": {"env", "cli", "models", "comm", "data", "faults", "algorithms", "config", "train"},
@@ -24,6 +25,8 @@ ALLOWED = {
 
 def _layer(path: Path) -> str:
     rel = path.relative_to(PACKAGE).with_suffix("")
+    if rel.parts == ("env", "__main__"):
+        return "env_check"  # python -m hadpsgd.env: a report on top of the comm layer
     return rel.parts[0]
 
 
