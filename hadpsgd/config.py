@@ -52,6 +52,9 @@ class DataConfig:
     """Frames per training sub-sequence (the LSTM unroll length; the paper uses 21)."""
     num_workers: int = 0
     """DataLoader worker processes per learner (0 reads in the training process)."""
+    verify_data: bool = False
+    """Check every frame and label at start even when a file's validation stamp (written by
+    hadpsgd's writer and importers) vouches for them; files without a stamp always are."""
 
     def __post_init__(self) -> None:
         if (self.train is None) != (self.heldout is None):

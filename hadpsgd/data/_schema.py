@@ -16,6 +16,9 @@ FEATS = "feats"
 LABELS = "labels"
 OFFSETS = "offsets"
 UTT_IDS = "utt_ids"
+VALIDATED = "validated"
+"""File attribute: the writer's stamp (JSON) that every frame was finite and every label in
+range when it was written, with the shape it vouches for."""
 NORM_MEAN = "norm/mean"
 NORM_STD = "norm/std"
 REQUIRED_DATASETS = (FEATS, LABELS, OFFSETS, UTT_IDS)
@@ -62,3 +65,9 @@ def path_problem(path: Path) -> str | None:
     if path.stat().st_size == 0:
         return f"the file is empty (0 bytes); {FIX_DAMAGED}"
     return None
+
+
+def stamp(frames: int, utts: int, num_classes: int, feat_dim: int) -> dict[str, object]:
+    """The ``validated`` stamp of a file of this shape (what a reader compares)."""
+    return {"finite": True, "labels_in_range": True, "frames": int(frames), "utts": int(utts),
+            "num_classes": int(num_classes), "feat_dim": int(feat_dim)}

@@ -39,6 +39,7 @@ class ChunkDataset(Dataset[Batch]):
         chunk_len: Frames per chunk (the unroll length).
         expected_feat_dim: If given, the feature dimension the model needs.
         cover_tails: Add the tail chunks (default); False drops every utterance's tail.
+        verify: Check every label even if the file's validation stamp vouches for them.
 
     Raises:
         FeatureFileError: If the file is malformed or has another feature dimension.
@@ -47,11 +48,11 @@ class ChunkDataset(Dataset[Batch]):
 
     def __init__(
         self, path: str | os.PathLike[str], chunk_len: int = 21,
-        expected_feat_dim: int | None = None, cover_tails: bool = True,
+        expected_feat_dim: int | None = None, cover_tails: bool = True, verify: bool = False,
     ) -> None:
         if chunk_len < 1:
             raise ValueError(f"chunk_len must be >= 1, got {chunk_len}")
-        self.file = FeatureFile(path, expected_feat_dim=expected_feat_dim)
+        self.file = FeatureFile(path, expected_feat_dim=expected_feat_dim, verify=verify)
         self.chunk_len = int(chunk_len)
         whole = chunk_starts(self.file.offsets, self.chunk_len)
         self.num_whole = len(whole)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import TracebackType
@@ -22,8 +23,10 @@ from hadpsgd.data._schema import (
     REQUIRED_ATTRS,
     REQUIRED_DATASETS,
     UTT_IDS,
+    VALIDATED,
     FeatureFileError,
     path_problem,
+    stamp,
 )
 
 # Labels are checked at open in blocks of this many frames: bounded memory on large files.
@@ -38,7 +41,10 @@ class FeatureFile:
     Everything that can be checked without reading the features is checked at construction
     (attributes, dataset shapes, the utterance index, every label), so a malformed file fails
     before training starts. Non-finite feature values are found by :meth:`read`, or up front
-    by :func:`hadpsgd.data.validate.scan_frames`.
+    by :func:`hadpsgd.data.validate.scan_frames`. A file written by hadpsgd's writer carries
+    a ``validated`` stamp (every frame finite, every label in range, for this shape): when
+    the stamp matches the file, the label pass is skipped and :attr:`stamped` tells callers
+    to skip the frame scan too, unless ``verify``.
 
     The HDF5 handle is opened lazily and re-opened in a process whose pid differs from the
     opener's: a handle inherited through ``fork`` (DataLoader workers) must not be shared, and
@@ -48,14 +54,20 @@ class FeatureFile:
         path: The ``.h5`` file.
         expected_feat_dim: If given, the feature dimension the caller needs (the model's input
             size); a different one is an error.
+        verify: Check every label even when the file's stamp vouches for them (and report
+            :attr:`stamped` as False, so that the frames are scanned as well).
 
     Raises:
         FeatureFileError: If the file is missing, not HDF5 or malformed; the message names the
             file and what is wrong.
     """
 
-    def __init__(self, path: str | os.PathLike[str], expected_feat_dim: int | None = None):
+    def __init__(self, path: str | os.PathLike[str], expected_feat_dim: int | None = None,
+                 verify: bool = False):
         self.path = Path(path)
+        self.verify = verify
+        self.stamped = False
+        """Whether the writer's stamp vouches for this file (and ``verify`` is off)."""
         self._h5: h5py.File | None = None
         self._pid: int | None = None
         self._datasets: tuple[h5py.Dataset, h5py.Dataset] | None = None
@@ -141,7 +153,9 @@ class FeatureFile:
         if h5[UTT_IDS].shape != (self.num_utts,):
             raise self._error(f"dataset 'utt_ids' has shape {list(h5[UTT_IDS].shape)} but "
                               f"'offsets' describes {self.num_utts} utterances; {_FIX_WRITER}")
-        self._validate_labels(labels)
+        self.stamped = not self.verify and self._stamp_matches(h5)
+        if not self.stamped:
+            self._validate_labels(labels)
         self._validate_norm(h5)
 
     def _validate_offsets(self, ds: h5py.Dataset) -> None:
@@ -172,6 +186,18 @@ class FeatureFile:
         if self.num_frames == 0:
             raise self._error(f"has no frames: its {self.num_utts} utterances are all empty; "
                               f"regenerate it with the right inputs")
+
+    def _stamp_matches(self, h5: h5py.File) -> bool:
+        """The writer's stamp is present and describes this very shape."""
+        raw = h5.attrs.get(VALIDATED)
+        if raw is None:
+            return False
+        try:
+            found = json.loads(raw)
+        except (TypeError, ValueError):
+            return False
+        return bool(found == stamp(self.num_frames, self.num_utts, self.num_classes,
+                                   self.feat_dim))
 
     def _validate_labels(self, ds: h5py.Dataset) -> None:
         for lo in range(0, self.num_frames, _LABEL_BLOCK):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Sequence
@@ -19,6 +20,8 @@ from hadpsgd.data._schema import (
     NORM_STD,
     OFFSETS,
     UTT_IDS,
+    VALIDATED,
+    stamp,
 )
 
 # Dimensions whose spread is below this are treated as constant: dividing by a ~0 std would
@@ -178,6 +181,9 @@ class FeatureWriter:
             h5.attrs["format_version"] = FORMAT_VERSION
             h5.attrs["num_classes"] = self.num_classes
             h5.attrs["feat_dim"] = self.feat_dim
+            # append() checked every frame and label: say so, for the readers to trust.
+            h5.attrs[VALIDATED] = json.dumps(stamp(self.num_frames, self.num_utts,
+                                                   self.num_classes, self.feat_dim))
             if norm is not None:
                 mean, std = _check_norm(norm[0], norm[1], self.feat_dim)
                 h5.create_dataset(NORM_MEAN, data=mean)

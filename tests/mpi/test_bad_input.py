@@ -51,9 +51,14 @@ def assert_refused(res: MPIResult, nprocs: int, out: Path, *phrases: str) -> str
     return lines[0]
 
 
-def copy_of(src: Path, tmp_path: Path, name: str) -> Path:
+def copy_of(src: Path, tmp_path: Path, name: str, keep_stamp: bool = False) -> Path:
+    """A copy to damage; without the writer's validation stamp unless ``keep_stamp``: the
+    damage stands for a file from another writer, which is always scanned."""
     dst = tmp_path / name
     shutil.copyfile(src, dst)
+    if not keep_stamp:
+        with h5py.File(dst, "r+") as f:
+            del f.attrs["validated"]
     return dst
 
 
@@ -98,13 +103,16 @@ def test_feature_dim_differs_between_splits(tiny_data, tmp_path):
                    "260 are expected", "use matching data")
 
 
-def test_nan_frame_seen_by_one_rank_ends_every_rank(tiny_data, tmp_path):
-    bad = copy_of(tiny_data[0], tmp_path, "nan.h5")
+@pytest.mark.parametrize("stamped", [False, True], ids=["no-stamp", "stamp+verify-data"])
+def test_nan_frame_seen_by_one_rank_ends_every_rank(tiny_data, tmp_path, stamped):
+    # A stamped file is trusted unless --verify-data: with it, the damage done after writing
+    # is found like in a file without a stamp.
+    bad = copy_of(tiny_data[0], tmp_path, "nan.h5", keep_stamp=stamped)
     with h5py.File(bad, "r+") as f:
         frame = f["feats"].shape[0] - 5  # the last utterance: only rank 1 scans it
         f["feats"][frame, 7] = np.nan
         utt_id = f["utt_ids"].asstr()[-1]
-    res = launch(2, bad, tiny_data[1], tmp_path / "o")
+    res = launch(2, bad, tiny_data[1], tmp_path / "o", *(["--verify-data"] if stamped else []))
     assert_refused(res, 2, tmp_path / "o", "nan.h5", f"NaN or Inf) at frame {frame}",
                    repr(utt_id), "rewrite the file")
 

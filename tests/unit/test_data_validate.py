@@ -37,7 +37,9 @@ def good(tmp_path: Path) -> Path:
 
 
 def edit(path: Path, **datasets: np.ndarray) -> None:
+    """Damage a file; its writer's stamp goes too (a file from another writer)."""
     with h5py.File(path, "r+") as f:
+        f.attrs.pop("validated", None)
         for name, data in datasets.items():
             del f[name]
             f.create_dataset(name, data=data)
@@ -55,6 +57,7 @@ def open_error(path: Path, *phrases: str, **kw: object) -> str:
 
 def put_value(path: Path, frame: int, value: float) -> None:
     with h5py.File(path, "r+") as f:
+        f.attrs.pop("validated", None)  # damage from another writer: no stamp vouches
         f["feats"][frame, 3] = value
 
 
@@ -65,6 +68,7 @@ def damage_chunk(path: Path, frame: int) -> None:
     fails: the damage a scan must turn into a named error.
     """
     with h5py.File(path, "r+") as f:
+        f.attrs.pop("validated", None)
         feats = f["feats"][()]
         del f["feats"]
         f.create_dataset("feats", data=feats, chunks=(4, D), compression="gzip")
@@ -93,6 +97,7 @@ def test_damaged_frames_fail_the_scan_naming_frames(good: Path) -> None:
 
 def test_damaged_labels_fail_at_open(good: Path) -> None:
     with h5py.File(good, "r+") as f:
+        f.attrs.pop("validated", None)
         labels = f["labels"][()]
         del f["labels"]
         f.create_dataset("labels", data=labels, chunks=(8,), compression="gzip")
@@ -157,7 +162,8 @@ class OneOfTwo:
     size: int = 2
 
     def allgather_object(self, local: list[object]) -> list[list[object]]:
-        return [local, [_scan_share(ff, 1, 2) for ff in self.files]]
+        # the peer scans what every rank scans: the files no writer's stamp vouches for
+        return [local, [_scan_share(ff, 1, 2) for ff in self.files if not ff.stamped]]
 
 
 def test_validate_data_reports_the_peers_share(good: Path, tmp_path: Path) -> None:
@@ -269,3 +275,22 @@ def test_unreadable_path_as_root_sees_it(good: Path, monkeypatch: pytest.MonkeyP
 
 def test_path_problem_accepts_a_good_file(good: Path) -> None:
     assert path_problem(good) is None
+
+
+# ------------------------------------------------------------------ the writer's stamp
+def test_writer_stamp_is_trusted_unless_verify(good: Path) -> None:
+    assert FeatureFile(good).stamped  # written by write_features: every value was checked
+    with h5py.File(good, "r+") as f:  # damage after writing, stamp left in place
+        f["labels"][3] = C
+    assert FeatureFile(good).stamped  # trusted: the label pass is skipped
+    open_error(good, "at frame 3", "outside [0, num_classes", verify=True)
+
+
+def test_stamp_of_another_shape_is_not_trusted(good: Path) -> None:
+    import json
+
+    with h5py.File(good, "r+") as f:
+        vouched = json.loads(f.attrs["validated"])
+        f.attrs["validated"] = json.dumps({**vouched, "frames": vouched["frames"] + 1})
+        f["labels"][3] = C
+    open_error(good, "at frame 3")  # the stamp does not describe this file: checked
