@@ -213,7 +213,8 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     if dev.type == "cuda" and not cuda_aware and num_nodes > 1:
         notes.append(f"MPI is not CUDA-aware ({aware_why}): inter-node traffic is staged "
                      "through pinned host memory; a CUDA-aware MPI (UCX) skips the copies")
-    placement = summarize(allgather_object(world, watchdog, device_label(dev)))
+    labels = allgather_object(world, watchdog, device_label(dev))
+    placement = summarize(labels)
     try:
         reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,
                           int(bucket * 2**20), hier_algo, cuda_aware, device_backend)
@@ -227,7 +228,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         intra_backend=(device_backend or backend).name, cuda_aware=cuda_aware,
         node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
         reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
-        placement=placement, notes=notes,
+        placement=placement, hosts=[label.partition(":")[0] for label in labels], notes=notes,
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

@@ -49,6 +49,7 @@ class Topology:
         host_rank: Rank among the processes on this physical host (binds the GPU).
         host_size: Processes on this physical host.
         placement: Every rank's host and device, one line (see ``placement.summarize``).
+        hosts: Every rank's host name, by world rank.
         notes: Why the backends are what they are (fall-backs and how to get the fast path).
     """
 
@@ -77,6 +78,7 @@ class Topology:
     host_rank: int = 0
     host_size: int = 1
     placement: str = ""
+    hosts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     _pairs: PairChannel | None = field(repr=False, default=None)
 

@@ -18,8 +18,8 @@ import h5py
 import numpy as np
 
 from hadpsgd.data._schema import LABELS
-from hadpsgd.data.reader import FeatureFile, FeatureFileError
-from hadpsgd.data.sampler import chunk_starts, tail_chunks
+from hadpsgd.data.loader import ChunkDataset
+from hadpsgd.data.reader import FeatureFileError
 
 _SHOWN = 10  # classes listed by count, most and least frequent
 _BLOCK = 1 << 22  # labels read per block
@@ -31,7 +31,8 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
     Raises:
         FeatureFileError: If the file is missing or malformed, naming the problem.
     """
-    with FeatureFile(path) as ff:
+    dataset = ChunkDataset(path, chunk_len)  # opening validates, as for training
+    with dataset.file as ff:
         counts = np.zeros(ff.num_classes, np.int64)
         # Labels only, a block at a time: the features of a real corpus do not fit in memory.
         with h5py.File(path, "r", locking=False) as h5:
@@ -46,8 +47,7 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
             "feat_dim": ff.feat_dim, "num_classes": ff.num_classes,
             "frames_per_utterance": {"min": int(lengths.min()), "median": float(
                 np.median(lengths)), "max": int(lengths.max())},
-            "chunks": len(chunk_starts(ff.offsets, chunk_len)) + len(
-                tail_chunks(ff.offsets, chunk_len)[0]), "chunk_len": chunk_len,
+            "chunks": len(dataset), "chunk_len": chunk_len,
             "classes_without_frames": [int(c) for c in np.flatnonzero(counts == 0)],
             "most_frequent": [[int(c), int(counts[c])] for c in order[:_SHOWN]],
             "least_frequent": [[int(c), int(counts[c])] for c in order[::-1][:_SHOWN]

@@ -37,28 +37,20 @@ def _kaldiio() -> Any:
     return kaldiio
 
 
-def alignment_rspecifier(alignments: str) -> str:
-    """Normalise an alignment source to a Kaldi rspecifier.
+def rspecifier(source: str) -> str:
+    """Normalise a feature or alignment source to a Kaldi rspecifier.
 
     ``ark:...`` / ``scp:...`` (with options such as ``ark,t:``) are kept; a plain path is read
     as a table index if it ends in ``.scp`` and as an archive otherwise.
     """
-    if _RSPECIFIER.match(alignments):
-        return alignments
-    return f"scp:{alignments}" if alignments.endswith(".scp") else f"ark:{alignments}"
-
-
-def feature_rspecifier(feats: str) -> str:
-    """Normalise a feature source to a Kaldi rspecifier (like :func:`alignment_rspecifier`).
-
-    ``ark:copy-feats scp:feats.scp ark:- |`` and other pipelines are kept as they are.
-    """
-    return alignment_rspecifier(feats)
+    if _RSPECIFIER.match(source):
+        return source
+    return f"scp:{source}" if source.endswith(".scp") else f"ark:{source}"
 
 
 def _load_alignments(kaldiio: Any, alignments: str) -> dict[str, np.ndarray]:
     result: dict[str, np.ndarray] = {}
-    with kaldiio.ReadHelper(alignment_rspecifier(alignments)) as reader:
+    with kaldiio.ReadHelper(rspecifier(alignments)) as reader:
         for utt, ali in reader:
             ali = np.asarray(ali)
             if ali.ndim != 1 or ali.dtype.kind not in "iu":
@@ -181,7 +173,7 @@ def import_kaldi(
             ``num_classes``, or ``like`` disagrees with ``num_classes``.
     """
     kaldiio = _kaldiio()
-    rspec = feature_rspecifier(feats_scp)
+    rspec = rspecifier(feats_scp)
     ali = _load_alignments(kaldiio, alignments)
     norm: tuple[np.ndarray, np.ndarray] | None = None
     norm_source = "computed on these frames" if compute_norm else "none"
@@ -248,16 +240,18 @@ def import_kaldi(
                     continue
                 if writer is None:
                     assert num_classes is not None  # this utterance has an alignment
+                    if norm is not None and (norm[0].shape != (mat.shape[1],)
+                                             or norm[1].shape != (mat.shape[1],)):
+                        # Before anything is written, not after the whole table was read.
+                        raise ValueError(f"normalisation statistics {norm_source} have "
+                                         f"dimension {norm[0].shape[0]}, the features "
+                                         f"{mat.shape[1]}")
                     writer = FeatureWriter(out, mat.shape[1], num_classes)
                 writer.append(utt, cmvn.apply(utt, mat) if cmvn is not None else mat, labels)
         if writer is None:
             raise ValueError(f"no utterance of {feats_scp} could be imported ({len(seen)} in "
                              f"the table, skipped: {dict(skipped) or 'none'}); check that the "
                              f"alignments {alignments} belong to these features")
-        if norm is not None and (norm[0].shape != (writer.feat_dim,)
-                                 or norm[1].shape != (writer.feat_dim,)):
-            raise ValueError(f"normalisation statistics {norm_source} have dimension "
-                             f"{norm[0].shape[0]}, the features {writer.feat_dim}")
         summary = {"out": str(out), "utts": writer.num_utts, "frames": writer.num_frames,
                    "feat_dim": writer.feat_dim, "num_classes": writer.num_classes,
                    "norm": norm_source}

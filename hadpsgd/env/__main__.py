@@ -16,7 +16,9 @@ from collections import defaultdict
 from typing import Any
 
 from hadpsgd import env
+from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.mpi import cuda_support, library_version, loaded_libmpi, mpi, thread_level_name
+from hadpsgd.comm.objects import allgather_object
 from hadpsgd.comm.placement import singleton_launch
 
 
@@ -49,9 +51,15 @@ def report() -> tuple[list[str], bool]:
         problems.append(single)
     gpus, torch_line = _gpus()
     mine: dict[str, Any] = {"host": socket.gethostname(), "gpus": gpus,
-                            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    every = comm.gather(mine, root=0)
-    bad = comm.allreduce(1 if problems else 0)
+                            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            "problem": bool(problems)}
+    try:
+        timeout = env.timeout()
+    except env.EnvError:
+        timeout = env.DEFAULT_TIMEOUT_S  # the bad value is one of the problems reported
+    # One exchange, with the comm layer's deadline: a rank that never arrives is named.
+    every = allgather_object(comm, Watchdog(comm.Dup(), timeout), mine)
+    bad = sum(r["problem"] for r in every)
     if comm.Get_rank() != 0:
         return [], bad == 0
     aware, why = cuda_support()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -47,11 +46,8 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def entry(topo: Topology, resume: str | None) -> dict[str, Any] | None:
-    """This start's provenance on rank 0 (None elsewhere). Collective: the hosts are gathered."""
-    hosts = topo.allgather_object(socket.gethostname())
-    if topo.rank != 0:
-        return None
+def entry(topo: Topology, resume: str | None) -> dict[str, Any]:
+    """This start's provenance (the hosts are those the topology gathered at start-up)."""
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": list(sys.argv),
@@ -60,7 +56,7 @@ def entry(topo: Topology, resume: str | None) -> dict[str, Any] | None:
         "versions": {name: _version(name) for name in PACKAGES},
         "mpi_library": mpi_library_version(),
         "git_commit": git_commit(),
-        "hosts": dict(Counter(hosts)),
+        "hosts": dict(Counter(topo.hosts)),
         "world_size": topo.size,
     }
 

@@ -43,7 +43,7 @@ def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDatase
             f"{heldout_path} has {heldout_set.file.num_classes} classes but {train_path} has "
             f"{train_set.file.num_classes}; both splits must share one label set"
         )
-    check_steps(train_set, heldout_set, cfg.train.batch_size, topo.size)
+    check_steps(train_set, cfg.train.batch_size, topo.size)
     validate_data([train_set.file, heldout_set.file], topo)
     return train_set, heldout_set
 
@@ -108,8 +108,7 @@ def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
     return Path(generated[0]), Path(generated[1])
 
 
-def check_steps(train_set: ChunkDataset, heldout_set: ChunkDataset, batch_size: int,
-                world_size: int) -> None:
+def check_steps(train_set: ChunkDataset, batch_size: int, world_size: int) -> None:
     """Refuse training data too small for one step.
 
     Held-out data always has a chunk: a short utterance is one padded chunk.
@@ -176,10 +175,9 @@ def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
 def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
     """Create the run directory and save the resolved config with this start's provenance.
 
-    Rank 0 picks the default name and writes; collective (the hosts are gathered).
+    Rank 0 picks the default name and writes.
     """
     out = None
-    start = provenance.entry(topo, cfg.train.resume)  # collective (the hosts)
     if topo.rank == 0:
         out = Path(cfg.train.out_dir or f"runs/{cfg.train.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
         out.mkdir(parents=True, exist_ok=True)
@@ -187,8 +185,8 @@ def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
         resolved["train"]["out_dir"] = str(out)
         resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
                              "node_sizes": topo.node_sizes, "device": str(topo.device)}
-        assert start is not None
-        provenance.write_config(out / "config.json", resolved, start)
+        provenance.write_config(out / "config.json", resolved,
+                                provenance.entry(topo, cfg.train.resume))
         out = str(out)
     return Path(topo.bcast_object(out, root=0))
 

@@ -13,7 +13,7 @@ import pytest
 kaldiio = pytest.importorskip("kaldiio")
 
 from hadpsgd.data import FeatureFile  # noqa: E402
-from hadpsgd.data.kaldi import alignment_rspecifier, import_kaldi, main  # noqa: E402
+from hadpsgd.data.kaldi import import_kaldi, main, rspecifier  # noqa: E402
 
 D = 5
 LENGTHS = {"spk1-u1": 10, "spk1-u2": 7, "spk2-noali": 4, "spk2-short": 6, "spk2-u3": 3}
@@ -97,11 +97,11 @@ def test_missing_kaldiio_message(kaldi_dir: Path, monkeypatch: pytest.MonkeyPatc
         import_kaldi(str(kaldi_dir / "feats.scp"), "ali.ark", kaldi_dir / "x.h5")
 
 
-def test_alignment_rspecifier() -> None:
-    assert alignment_rspecifier("a/ali.ark") == "ark:a/ali.ark"
-    assert alignment_rspecifier("a/ali.scp") == "scp:a/ali.scp"
-    assert alignment_rspecifier("ark,t:ali.txt") == "ark,t:ali.txt"
-    assert alignment_rspecifier("ark:gunzip -c ali.gz |") == "ark:gunzip -c ali.gz |"
+def test_rspecifier() -> None:
+    assert rspecifier("a/ali.ark") == "ark:a/ali.ark"
+    assert rspecifier("a/ali.scp") == "scp:a/ali.scp"
+    assert rspecifier("ark,t:ali.txt") == "ark,t:ali.txt"
+    assert rspecifier("ark:gunzip -c ali.gz |") == "ark:gunzip -c ali.gz |"
 
 
 def test_cli(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
