@@ -127,6 +127,15 @@ class ChunkDataset(Dataset[Batch]):
         return torch.from_numpy(feats), torch.from_numpy(labels)
 
 
+# Workers are started fresh ("spawn"), never forked. The training process has initialised MPI
+# before it builds its loader, and a forked child inherits MPI's pinned registered memory,
+# progress threads and open network endpoints: Open MPI warns and, over InfiniBand/UCX, the
+# child can corrupt the parent's transfers. A spawned worker is a new interpreter that imports
+# only the data layer (mpi4py is imported lazily by the comm layer, so it never calls
+# MPI_Init). Persistent workers pay the start-up once per run.
+WORKER_START = "spawn"
+
+
 def _pass_through(batch: Batch) -> Batch:
     # __getitems__ already returns collated tensors; the default collate would try to stack
     # the tuple's two tensors. Module level so that spawned workers can pickle it.
@@ -138,8 +147,9 @@ def make_loader(
 ) -> DataLoader[Batch]:
     """A DataLoader that yields ``(feats, labels)`` batches as ``sampler`` dictates.
 
-    Workers (``num_workers > 0``) are persistent across epochs, and each opens its own HDF5
-    handle on first read (see :class:`FeatureFile`). Call ``sampler.set_epoch`` before
+    Workers (``num_workers > 0``) are spawned, not forked (safe after MPI init), persistent
+    across epochs, and each opens its own HDF5 handle on first read (see
+    :class:`FeatureFile`). Call ``sampler.set_epoch`` before
     iterating each epoch.
 
     Args:
@@ -155,4 +165,5 @@ def make_loader(
     return DataLoader(
         dataset, batch_sampler=sampler, collate_fn=_pass_through, num_workers=num_workers,
         persistent_workers=num_workers > 0,
+        multiprocessing_context=WORKER_START if num_workers > 0 else None,
     )

@@ -96,3 +96,18 @@ def test_env_check_reports_the_machine(tmp_path):
     res = run_mpi(2, ["-m", "hadpsgd.env"], env={"HADPSGD_TIMEOUT": "soon"})
     assert res.returncode != 0
     assert "problem: HADPSGD_TIMEOUT='soon' is not a number" in res.stdout
+
+
+def test_loader_workers_after_mpi_init_give_the_same_run(tiny_data, tmp_path):
+    """``--num-workers 2`` starts its workers after MPI init (spawned, not forked): the run
+    completes on every rank and reads exactly the batches the in-process loader reads."""
+    def run(workers: int) -> list[dict]:
+        out = tmp_path / f"w{workers}"
+        assert_ok(run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                              str(tiny_data[1]), "--preset", "tiny", "--epochs", "2",
+                              "--batch-size", "8", "--out-dir", str(out), "--no-progress",
+                              "--num-workers", str(workers)]))
+        return [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
+
+    in_process, workers = run(0), run(2)
+    assert [e["heldout_loss"] for e in workers] == [e["heldout_loss"] for e in in_process]
