@@ -69,14 +69,19 @@ class FlatBuffer:
         ``optimizer.zero_grad(set_to_none=True)`` or code that assigns ``p.grad`` detaches
         the gradient from its view; copy it back (or zero the slot) and re-point it.
         """
-        for p, view in zip(self.params, self.views, strict=True):
-            g = p.grad
-            if g is None:
-                view.zero_()
-                p.grad = view
-            elif g.data_ptr() != view.data_ptr():
-                view.copy_(g)
-                p.grad = view
+        for i in range(len(self.params)):
+            self.gather_grad(i)
+
+    def gather_grad(self, index: int) -> None:
+        """:meth:`gather_grads` for parameter ``index`` alone (from a gradient hook)."""
+        p, view = self.params[index], self.views[index]
+        g = p.grad
+        if g is None:
+            view.zero_()
+            p.grad = view
+        elif g.data_ptr() != view.data_ptr():
+            view.copy_(g)
+            p.grad = view
 
     def zero_(self) -> None:
         """Zero every buffer (all gradients or all values at once)."""

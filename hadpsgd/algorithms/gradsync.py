@@ -1,0 +1,148 @@
+"""The gradient side of a step: flat buffers, buckets reduced during backward, one sync.
+
+:class:`GradSync` owns the flat gradient buffers of an :class:`~hadpsgd.algorithms.base.
+Algorithm`. With ``overlap`` it registers a ``post_accumulate_grad`` hook on every
+parameter, so that a bucket's reduction starts in the comm layer's background thread as soon
+as backward has produced its last gradient (:class:`hadpsgd.comm.overlap.BucketReducer`);
+:meth:`GradSync.finish` then only waits for the tail. :meth:`GradSync.check` reads, in one
+host synchronisation, what the step needs to know about the gradients: whether this
+learner's own gradient was finite, whether the reduced one is, and its norm for clipping.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hadpsgd.comm import FlatBuffer, Topology
+from hadpsgd.comm.overlap import BucketPlan, BucketReducer, Scope
+
+DEFAULT_GRAD_BUCKET_MB = 25.0
+"""Bucket size of the overlapped gradient reduction (DDP's default ``bucket_cap_mb``)."""
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    """What one host synchronisation tells about a step's gradients."""
+
+    local_finite: bool
+    """This learner's own gradient, before any reduction, was finite."""
+    finite: bool
+    """The reduced gradient (what the optimizer would apply) is finite."""
+    norm: float
+    """Global L2 norm of the reduced gradient (NaN when not asked for)."""
+
+
+def _wide(t: torch.Tensor) -> torch.dtype | None:
+    # Half precision sums overflow at 65504: accumulate them in float32, the rest as they are.
+    return torch.float32 if t.element_size() < 4 else None
+
+
+def total(t: torch.Tensor) -> torch.Tensor:
+    """The sum of ``t`` (float32 for half precision): NaN or Inf if any element is."""
+    return t.sum(dtype=_wide(t))
+
+
+class GradSync:
+    """Flat gradient buffers and their bucketed, optionally overlapped, averaging.
+
+    Args:
+        params: The trainable parameters, in the model's order.
+        topo: The communication topology.
+        scope: Called once per step: average the gradients over the ``world``, the
+            ``node`` (a super-learner), or not at all (None).
+        bucket_mb: Bucket size in MiB.
+        overlap: Start each bucket's reduction during backward (needs MPI_THREAD_MULTIPLE
+            and more than one learner; otherwise the same buckets are reduced after it).
+    """
+
+    def __init__(self, params: list[nn.Parameter], topo: Topology,
+                 scope: Callable[[], Scope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
+                 overlap: bool = True) -> None:
+        if bucket_mb <= 0:
+            raise ValueError(f"grad bucket size must be > 0 MiB, got {bucket_mb}")
+        self.topo = topo
+        self.flat = FlatBuffer(params, kind="grad")
+        layout = []
+        for view in self.flat.views:
+            base = self.flat.buffers[view.dtype]
+            layout.append((view.dtype, view.storage_offset() - base.storage_offset(),
+                           view.numel()))
+        self.plan = BucketPlan(layout, max(1, int(bucket_mb * 2**20)))
+        background = overlap and topo.size > 1 and topo.thread_multiple
+        # The backstop only fires if a reduction hangs outside the watchdog's guards.
+        self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, scope,
+                                     total, background,
+                                     timeout=topo.timeout + 30.0 if background else 0.0)
+        self._hooks = []
+        if background:
+            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._ready, i))
+                           for i, p in enumerate(self.flat.params)]
+        self._local: list[torch.Tensor] = []
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether buckets are reduced during backward."""
+        return self.reducer.background
+
+    def _reduce(self, view: torch.Tensor, scope: str) -> None:
+        if scope == "world":
+            self.topo.allreduce_(view, op="avg")
+        elif scope == "node":
+            self.topo.intra_allreduce_(view, op="avg")
+        else:
+            raise ValueError(f"gradient scope must be 'world', 'node' or None, got {scope!r}")
+
+    def _ready(self, index: int, param: nn.Parameter) -> None:
+        # Runs on autograd's thread right after the gradient was accumulated. A gradient
+        # that left its view (zero_grad(set_to_none=True), an assigned .grad) goes back in.
+        self.flat.gather_grad(index)
+        self.reducer.param_ready(index)
+
+    def finish(self) -> None:
+        """After backward: reduce what is left and wait for every bucket of this step."""
+        # Gradients whose hooks did not fire (assigned by hand, unused parameters) go into
+        # their views first; those already reduced or in flight are views, so untouched.
+        self.flat.gather_grads()
+        self._local = self.reducer.finish()
+
+    def check(self, norm: bool) -> GradCheck:
+        """Finiteness of the local and reduced gradients and the reduced norm, one sync.
+
+        NaN and Inf propagate through a sum, so one sum per buffer tells; the local sums
+        were taken bucket by bucket before each reduction. The norm accumulates in the
+        buffers' own precision (float32 accumulation for half precision), not a float64 copy.
+
+        Args:
+            norm: Also compute the global L2 norm (for clipping).
+        """
+        bufs = list(self.flat.buffers.values())
+        parts = [torch.stack([total(b).double() for b in bufs]).sum()]
+        parts.append(torch.stack([s.double() for s in self._local]).sum() if self._local
+                     else parts[0])
+        if norm:
+            sq = [torch.linalg.vector_norm(b, dtype=_wide(b)).double() ** 2 for b in bufs]
+            parts.append(torch.stack(sq).sum().sqrt())
+        values = torch.stack(parts).tolist()  # the step's one device synchronisation
+        return GradCheck(local_finite=math.isfinite(values[1]), finite=math.isfinite(values[0]),
+                         norm=values[2] if norm else math.nan)
+
+    def zero_(self) -> None:
+        """Zero every gradient (keeping the views)."""
+        self.flat.gather_grads()
+        self.flat.zero_()
+
+    def close(self) -> None:
+        """Remove the hooks and stop the reduction thread."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.reducer.close()
+
+
+__all__ = ["DEFAULT_GRAD_BUCKET_MB", "GradCheck", "GradSync", "total"]
