@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -14,7 +12,9 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
+from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradSync
 from hadpsgd.comm import FlatBuffer, Topology
+from hadpsgd.comm.overlap import Scope
 
 
 @dataclass
@@ -120,7 +120,7 @@ def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, topo: T
     return get(name)(model, optimizer, topo, **options)
 
 
-class Algorithm(ABC):
+class Algorithm:
     """Wraps a model and a ``torch.optim`` optimizer and keeps the replicas in agreement.
 
     Subclasses implement :meth:`step`; the constructor broadcasts rank 0's parameters so
@@ -131,6 +131,8 @@ class Algorithm(ABC):
         optimizer: An ordinary optimizer over ``model``'s parameters.
         topo: The communication topology from :func:`hadpsgd.comm.init`.
         max_grad_norm: Clip the (synchronised) gradient to this global L2 norm; 0 disables.
+        overlap: Reduce gradient buckets during backward (see :class:`GradSync`).
+        grad_bucket_mb: Gradient bucket size in MiB.
     """
 
     name: str = "base"
@@ -149,10 +151,12 @@ class Algorithm(ABC):
     def options_from(cls, cfg: Any) -> dict[str, Any]:
         """The constructor keywords of this algorithm, read from a ``RunConfig``."""
         return {**cls.options_of(cfg.algo).algorithm_kwargs(),
-                "max_grad_norm": cfg.optim.max_grad_norm}
+                "max_grad_norm": cfg.optim.max_grad_norm, "overlap": cfg.comm.overlap,
+                "grad_bucket_mb": cfg.comm.grad_bucket_mb}
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 topo: Topology, max_grad_norm: float = 0.0) -> None:
+                 topo: Topology, max_grad_norm: float = 0.0, overlap: bool = True,
+                 grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB) -> None:
         if max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {max_grad_norm}")
         self.max_grad_norm = max_grad_norm
@@ -166,6 +170,8 @@ class Algorithm(ABC):
         self.local_nonfinite = False
         """Whether this learner's own gradient (before any reduction) was non-finite in the
         last step: it names the origin of a NaN that the reduction spreads to its peers."""
+        self.last_loss = float("nan")
+        """The loss given to the last :meth:`step`, as a float (NaN if none was)."""
         self._closed = False
         params = [p for p in model.parameters() if p.requires_grad]
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -176,7 +182,10 @@ class Algorithm(ABC):
                 "not in the optimizer; build the optimizer from model.parameters()"
             )
         self.params = FlatBuffer(params, kind="data")
-        self.grads = FlatBuffer(params, kind="grad")
+        self.gradsync = GradSync(params, topo, self.grad_scope, bucket_mb=grad_bucket_mb,
+                                 overlap=overlap)
+        self.grads = self.gradsync.flat
+        self._check = None
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
 
@@ -188,23 +197,40 @@ class Algorithm(ABC):
     """Whether :meth:`evaluation_parameters` differs from the local replica (BMUF), so that a
     checkpoint must store both."""
 
-    def step(self) -> None:
+    def step(self, loss: torch.Tensor | None = None) -> None:
         """Apply this step's gradients: the template every algorithm follows.
 
-        Gather the gradients into the flat buffers (noting a non-finite one), reduce them as
-        the algorithm says (:meth:`reduce_grads`), apply the update (:meth:`apply_update`,
-        a no-op on every learner that shares a non-finite gradient), count the step, then
-        the algorithm's own work between steps (:meth:`after_step`: block sync, gossip).
+        Reduce the gradients as the algorithm says (:meth:`reduce_grads`: the buckets that
+        backward already handed to the comm layer, then the rest), read in one host
+        synchronisation whether they are finite (this learner's own, which names the origin
+        of a NaN, and the reduced one) and their norm, apply the update
+        (:meth:`apply_update`, a no-op on every learner that shares a non-finite gradient),
+        count the step, then the algorithm's own work between steps (:meth:`after_step`:
+        block sync, gossip).
+
+        Args:
+            loss: The step's loss; given, it is read in the same synchronisation and left
+                in :attr:`last_loss` (so the training loop needs no second one).
         """
-        self.gather_grads()
         self.reduce_grads()
+        self._check = self.gradsync.check(norm=self.max_grad_norm > 0, loss=loss)
+        self.local_nonfinite = not self._check.local_finite
+        self.last_loss = self._check.loss
         self.apply_update()
         self.steps += 1
         self.after_step()
 
-    @abstractmethod
+    def grad_scope(self) -> Scope:
+        """Over which learners this step's gradients are averaged: ``world``, ``node`` or None.
+
+        Asked once per step, when its first gradient bucket is reduced (during backward when
+        the reduction overlaps it), so it must not change between backward and :meth:`step`.
+        """
+        return "world"
+
     def reduce_grads(self) -> None:
-        """Reduce the gradient buffers over the learners that share this step."""
+        """Finish averaging the gradient buffers over :meth:`grad_scope`'s learners."""
+        self.gradsync.finish()
 
     def apply_update(self) -> None:
         """Take the (clipped) optimizer step unless the reduced gradient is non-finite."""
@@ -212,18 +238,6 @@ class Algorithm(ABC):
 
     def after_step(self) -> None:  # noqa: B027 - SSGD has nothing to do between steps
         """The algorithm's work after a counted step (block sync, gossip); none by default."""
-
-    def gather_grads(self) -> None:
-        """Put this step's gradients into the flat buffers and note if they are non-finite.
-
-        The test is one sum per buffer (NaN and Inf propagate through it), cheap next to the
-        backward pass; it runs before the reduction so the error can name the origin rank.
-        """
-        self.grads.gather_grads()
-        self.local_nonfinite = not self._finite()
-
-    def _finite(self) -> bool:
-        return all(math.isfinite(float(b.sum())) for b in self.grads.buffers.values())
 
     def apply_grads(self) -> bool:
         """Clip and take the optimizer step, unless the (synchronised) gradient is non-finite.
@@ -235,31 +249,29 @@ class Algorithm(ABC):
         Returns:
             Whether the update was applied.
         """
-        if not self._finite():
+        check = self._check if self._check is not None else self.gradsync.check(
+            norm=self.max_grad_norm > 0)
+        self._check = None
+        if not check.finite:
             self.skipped_steps += 1
             return False
-        self.clip_grads_()
+        self.clip_grads_(check.norm)
         self.optimizer.step()
         return True
 
-    def clip_grads_(self) -> None:
-        """Scale the gradients down to ``max_grad_norm`` if they exceed it.
+    def clip_grads_(self, norm: float) -> None:
+        """Scale the gradients down to ``max_grad_norm`` if their global norm exceeds it.
 
-        Works on the flat buffers, so it is a couple of reductions instead of one per tensor,
-        and runs after the gradient sync so that every replica scales identically.
+        The norm comes with the step's one synchronisation (:meth:`GradSync.check`), taken
+        after the reduction so that every replica scales identically.
         """
-        if self.max_grad_norm <= 0:
-            return
-        sq = sum(float(b.double().pow(2).sum()) for b in self.grads.buffers.values())
-        norm = sq ** 0.5
-        if norm > self.max_grad_norm:
+        if self.max_grad_norm > 0 and norm > self.max_grad_norm:
             for buf in self.grads.buffers.values():
                 buf.mul_(self.max_grad_norm / (norm + 1e-6))
 
     def zero_grad(self) -> None:
         """Zero all gradients (in the flat buffer, keeping the views)."""
-        self.grads.gather_grads()
-        self.grads.zero_()
+        self.gradsync.zero_()
 
     def sync(self) -> None:  # noqa: B027 - a no-op is right for always-synchronous algorithms
         """Force agreement of the replicas now (before evaluation and checkpoints)."""
@@ -335,6 +347,7 @@ class Algorithm(ABC):
     def close(self) -> None:
         """Finish in-flight communication on every rank; idempotent."""
         self._closed = True
+        self.gradsync.close()
 
     def __enter__(self) -> Algorithm:
         return self

@@ -36,6 +36,8 @@ class GradCheck:
     """The reduced gradient (what the optimizer would apply) is finite."""
     norm: float
     """Global L2 norm of the reduced gradient (NaN when not asked for)."""
+    loss: float
+    """The step's loss, read in the same synchronisation (NaN when not given)."""
 
 
 def _wide(t: torch.Tensor) -> torch.dtype | None:
@@ -111,7 +113,7 @@ class GradSync:
         self.flat.gather_grads()
         self._local = self.reducer.finish()
 
-    def check(self, norm: bool) -> GradCheck:
+    def check(self, norm: bool, loss: torch.Tensor | None = None) -> GradCheck:
         """Finiteness of the local and reduced gradients and the reduced norm, one sync.
 
         NaN and Inf propagate through a sum, so one sum per buffer tells; the local sums
@@ -120,6 +122,7 @@ class GradSync:
 
         Args:
             norm: Also compute the global L2 norm (for clipping).
+            loss: The step's loss (a 0-d tensor), read in the same synchronisation.
         """
         bufs = list(self.flat.buffers.values())
         parts = [torch.stack([total(b).double() for b in bufs]).sum()]
@@ -128,9 +131,12 @@ class GradSync:
         if norm:
             sq = [torch.linalg.vector_norm(b, dtype=_wide(b)).double() ** 2 for b in bufs]
             parts.append(torch.stack(sq).sum().sqrt())
+        if loss is not None:
+            parts.append(loss.detach().reshape(()).to(parts[0]))
         values = torch.stack(parts).tolist()  # the step's one device synchronisation
         return GradCheck(local_finite=math.isfinite(values[1]), finite=math.isfinite(values[0]),
-                         norm=values[2] if norm else math.nan)
+                         norm=values[2] if norm else math.nan,
+                         loss=values[-1] if loss is not None else math.nan)
 
     def zero_(self) -> None:
         """Zero every gradient (keeping the views)."""

@@ -288,8 +288,8 @@ class Trainer:
                         bar=self.opts.progress and self.topo.rank == 0 and sys.stdout.isatty(),
                         lines=self.topo.rank == 0)
 
-    def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any:
-        """One forward/backward/algorithm step of this learner; returns the detached loss."""
+    def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> float:
+        """One forward/backward/algorithm step of this learner; returns its loss."""
         epoch = self.pos.epoch
         # Told to a peer whose collective times out waiting for this rank.
         self.topo.watchdog.activity = (f"in training step {step} (epoch {epoch}), outside "
@@ -309,15 +309,16 @@ class Trainer:
         if poison == "nan":
             loss = loss * float("nan")
         loss.backward()
-        self.algo.step()
+        # The loss is read with the gradients' finiteness and norm: one device sync a step.
+        self.algo.step(loss.detach())
         self.algo.zero_grad()
-        loss = loss.detach()
-        loss_finite = math.isfinite(float(loss))
+        value = self.algo.last_loss
+        loss_finite = math.isfinite(value)
         if not loss_finite or self.algo.local_nonfinite:
             self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
         self._trace.write(trace_step, epoch, self.recorder.handed.popleft())
         self.topo.watchdog.activity = f"after step {step}: loading the next batch"
-        return loss
+        return value
 
     def _epoch(self) -> None:
         if self.pool is not None:
