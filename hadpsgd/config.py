@@ -31,6 +31,12 @@ def _preset_names() -> list[str]:
     return sorted(PRESETS)
 
 
+def _lstm_layouts() -> list[str]:
+    from hadpsgd.models.presets import LSTM_LAYOUTS
+
+    return list(LSTM_LAYOUTS)
+
+
 def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -71,12 +77,21 @@ class ModelConfig:
 
     preset: str = field(default="small", metadata={"choices": _preset_names})
     """BLSTM size: swb (6x512 + 256 projection, ~43 M parameters), small or tiny."""
+    lstm_layout: str = field(default="auto", metadata={"choices": _lstm_layouts})
+    """How the LSTM stack is built: auto = per-layer on CUDA, where cuDNN's fused multi-layer
+    LSTM releases every layer's gradient only at the end of backward (so no gradient bucket can
+    be reduced during backward), and stacked on CPU, where the LSTM is computed layer by layer
+    anyway. per-layer (one module per layer) is numerically the same model, with the same
+    initial values and parameter order; checkpoints of either layout load into the other."""
 
     def __post_init__(self) -> None:
         if self.preset not in _preset_names():
             raise ConfigError(
                 f"--preset {self.preset!r} is unknown; choose one of {', '.join(_preset_names())}"
             )
+        if self.lstm_layout not in _lstm_layouts():
+            raise ConfigError(f"--lstm-layout {self.lstm_layout!r} is unknown; choose one of "
+                              f"{', '.join(_lstm_layouts())}")
 
 
 DEFAULT_LR: dict[str, float] = {"sgd": 0.5, "adam": 0.004, "adamw": 0.004}
@@ -245,12 +260,19 @@ class CommConfig:
     """Hierarchical allreduce form: shard (reduce-scatter / inter-node / allgather; equal
     nodes) or leader (reduce / leaders' allreduce / broadcast); auto picks shard when it can."""
     bucket_mb: float = 64.0
-    """Large buffers are reduced in buckets of this many MiB."""
+    """Large buffers (models, BMUF's moments) are reduced in buckets of this many MiB."""
+    overlap: bool = True
+    """Reduce the gradients bucket by bucket while backward still runs (as DDP does), in a
+    background thread; --no-overlap reduces them after backward (same buckets, same order)."""
+    grad_bucket_mb: float = 25.0
+    """Gradient bucket size in MiB (DDP's default): smaller buckets start reducing earlier
+    in backward, larger ones make fewer calls."""
 
     def __post_init__(self) -> None:
         if self.ranks_per_node is not None:
             _positive(self, "ranks_per_node")
         _positive(self, "bucket_mb")
+        _positive(self, "grad_bucket_mb")
 
 
 @dataclass

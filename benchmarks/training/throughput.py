@@ -37,7 +37,9 @@ DEFAULTS = {"small": (32, 64), "swb": (8, 32000)}
 FALLBACK = (16, 64)
 """Per-rank batch and classes of a preset that :data:`DEFAULTS` does not name."""
 DEVICES = ("cpu", "cuda")
-MODES = ("plain", "ssgd", "ddp")
+MODES = ("plain", "ssgd", "ssgd-serial", "ddp")
+"""``ssgd``: hadpsgd SSGD as run by default (buckets reduced during backward);
+``ssgd-serial``: the same with ``--no-overlap`` (reduced after backward)."""
 
 
 def threads_per_rank(cpus: int, nranks: int) -> int:
@@ -126,9 +128,13 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | 
         if r["mode"] == "plain":
             continue
         entry = out.setdefault(f"{r['preset']}/{r['ranks']}", {})
-        if r["mode"] == "ssgd":
-            entry["ssgd_time_vs_ddp"] = r.get("time_vs_ddp")
-        entry[f"{r['mode']}_vs_plain"] = r.get("ratio_vs_plain")
+        mode = r["mode"].replace("-", "_")
+        if r["mode"] != "ddp":
+            entry[f"{mode}_time_vs_ddp"] = r.get("time_vs_ddp")
+        entry[f"{mode}_vs_plain"] = r.get("ratio_vs_plain")
+        # Scaling efficiency: n ranks' frames/s over n plain processes' (1.0 = linear).
+        ratio = r.get("ratio_vs_plain")
+        entry[f"{mode}_efficiency"] = ratio / r["ranks"] if ratio is not None else None
     return out
 
 
@@ -155,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 plain_threads.add(threads)
                 rows.append(run_worker(WORKER, ["--mode", "plain", *mine], None, a.timeout,
                                        env)[-1])
-            for mode in ("ssgd", "ddp"):
+            for mode in MODES[1:]:
                 rows.append(run_worker(WORKER, ["--mode", mode, *mine], n, a.timeout, env)[-1])
     add_ratios(rows)
 

@@ -22,6 +22,7 @@ from torch import nn
 from benchmarks._common.launch import file_store, remove_store
 from benchmarks._common.timing import device_sync, seconds_per_step, training_step
 from hadpsgd.models import build_model
+from hadpsgd.models.presets import LSTM_LAYOUTS, per_layer_lstm
 
 
 @dataclass
@@ -99,7 +100,7 @@ def ddp_world(device: str) -> DDPWorld:
 def main() -> None:
     """Parse the options, build the model and data, time the steps, print the JSON line."""
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["plain", "ssgd", "ddp"], required=True)
+    p.add_argument("--mode", choices=["plain", "ssgd", "ssgd-serial", "ddp"], required=True)
     p.add_argument("--preset", required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--classes", type=int, required=True)
@@ -108,6 +109,9 @@ def main() -> None:
     p.add_argument("--chunk-len", type=int, default=21)
     p.add_argument("--feat-dim", type=int, default=260)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--lstm-layout", choices=list(LSTM_LAYOUTS), default="auto",
+                   help="the BLSTM's LSTM stack, as hadpsgd.run's --lstm-layout (auto: "
+                        "per-layer on CUDA, stacked on CPU)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads of this process (default: as launched)")
     a = p.parse_args()
@@ -115,7 +119,7 @@ def main() -> None:
     rank, size = 0, 1
     info: dict[str, Any] = {"backend": None, "notes": []}
     topo = ddp = algo = None
-    if a.mode == "ssgd":
+    if a.mode in ("ssgd", "ssgd-serial"):
         from hadpsgd import comm
 
         topo = comm.init(device=a.device)
@@ -137,7 +141,10 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     torch.manual_seed(0)
-    model: nn.Module = build_model(a.preset, a.feat_dim, a.classes).to(device)
+    per_layer = per_layer_lstm(a.lstm_layout, device)
+    info["lstm_layout"] = "per-layer" if per_layer else "stacked"
+    model: nn.Module = build_model(a.preset, a.feat_dim, a.classes,
+                                   per_layer=per_layer).to(device)
     if ddp is not None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -147,7 +154,10 @@ def main() -> None:
     if topo is not None:
         from hadpsgd.algorithms import SSGD
 
-        algo = SSGD(model, opt, topo)
+        # ssgd: as hadpsgd.run runs it (buckets reduced during backward); ssgd-serial:
+        # --no-overlap, the reduction after backward, to show what the overlap buys.
+        algo = SSGD(model, opt, topo, overlap=a.mode == "ssgd")
+        info["overlap"] = algo.gradsync.overlapped
     x = torch.randn(a.batch, a.chunk_len, a.feat_dim, device=device)
     y = torch.randint(0, a.classes, (a.batch, a.chunk_len), device=device)
 

@@ -23,6 +23,7 @@ from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
 from hadpsgd.algorithms.gossip import GossipThread
 from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import CommTimeoutError, Topology
+from hadpsgd.comm.overlap import Scope
 
 
 @dataclass
@@ -84,9 +85,9 @@ class ADPSGD(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  max_grad_norm: float = 0.0, max_staleness: int = 0,
-                 gossip_jitter: float = 0.0) -> None:
+                 gossip_jitter: float = 0.0, **common: Any) -> None:
         ADPSGDOptions(max_staleness=max_staleness)  # validates, before any communication
-        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
+        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm, **common)
         if len(self.params.buffers) != 1:
             raise ValueError("adpsgd: all trainable parameters must share one dtype, found "
                              f"{sorted(str(d) for d in self.params.buffers)}")
@@ -123,11 +124,14 @@ class ADPSGD(Algorithm):
             raise CommTimeoutError(f"gossip thread failed: {err}") if isinstance(
                 err, CommTimeoutError) else RuntimeError(f"gossip thread failed: {err}")
 
+    def grad_scope(self) -> Scope:
+        """The gradients are averaged inside the super-learner (node-synchronous) only."""
+        return "node" if self.topo.local_size > 1 else None
+
     def reduce_grads(self) -> None:
-        """Average the gradients inside the super-learner (node-synchronous)."""
+        """Check the gossip thread, then finish the super-learner's gradient average."""
         self._check_thread()
-        for buf in self.grads.buffers.values():
-            self.topo.intra_allreduce_(buf, op="avg")
+        super().reduce_grads()
 
     def apply_update(self) -> None:
         """The optimizer step, under the lock the gossip thread snapshots with."""
@@ -237,7 +241,7 @@ class ADPSGD(Algorithm):
         """Finish in-flight exchanges on every super-learner, then re-align each node."""
         if self._closed:
             return
-        self._closed = True
+        super().close()
         if self.thread is not None:
             pending = self.thread.close()
             if pending is not None:

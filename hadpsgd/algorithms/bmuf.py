@@ -28,6 +28,7 @@ from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
 from hadpsgd.algorithms.bmuf_moments import STRATEGIES, BlockMoments, Layout
 from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import Topology
+from hadpsgd.comm.overlap import Scope
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 
@@ -147,12 +148,12 @@ class BMUF(Algorithm):
                  sync_period: int = 8, block_momentum: float | None = None,
                  block_lr: float = 1.0, nesterov: bool = True, adam_moments: str = "corrected",
                  warmup_steps: int = 0, warmup_moments: str = "keep",
-                 max_grad_norm: float = 0.0) -> None:
+                 max_grad_norm: float = 0.0, **common: Any) -> None:
         # Every rank raises alike, before the first collective, so nobody is left waiting.
         BMUFOptions(sync_period, block_momentum, block_lr, nesterov, adam_moments,
                     warmup_steps, warmup_moments)
         topo.require_equal_nodes("bmuf")
-        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm)
+        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm, **common)
         self.sync_period = sync_period
         self.block_momentum = (1.0 - 1.0 / topo.num_nodes if block_momentum is None
                                else float(block_momentum))
@@ -215,16 +216,11 @@ class BMUF(Algorithm):
         self.started = True
 
     # ------------------------------------------------------------------ steps
-    def reduce_grads(self) -> None:
-        """Node mean of the gradients (the super-learner); all learners' during warm-up."""
+    def grad_scope(self) -> Scope:
+        """The node mean (the super-learner) once BMUF runs; all learners' during warm-up."""
         if not self.started:
-            # Warm-up: plain synchronous SGD over every learner.
-            for buf in self.grads.buffers.values():
-                self.topo.allreduce_(buf, op="avg")
-        elif self.topo.local_size > 1:
-            # The learners of a node form one super-learner: identical steps on the node mean.
-            for buf in self.grads.buffers.values():
-                self.topo.intra_allreduce_(buf, op="avg")
+            return "world"  # warm-up: plain synchronous SGD over every learner
+        return "node" if self.topo.local_size > 1 else None
 
     def after_step(self) -> None:
         """End the warm-up when due; a block sync after every ``sync_period`` local steps."""

@@ -30,8 +30,9 @@ INTRA_BACKENDS = env.INTRA_BACKEND_CHOICES
 DEFAULT_CPU_INTRA = "mpi"
 """Intra-node backend of host tensors when not chosen (``auto``; on GPUs NCCL takes the
 device tensors, see ``_device_backend``). Measured with ``python -m benchmarks.comm --op
-intra`` (docs/benchmarks.md): MPI's shared-memory path is 4-30x faster than gloo up to ~1 MiB and inside
-the hierarchical allreduce; gloo won some node-local allreduces of tens of MiB with 2 ranks.
+intra`` (docs/benchmarks.md): MPI's shared-memory path is 4-30x faster than gloo up to ~1 MiB
+and inside the hierarchical allreduce; gloo won some node-local allreduces of tens of MiB
+with 2 ranks.
 Gradient buckets of the presets are small-to-medium, so MPI is the default."""
 DEFAULT_BUCKET_MB = env.DEFAULT_BUCKET_MB
 """Bucket size when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from hadpsgd.models.blstm import BLSTM
 
 
@@ -29,13 +31,17 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def build_model(preset: str, input_dim: int, num_classes: int) -> BLSTM:
+def build_model(preset: str, input_dim: int, num_classes: int,
+                per_layer: bool = False) -> BLSTM:
     """Build a BLSTM from a preset name; input and output sizes come from the data.
 
     Args:
         preset: One of :data:`PRESETS` (``swb``, ``small``, ``tiny``).
         input_dim: Feature dimension of the data file.
         num_classes: Number of classes of the data file.
+        per_layer: Build the LSTM stack as single-layer modules, the same model whose
+            gradients become ready layer by layer on CUDA (see :class:`BLSTM` and
+            :func:`per_layer_lstm`).
 
     Raises:
         ValueError: If ``preset`` is unknown; the message lists the known ones.
@@ -45,7 +51,30 @@ def build_model(preset: str, input_dim: int, num_classes: int) -> BLSTM:
             f"unknown model preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}"
         )
     p = PRESETS[preset]
-    return BLSTM(input_dim, num_classes, hidden=p.hidden, layers=p.layers, proj=p.proj)
+    return BLSTM(input_dim, num_classes, hidden=p.hidden, layers=p.layers, proj=p.proj,
+                 per_layer=per_layer)
+
+
+LSTM_LAYOUTS: tuple[str, ...] = ("auto", "stacked", "per-layer")
+"""Values of ``--lstm-layout``: how the BLSTM's LSTM stack is built (the same model)."""
+
+
+def per_layer_lstm(layout: str, device: torch.device | str) -> bool:
+    """Whether ``layout`` builds the LSTM stack per layer on ``device``.
+
+    ``auto`` is per-layer on CUDA, where cuDNN's fused multi-layer LSTM releases every
+    layer's gradient only at the end of backward, and stacked elsewhere: on CPU the LSTM is
+    computed layer by layer anyway, and one module is the simpler model.
+
+    Raises:
+        ValueError: If ``layout`` is not one of :data:`LSTM_LAYOUTS`.
+    """
+    if layout not in LSTM_LAYOUTS:
+        raise ValueError(f"unknown LSTM layout {layout!r}; choose one of "
+                         f"{', '.join(LSTM_LAYOUTS)}")
+    if layout == "auto":
+        return torch.device(device).type == "cuda"
+    return layout == "per-layer"
 
 
 def count_parameters(model: BLSTM) -> int:

@@ -21,6 +21,7 @@ from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
 from hadpsgd.models import build_model
+from hadpsgd.models.presets import per_layer_lstm
 from hadpsgd.train import provenance
 from hadpsgd.train.loop import LoopOptions, Trainer
 from hadpsgd.train.metrics import MetricsWriter
@@ -67,8 +68,9 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
     # ranks keeps single-process runs reproducible too.
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model.preset, train_set.file.feat_dim,
-                        train_set.file.num_classes).to(topo.device)
+    model = build_model(cfg.model.preset, train_set.file.feat_dim, train_set.file.num_classes,
+                        per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
+                        ).to(topo.device)
     algo_cls = algorithms.get(cfg.train.algo)
     algo = algo_cls(model, build_optimizer(cfg.optim, model), topo, **algo_cls.options_from(cfg))
     out_dir = make_out_dir(cfg, topo)

@@ -300,7 +300,9 @@ def test_ratios_pair_each_run_with_its_own_baselines():
     assert swb["time_vs_ddp"] is None and swb["ratio_vs_plain"] is None
     s = tt.summarize(rows)
     assert s["small/2"] == {"ssgd_time_vs_ddp": pytest.approx(1.5),
-                            "ssgd_vs_plain": pytest.approx(4 / 3), "ddp_vs_plain": 2.0}
+                            "ssgd_vs_plain": pytest.approx(4 / 3), "ddp_vs_plain": 2.0,
+                            "ssgd_efficiency": pytest.approx(2 / 3),
+                            "ddp_efficiency": pytest.approx(1.0)}
     assert s["swb/2"]["ssgd_time_vs_ddp"] is None
 
 

@@ -1,0 +1,16 @@
+"""Gradient reduction overlapped with backward, under real mpirun (tests/workers/overlap.py)."""
+
+import pytest
+
+from tests.conftest import assert_ok, run_worker
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize(("algo", "nprocs", "ranks_per_node"), [
+    ("ssgd", 2, None), ("ssgd", 4, "2"), ("bmuf", 4, "2"), ("adpsgd", 4, "2")])
+def test_overlapped_reduction_trains_bit_identically(algo, nprocs, ranks_per_node):
+    env = {"HADPSGD_RANKS_PER_NODE": ranks_per_node} if ranks_per_node else {}
+    res = run_worker(nprocs, "overlap", algo, env=env)
+    assert_ok(res)
+    assert res.stdout.count(" OK") == nprocs
