@@ -50,10 +50,10 @@ class Case:
 class Cases:
     """Builds the cases of every op for one layout.
 
-    The buffers live on the topology's device. The raw mpi4py baselines (``raw`` buffers)
-    are NumPy arrays on CPU; on CUDA they are device tensors handed to MPI through
-    :meth:`_raw`, with the host copies (``direct=False``) or as they are (``direct=True``,
-    CUDA-aware MPI only).
+    The buffers live on the topology's device, and the cases of one size share them (see
+    :meth:`_buffer`). The raw mpi4py baselines (``raw`` buffers) are NumPy arrays on CPU;
+    on CUDA they are device tensors handed to MPI through :meth:`_raw`, with the host copies
+    (``direct=False``) or as they are (``direct=True``, CUDA-aware MPI only).
 
     Args:
         topo: The hadpsgd topology.
@@ -72,13 +72,29 @@ class Cases:
         self.world_sum = n * (n + 1) / 2
         self.node_sum = float(sum(topo.node_ranks) + topo.local_size)
         self.peer = topo.rank ^ 1 if (topo.rank ^ 1) < n else None
+        self._buffers: dict[int, tuple[int, np.ndarray | None, torch.Tensor]] = {}
 
-    def _buffer(self, count: int, raw: bool) -> Buffer:
-        if raw and not self.on_gpu:
-            return np.empty(count, dtype=np.float32)
-        # hadpsgd's own flat buffers come from hadpsgd.comm.flat.zeros (NumPy-allocated host
-        # memory on CPU); benchmark the collectives on the same kind of buffer.
-        return flat_zeros(count, torch.float32, self.device)
+    def _buffer(self, count: int, raw: bool, slot: int = 0) -> Buffer:
+        """Buffer ``slot`` of ``count`` elements: the raw view (NumPy on CPU) or hadpsgd's.
+
+        Every case of one size, baseline or hadpsgd's, works on the same memory: one
+        allocation per slot, kept until the size changes. Where a buffer comes from decides
+        how fast MPI moves it (glibc serves a size it has just freed from the heap rather
+        than a fresh mapping, and Open MPI moved the two kinds up to 40 % apart at 4-16 MiB
+        on 2 ranks here), so cases allocated one after the other were not comparable. On
+        CPU the memory is NumPy's: the raw baselines get the array, hadpsgd a tensor over
+        it, as its own flat buffers are (``hadpsgd.comm.flat.zeros``).
+        """
+        held = self._buffers.get(slot)
+        if held is None or held[0] != count:
+            self._buffers.pop(slot, None)  # the last size's memory goes first
+            if self.on_gpu:
+                array, tensor = None, flat_zeros(count, torch.float32, self.device)
+            else:
+                array = np.zeros(count, dtype=np.float32)
+                tensor = torch.from_numpy(array)
+            held = self._buffers[slot] = (count, array, tensor)
+        return held[1] if raw and not self.on_gpu else held[2]
 
     def _variant(self, direct: bool) -> str:
         if not self.on_gpu:
@@ -187,7 +203,7 @@ class Cases:
     # ------------------------------------------------------------------ pair exchange
     def _pair(self, label: str, count: int, op: Callable[[Buffer, Buffer, int], None],
               raw: bool) -> Case:
-        send, recv = self._buffer(count, raw), self._buffer(count, raw)
+        send, recv = self._buffer(count, raw, 0), self._buffer(count, raw, 1)
         peer = self.peer
 
         def fill() -> None:

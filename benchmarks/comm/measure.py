@@ -148,7 +148,7 @@ def sweep(a: argparse.Namespace, topo: Topology, mpi: Any, gloo: Any | None,
             count = size // ELEMENT_BYTES
 
             def measure(case: Case, size: int = size) -> Timing:
-                return timer.time(case, size)  # the case (its buffers) is dropped afterwards
+                return timer.time(case, size)  # the cases of a size share their buffers
 
             def baseline(make: Callable[..., Case]) -> tuple[Timing, Timing | None]:
                 """The mpi4py baseline (through host copies on CUDA), and on device buffers."""

@@ -8,12 +8,11 @@ error as the peer that never arrived.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from hadpsgd import env
@@ -79,6 +78,26 @@ def poll(done: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+_monotonic = time.monotonic
+
+
+class Guard:
+    """A blocking call under a :class:`Watchdog`'s deadline (see :meth:`Watchdog.guard`)."""
+
+    __slots__ = ("_group", "_watchdog", "_what")
+
+    def __init__(self, watchdog: Watchdog, what: str, group: list[int] | None) -> None:
+        self._watchdog = watchdog
+        self._what = what
+        self._group = group
+
+    def __enter__(self) -> None:
+        self._watchdog.arm(self._what, self._group)
+
+    def __exit__(self, *exc: object) -> None:
+        self._watchdog._active = None
+
+
 class Watchdog:
     """Waits on MPI requests with a deadline and names the missing peers on a timeout.
 
@@ -125,22 +144,30 @@ class Watchdog:
         if monitor is not None and monitor is not threading.current_thread():
             monitor.join(timeout=2.0)
 
-    @contextlib.contextmanager
-    def guard(self, what: str, group: list[int] | None = None) -> Iterator[None]:
-        """Run a *blocking* MPI call under the deadline.
+    def guard(self, what: str, group: list[int] | None = None) -> Guard:
+        """Run a *blocking* MPI call under the deadline: ``with watchdog.guard(what): ...``.
 
         Blocking collectives use MPI's tuned algorithms and progress by themselves, which is
         much faster for large buffers than polling a non-blocking one; but they cannot be
         interrupted. So a monitor thread watches the call: past the deadline it names the
         missing peers (as :meth:`fail` does), prints the error and aborts the job.
+
+        The guard is a small object, not a generator (it is entered around every small
+        collective, where a few microseconds are the cost of the call); :meth:`arm` and
+        :meth:`disarm` are the same two steps for a caller's own ``try``/``finally``.
         """
-        self.seq += 1
-        self._ensure_monitor()
-        self._active = (what, group, time.monotonic() + self.timeout, self.seq)
-        try:
-            yield
-        finally:
-            self._active = None
+        return Guard(self, what, group)
+
+    def arm(self, what: str, group: list[int] | None = None) -> None:
+        """Start watching a blocking call (:meth:`guard`'s entry); :meth:`disarm` ends it."""
+        self.seq = seq = self.seq + 1
+        if self._monitor is None:
+            self._ensure_monitor()
+        self._active = (what, group, _monotonic() + self.timeout, seq)
+
+    def disarm(self) -> None:
+        """The watched call returned (or raised): stop watching it (:meth:`guard`'s exit)."""
+        self._active = None
 
     def _ensure_monitor(self) -> None:
         if self._monitor is None:

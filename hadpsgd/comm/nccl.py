@@ -35,8 +35,9 @@ class NCCLIntra(TorchIntra):
 
     Operations run on the process group's NCCL stream, which waits for the current stream
     (so they see the gradients just computed); the current stream then waits for them, and
-    the host waits on a CUDA event polled under the watchdog's deadline, so a stuck peer
-    becomes a named error (and the communicator is aborted) instead of a hang.
+    the host blocks on a blocking-sync CUDA event under the watchdog's guard, so a stuck
+    peer ends the job with a named error instead of a hang (and a failed wait aborts the
+    communicator).
 
     Raises:
         ImportError: If torch was built without NCCL.
@@ -60,10 +61,16 @@ class NCCLIntra(TorchIntra):
 
     def _wait(self, work: Any, what: str) -> None:
         work.wait()  # the current stream waits for the NCCL stream (no host block)
-        event = torch.cuda.Event()
+        # A blocking-sync event: the host thread sleeps in the driver until the event
+        # completes and is woken then (no polling pause to oversleep, no core spun), with
+        # the GIL released. The wait cannot be interrupted, so like a blocking MPI call it
+        # runs under the watchdog's guard: past the deadline the monitor thread names the
+        # missing peers and aborts the job.
+        event = torch.cuda.Event(blocking=True)
         event.record(torch.cuda.current_stream(self.device))
         try:
-            self.watchdog.wait_until(event.query, f"intra-node {what} (nccl)", self.world_ranks)
+            with self.watchdog.guard(f"intra-node {what} (nccl)", self.world_ranks):
+                event.synchronize()
         except Exception:
             self.pg.abort()
             raise

@@ -147,10 +147,18 @@ class Topology:
                 ``flat`` (one MPI allreduce over the world) or ``auto`` (hierarchical when
                 there are several nodes with several learners).
         """
+        if (op == "sum" or op == "avg") and self.reducer.direct_sum_(tensor, path):
+            if op == "avg" and self.size > 1:
+                tensor.div_(self.size)
+            return tensor
         return self._reduce(tensor, op, lambda t: self.reducer.world_sum_(t, path), self.size)
 
     def intra_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
         """Reduce ``tensor`` over the learners of this node only (one super-learner)."""
+        if (op == "sum" or op == "avg") and self.reducer.direct_sum_(tensor, "intra"):
+            if op == "avg" and self.local_size > 1:
+                tensor.div_(self.local_size)
+            return tensor
         return self._reduce(tensor, op, self.reducer.intra_sum_, self.local_size)
 
     def inter_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
@@ -158,6 +166,10 @@ class Topology:
 
         That is a super-learner's model; ``avg`` divides by the number of nodes.
         """
+        if (op == "sum" or op == "avg") and self.reducer.direct_sum_(tensor, "inter"):
+            if op == "avg" and self.num_nodes > 1:
+                tensor.div_(self.num_nodes)
+            return tensor
         return self._reduce(tensor, op, self.reducer.inter_sum_, self.num_nodes)
 
     def intra_broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:

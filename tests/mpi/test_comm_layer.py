@@ -45,11 +45,15 @@ def test_flat_world(nprocs):
     assert res.stdout.count("OK rank") == nprocs
 
 
-@pytest.mark.parametrize(("nprocs", "per_node"), [(3, None), (4, "2")])
-def test_missing_peer_is_named_within_deadline(nprocs, per_node):
+@pytest.mark.parametrize(("nprocs", "per_node", "path"), [
+    (3, None, None), (4, "2", None),
+    (2, None, "flat"), (3, None, "auto")])  # the last two: the direct one-call path
+def test_missing_peer_is_named_within_deadline(nprocs, per_node, path):
     env = {"HADPSGD_TIMEOUT": "4"}
     if per_node:
         env["HADPSGD_RANKS_PER_NODE"] = per_node
+    if path:
+        env["DEADLINE_PATH"] = path
     start = time.monotonic()
     res = run_worker(nprocs, "deadline", env=env, timeout=150)
     elapsed = time.monotonic() - start

@@ -1,0 +1,280 @@
+"""The comm layer's fast path without MPI: which scopes are one call, the guard, NCCL's wait.
+
+Fake communicators stand in for MPI: they record the calls a reduction makes, so the direct
+path (``Reducer.direct_sum_``) is checked to make exactly the call of the general path, under
+the watchdog's guard, and only where that is the general path's whole work.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hadpsgd.comm import deadline
+from hadpsgd.comm.backends import IntraBackend, MPIIntra
+from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.hierarchical import Reducer
+
+IN_PLACE, SUM = "IN_PLACE", "SUM"
+
+
+class FakeComm:
+    """Records ``Allreduce`` calls (summing nothing: one rank's view)."""
+
+    def __init__(self, size: int, rank: int = 0, name: str = "world",
+                 watchdog: Any = None) -> None:
+        self.size, self.rank, self.name = size, rank, name
+        self.watchdog = watchdog
+        self.calls: list[tuple[str, Any, int, Any]] = []
+        self.fail = False
+
+    def Get_size(self) -> int:  # noqa: N802 - mpi4py's name
+        return self.size
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+        return self.rank
+
+    def Allreduce(self, send: Any, recv: np.ndarray, op: Any) -> None:  # noqa: N802
+        active = self.watchdog._active if self.watchdog is not None else None
+        self.calls.append((self.name, send, recv.size, active))
+        if self.fail:
+            raise RuntimeError("MPI error")
+
+
+class RecordingWatchdog:
+    """What the reducer needs of a watchdog, with the armed operations recorded."""
+
+    timeout = 60.0
+
+    def __init__(self) -> None:
+        self._active: tuple[str, Any] | None = None
+        self.armed: list[tuple[str, Any]] = []
+        self.seq = 0
+
+    def arm(self, what: str, group: list[int] | None = None) -> None:
+        self.seq += 1
+        self._active = (what, group)
+        self.armed.append((what, group))
+
+    def disarm(self) -> None:
+        self._active = None
+
+    def guard(self, what: str, group: list[int] | None = None) -> Any:
+        wd = self
+
+        class _G:
+            def __enter__(self) -> None:
+                wd.arm(what, group)
+
+            def __exit__(self, *exc: object) -> None:
+                wd.disarm()
+
+        return _G()
+
+
+class OtherIntra(IntraBackend):
+    """A non-MPI host backend (as gloo): the direct path must leave it alone."""
+
+    name = "gloo"
+
+    def __init__(self, comm: Any, watchdog: Any, world_ranks: list[int]) -> None:
+        super().__init__(comm, watchdog, world_ranks)
+        self.calls = 0
+
+    def allreduce_(self, t: torch.Tensor) -> None:
+        self.calls += 1
+
+
+def make(node_sizes: list[int], local_size: int | None = None, intra: str = "mpi",
+         bucket_bytes: int = 1024) -> tuple[Reducer, dict[str, FakeComm], RecordingWatchdog]:
+    wd = RecordingWatchdog()
+    local = local_size if local_size is not None else node_sizes[0]
+    comms = {"world": FakeComm(sum(node_sizes), name="world", watchdog=wd),
+             "inter": FakeComm(len(node_sizes), name="inter", watchdog=wd),
+             "intra": FakeComm(local, name="intra", watchdog=wd)}
+    backend = (MPIIntra if intra == "mpi" else OtherIntra)(comms["intra"], wd, list(range(local)))
+    red = Reducer(comms["world"], comms["inter"], backend, wd,  # type: ignore[arg-type]
+                  list(range(len(node_sizes))), node_sizes, bucket_bytes)
+    red._mpi = (IN_PLACE, SUM)  # no mpi4py import (MPI init) in a unit test
+    return red, comms, wd
+
+
+def calls(comms: dict[str, FakeComm]) -> list[tuple[str, int]]:
+    return [(c[0], c[2]) for comm in comms.values() for c in comm.calls]
+
+
+@pytest.mark.parametrize(
+    ("node_sizes", "intra", "direct"),
+    [
+        ([2], "mpi", {"flat": "world", "auto": "intra", "intra": "intra", "inter": ""}),
+        ([2], "gloo", {"flat": "world", "auto": None, "intra": None, "inter": ""}),
+        ([1, 1, 1], "mpi", {"flat": "world", "auto": "world", "intra": "", "inter": "inter"}),
+        ([2, 2], "mpi", {"flat": "world", "auto": None, "intra": "intra", "inter": None}),
+        ([2, 2], "gloo", {"flat": "world", "auto": None, "intra": None, "inter": None}),
+        ([1], "mpi", {"flat": "", "auto": "", "intra": "", "inter": ""}),
+    ],
+)
+def test_direct_scopes_make_the_general_paths_one_call(node_sizes, intra, direct):
+    """Where the direct path runs, it makes the very call (communicator, size, deadline
+    message) the general path makes; elsewhere it declines and the tensor is untouched."""
+    for scope, where in direct.items():
+        red, comms, wd = make(node_sizes, intra=intra)
+        t = torch.arange(10, dtype=torch.float32)
+        took = red.direct_sum_(t, scope)
+        assert took == (where is not None), scope
+        got, armed = calls(comms), list(wd.armed)
+        if where is None:
+            assert got == [] and armed == []
+            continue
+        assert got == ([(where, 10)] if where else []), scope
+        assert torch.equal(t, torch.arange(10, dtype=torch.float32))
+        # The general path on a fresh reducer: the same calls under the same guard.
+        red2, comms2, wd2 = make(node_sizes, intra=intra)
+        if scope in ("flat", "auto"):
+            red2.world_sum_(t, scope)
+        else:
+            (red2.intra_sum_ if scope == "intra" else red2.inter_sum_)(t)
+        assert calls(comms2) == got, scope
+        assert wd2.armed == armed, scope
+        assert wd._active is None
+
+
+def test_in_place_on_the_tensors_own_memory_with_the_named_guard():
+    red, comms, wd = make([1, 1])
+    t = torch.zeros(6, dtype=torch.float64)
+    seen: list[Any] = []
+    comms["world"].Allreduce = (  # type: ignore[method-assign]
+        lambda s, r, op: seen.append((s, r, op, wd._active)))
+    assert red.direct_sum_(t, "flat")
+    (send, recv, op, active), = seen
+    assert (send, op) == (IN_PLACE, SUM)
+    assert recv.ctypes.data == t.data_ptr() and recv.size == 6
+    assert active == ("allreduce of 6 torch.float64", None)
+    assert wd._active is None
+
+
+@pytest.mark.parametrize("case", ["too big", "strided", "float16", "bool"])
+def test_what_the_direct_path_declines(case):
+    red, comms, _ = make([1, 1], bucket_bytes=64)
+    t = {"too big": torch.zeros(17), "strided": torch.zeros(10)[::2],
+         "float16": torch.zeros(4, dtype=torch.float16),
+         "bool": torch.zeros(4, dtype=torch.bool)}[case]
+    assert red.direct_sum_(t, "flat") is False
+    assert calls(comms) == []
+
+
+def test_exactly_one_bucket_goes_direct():
+    red, comms, _ = make([1, 1], bucket_bytes=64)
+    assert red.direct_sum_(torch.zeros(16), "flat")
+    assert calls(comms) == [("world", 16)]
+
+
+def test_a_failing_call_leaves_the_guard_disarmed():
+    red, comms, wd = make([1, 1])
+    comms["world"].fail = True
+    with pytest.raises(RuntimeError, match="MPI error"):
+        red.direct_sum_(torch.zeros(3), "flat")
+    assert wd._active is None
+
+
+# ---------------------------------------------------------------------------- Watchdog
+class FakeControl:
+    def __init__(self) -> None:
+        self.aborted = threading.Event()
+        self.code: int | None = None
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return 1
+
+    def Abort(self, code: int) -> None:  # noqa: N802
+        self.code = code
+        self.aborted.set()
+
+
+@pytest.fixture
+def no_mpi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deadline, "_any_source", lambda: -1)
+
+
+def test_guard_marks_the_call_and_clears_it(no_mpi):
+    wd = Watchdog(FakeControl(), 100.0, thread_multiple=False)
+    try:
+        with wd.guard("allreduce of 3 torch.float32", [0, 1]):
+            what, group, until, seq = wd._active  # type: ignore[misc]
+            assert (what, group, seq) == ("allreduce of 3 torch.float32", [0, 1], 1)
+            assert "waiting in allreduce of 3" in wd.doing()
+        assert wd._active is None
+        monitor = wd._monitor
+        assert monitor is not None and monitor.is_alive()
+        with pytest.raises(KeyError), wd.guard("second"):
+            raise KeyError("boom")
+        assert wd._active is None and wd.seq == 2
+        assert wd._monitor is monitor  # one monitor thread, started once
+    finally:
+        wd.stop()
+
+
+def test_guarded_call_past_the_deadline_is_named_and_aborts(no_mpi, capfd):
+    control = FakeControl()
+    wd = Watchdog(control, 0.05, thread_multiple=False)
+    try:
+        with wd.guard("allreduce of 10 torch.float32"):
+            assert control.aborted.wait(15.0), "the monitor never aborted the stuck call"
+    finally:
+        wd.stop()
+    assert control.code == 3
+    err = capfd.readouterr().err
+    assert "rank 1: allreduce of 10 torch.float32 did not complete within 0.05 s" in err
+
+
+# ---------------------------------------------------------------------------- NCCL wait
+def test_nccl_wait_blocks_on_a_blocking_event_under_the_guard(monkeypatch):
+    from hadpsgd.comm import nccl
+
+    wd = RecordingWatchdog()
+    log: list[Any] = []
+
+    class Event:
+        def __init__(self, blocking: bool = False) -> None:
+            log.append(("event", blocking))
+
+        def record(self, stream: Any) -> None:
+            log.append(("record", stream))
+
+        def synchronize(self) -> None:
+            log.append(("synchronize", wd._active))
+            if fail:
+                raise RuntimeError("CUDA error")
+
+        def query(self) -> bool:
+            raise AssertionError("the wait must not poll")
+
+    class Work:
+        def wait(self) -> None:
+            log.append(("work.wait",))
+
+    class PG:
+        def abort(self) -> None:
+            log.append(("abort",))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    backend = object.__new__(nccl.NCCLIntra)
+    backend.watchdog, backend.world_ranks = wd, [0, 1]  # type: ignore[assignment]
+    backend.device, backend.pg = torch.device("cuda", 0), PG()  # type: ignore[assignment]
+
+    fail = False
+    backend._wait(Work(), "allreduce")
+    assert log == [("work.wait",), ("event", True), ("record", "stream"),
+                   ("synchronize", ("intra-node allreduce (nccl)", [0, 1]))]
+    assert wd._active is None
+
+    log.clear()
+    fail = True
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        backend._wait(Work(), "broadcast")
+    assert log[-1] == ("abort",) and wd._active is None
