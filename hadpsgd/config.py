@@ -261,9 +261,11 @@ class CommConfig:
     nodes) or leader (reduce / leaders' allreduce / broadcast); auto picks shard when it can."""
     bucket_mb: float = 64.0
     """Large buffers (models, BMUF's moments) are reduced in buckets of this many MiB."""
-    overlap: bool = True
+    overlap: Literal["auto", "on", "off"] = "auto"
     """Reduce the gradients bucket by bucket while backward still runs (as DDP does), in a
-    background thread; --no-overlap reduces them after backward (same buckets, same order)."""
+    background thread: on, off (after backward: same buckets, same order, same result), or
+    auto = on when training on CUDA, off on CPU, where the reduction would take the cores
+    backward needs (measured: docs/benchmarks.md, train_throughput)."""
     grad_bucket_mb: float = 25.0
     """Gradient bucket size in MiB (DDP's default): smaller buckets start reducing earlier
     in backward, larger ones make fewer calls."""

@@ -37,9 +37,16 @@ DEFAULTS = {"small": (32, 64), "swb": (8, 32000)}
 FALLBACK = (16, 64)
 """Per-rank batch and classes of a preset that :data:`DEFAULTS` does not name."""
 DEVICES = ("cpu", "cuda")
-MODES = ("plain", "ssgd", "ssgd-serial", "ddp")
-"""``ssgd``: hadpsgd SSGD as run by default (buckets reduced during backward);
-``ssgd-serial``: the same with ``--no-overlap`` (reduced after backward)."""
+MODES = ("plain", "ssgd", "ssgd-overlap", "ssgd-serial", "ddp")
+"""``ssgd``: hadpsgd SSGD as ``hadpsgd.run`` runs it (``--overlap auto``: buckets reduced
+during backward on CUDA, after it on CPU); ``ssgd-overlap`` / ``ssgd-serial``: the other
+setting (``--overlap on`` on CPU, ``off`` on CUDA), to show what the default buys."""
+
+
+def modes_for(device: str) -> list[str]:
+    """The modes one measurement runs on ``device``: the default SSGD and its alternative."""
+    other = "ssgd-overlap" if device == "cpu" else "ssgd-serial"
+    return ["ssgd", other, "ddp"]
 
 
 def threads_per_rank(cpus: int, nranks: int) -> int:
@@ -106,7 +113,7 @@ def _num(value: float | None, fmt: str, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
 
 
-TABLE_HEADER = (f"{'preset':<7} {'mode':<6} {'ranks':>5} {'device':<6} {'backend':<14} "
+TABLE_HEADER = (f"{'preset':<7} {'mode':<11} {'ranks':>5} {'device':<6} {'backend':<14} "
                 f"{'thr/rank':>8} {'batch/rank':>10} {'s/step':>8} {'frames/s':>10} "
                 f"{'vs plain':>8} {'t/t_ddp':>8}")
 """The header line of the stdout table."""
@@ -114,7 +121,7 @@ TABLE_HEADER = (f"{'preset':<7} {'mode':<6} {'ranks':>5} {'device':<6} {'backend
 
 def format_row(row: Mapping[str, Any]) -> str:
     """One line of the stdout table (``-`` where a ratio does not apply)."""
-    return (f"{row['preset']:<7} {row['mode']:<6} {row['ranks']:>5} {row['device']:<6} "
+    return (f"{row['preset']:<7} {row['mode']:<11} {row['ranks']:>5} {row['device']:<6} "
             f"{row.get('backend') or '-':<14} {row['threads_per_rank']:>8} "
             f"{row['batch_per_rank']:>10} {row['sec_per_step']:>8.3f} "
             f"{row['frames_per_s']:>10.0f} {_num(row.get('ratio_vs_plain'), '.2f', 8)} "
@@ -161,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 plain_threads.add(threads)
                 rows.append(run_worker(WORKER, ["--mode", "plain", *mine], None, a.timeout,
                                        env)[-1])
-            for mode in MODES[1:]:
+            for mode in modes_for(a.device):
                 rows.append(run_worker(WORKER, ["--mode", mode, *mine], n, a.timeout, env)[-1])
     add_ratios(rows)
 

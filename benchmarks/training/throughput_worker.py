@@ -100,7 +100,8 @@ def ddp_world(device: str) -> DDPWorld:
 def main() -> None:
     """Parse the options, build the model and data, time the steps, print the JSON line."""
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["plain", "ssgd", "ssgd-serial", "ddp"], required=True)
+    p.add_argument("--mode", choices=["plain", "ssgd", "ssgd-overlap", "ssgd-serial", "ddp"],
+                   required=True)
     p.add_argument("--preset", required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--classes", type=int, required=True)
@@ -119,7 +120,7 @@ def main() -> None:
     rank, size = 0, 1
     info: dict[str, Any] = {"backend": None, "notes": []}
     topo = ddp = algo = None
-    if a.mode in ("ssgd", "ssgd-serial"):
+    if a.mode.startswith("ssgd"):
         from hadpsgd import comm
 
         topo = comm.init(device=a.device)
@@ -154,9 +155,9 @@ def main() -> None:
     if topo is not None:
         from hadpsgd.algorithms import SSGD
 
-        # ssgd: as hadpsgd.run runs it (buckets reduced during backward); ssgd-serial:
-        # --no-overlap, the reduction after backward, to show what the overlap buys.
-        algo = SSGD(model, opt, topo, overlap=a.mode == "ssgd")
+        # ssgd: as hadpsgd.run runs it (--overlap auto); the others force the setting.
+        overlap = {"ssgd": "auto", "ssgd-overlap": "on", "ssgd-serial": "off"}[a.mode]
+        algo = SSGD(model, opt, topo, overlap=overlap)
         info["overlap"] = algo.gradsync.overlapped
     x = torch.randn(a.batch, a.chunk_len, a.feat_dim, device=device)
     y = torch.randint(0, a.classes, (a.batch, a.chunk_len), device=device)

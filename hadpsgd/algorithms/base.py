@@ -131,7 +131,8 @@ class Algorithm:
         optimizer: An ordinary optimizer over ``model``'s parameters.
         topo: The communication topology from :func:`hadpsgd.comm.init`.
         max_grad_norm: Clip the (synchronised) gradient to this global L2 norm; 0 disables.
-        overlap: Reduce gradient buckets during backward (see :class:`GradSync`).
+        overlap: Reduce gradient buckets during backward (see :class:`GradSync`): True or
+            ``on``, False or ``off``, or ``auto`` (on when the model is on a GPU).
         grad_bucket_mb: Gradient bucket size in MiB.
     """
 
@@ -155,7 +156,7 @@ class Algorithm:
                 "grad_bucket_mb": cfg.comm.grad_bucket_mb}
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 topo: Topology, max_grad_norm: float = 0.0, overlap: bool = True,
+                 topo: Topology, max_grad_norm: float = 0.0, overlap: bool | str = "auto",
                  grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB) -> None:
         if max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {max_grad_norm}")

@@ -60,12 +60,16 @@ class GradSync:
             ``node`` (a super-learner), or not at all (None).
         bucket_mb: Bucket size in MiB.
         overlap: Start each bucket's reduction during backward (needs MPI_THREAD_MULTIPLE
-            and more than one learner; otherwise the same buckets are reduced after it).
+            and more than one learner; otherwise the same buckets are reduced after it):
+            True/``on``, False/``off`` or ``auto``: on when the parameters are on a GPU. On
+            CPU the background reduction competes with backward for the same cores (Open
+            MPI's blocking calls spin while they wait), which measured slower than reducing
+            after backward (docs/benchmarks.md).
     """
 
     def __init__(self, params: list[nn.Parameter], topo: Topology,
                  scope: Callable[[], Scope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
-                 overlap: bool = True) -> None:
+                 overlap: bool | str = "auto") -> None:
         if bucket_mb <= 0:
             raise ValueError(f"grad bucket size must be > 0 MiB, got {bucket_mb}")
         self.topo = topo
@@ -76,9 +80,14 @@ class GradSync:
             layout.append((view.dtype, view.storage_offset() - base.storage_offset(),
                            view.numel()))
         self.plan = BucketPlan(layout, max(1, int(bucket_mb * 2**20)))
-        background = overlap and topo.size > 1 and topo.thread_multiple
+        if overlap not in (True, False, "on", "off", "auto"):
+            raise ValueError(f"overlap must be True, False, 'on', 'off' or 'auto', got {overlap!r}")
+        on_gpu = bool(params) and params[0].device.type == "cuda"
+        wanted = overlap in (True, "on") or (overlap == "auto" and on_gpu)
+        background = wanted and topo.size > 1 and topo.thread_multiple
         # The backstop only fires if a reduction hangs outside the watchdog's guards.
-        self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, scope,
+        self._scope_of_step = scope
+        self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, self._scope,
                                      total, background,
                                      timeout=topo.timeout + 30.0 if background else 0.0)
         self._hooks = []
@@ -91,6 +100,14 @@ class GradSync:
     def overlapped(self) -> bool:
         """Whether buckets are reduced during backward."""
         return self.reducer.background
+
+    def _scope(self) -> Scope:
+        # A scope of one learner reduces nothing: no reduction, no separate local sums.
+        scope = self._scope_of_step()
+        if (scope == "world" and self.topo.size == 1) or (scope == "node"
+                                                           and self.topo.local_size == 1):
+            return None
+        return scope
 
     def _reduce(self, view: torch.Tensor, scope: str) -> None:
         if scope == "world":

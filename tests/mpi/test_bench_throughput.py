@@ -32,12 +32,13 @@ def test_ddp_baseline_runs_on_the_same_ranks(tmp_path):
     record = json.loads(out.read_text())
     assert record["benchmark"] == "train_throughput" and record["device"] == "cpu"
     rows = {r["mode"]: r for r in record["rows"]}
-    assert sorted(rows) == ["ddp", "plain", "ssgd", "ssgd-serial"] and len(record["rows"]) == 4
+    assert sorted(rows) == ["ddp", "plain", "ssgd", "ssgd-overlap"] and len(record["rows"]) == 4
     plain, ssgd, ddp = rows["plain"], rows["ssgd"], rows["ddp"]
     assert (ssgd["ranks"], ddp["ranks"], plain["ranks"]) == (2, 2, 1)
     assert (ssgd["backend"], ddp["backend"]) == ("mpi", "gloo")
-    # hadpsgd.run's default reduces during backward; ssgd-serial is the --no-overlap path.
-    assert ssgd["overlap"] is True and rows["ssgd-serial"]["overlap"] is False
+    # On CPU hadpsgd.run's default (--overlap auto) reduces after backward; ssgd-overlap
+    # is --overlap on, in a background thread during backward.
+    assert ssgd["overlap"] is False and rows["ssgd-overlap"]["overlap"] is True
     # The plain baseline gets the threads of one rank, not the whole machine.
     assert plain["threads_per_rank"] == ssgd["threads_per_rank"] == ddp["threads_per_rank"]
     for r in record["rows"]:

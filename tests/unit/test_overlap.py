@@ -115,3 +115,30 @@ def test_no_scope_reduces_nothing_and_errors_reach_the_caller() -> None:
     with pytest.raises(RuntimeError, match="link down"):
         red.finish()
     red.close()
+
+
+class TwoLearners:
+    """Just what GradSync reads of a Topology."""
+
+    size = local_size = 2
+    thread_multiple = True
+    timeout = 5.0
+
+
+@pytest.mark.parametrize(("overlap", "background"), [
+    ("auto", False), ("on", True), (True, True), ("off", False), (False, False)])
+def test_overlap_setting_on_cpu(overlap: object, background: bool) -> None:
+    """auto reduces during backward on CUDA only: on CPU the thread would take backward's
+    cores (docs/benchmarks.md)."""
+    from hadpsgd.algorithms.gradsync import GradSync
+
+    model = torch.nn.Linear(3, 2)
+    sync = GradSync(list(model.parameters()), TwoLearners(), lambda: None,  # type: ignore[arg-type]
+                    overlap=overlap)  # type: ignore[arg-type]
+    try:
+        assert sync.overlapped is background
+    finally:
+        sync.close()
+    with pytest.raises(ValueError, match="overlap"):
+        GradSync(list(model.parameters()), TwoLearners(), lambda: None,  # type: ignore[arg-type]
+                 overlap="sometimes")  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """Worker: gradient buckets reduced during backward give the very same training.
 
 Usage: overlap.py ALGO. Two replicas of one model train side by side on the same batches:
-one reduces its gradient buckets in the background during backward (``overlap=True``), the
-other after backward (``overlap=False``), with the same small buckets. Checks on every rank:
+one reduces its gradient buckets in the background during backward (``overlap="on"``), the
+other after backward (``overlap="off"``), with the same small buckets. Checks on every rank:
 the two end bit-identical (SSGD, BMUF); the replicas that share a reduction agree bit for
 bit; buckets were reduced before backward ended (the overlap happened).
 """
@@ -21,7 +21,7 @@ topo = comm.init()
 options = {"sync_period": 2} if algo_name == "bmuf" else {}
 
 
-def learner(overlap: bool):
+def learner(overlap: str):
     torch.manual_seed(0)
     model = BLSTM(6, 5, hidden=8, layers=3, proj=4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -34,10 +34,10 @@ def digest(model: torch.nn.Module) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
-pairs = [learner(True), learner(False)]
+pairs = [learner("on"), learner("off")]
 failures = []
 if not pairs[0][1].gradsync.overlapped and topo.thread_multiple:
-    failures.append("overlap=True did not start a background reducer")
+    failures.append("overlap='on' did not start a background reducer")
 if len(pairs[0][1].gradsync.plan) < 4:
     failures.append(f"only {len(pairs[0][1].gradsync.plan)} buckets")
 overlapped = 0
