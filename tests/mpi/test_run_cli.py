@@ -111,3 +111,21 @@ def test_loader_workers_after_mpi_init_give_the_same_run(tiny_data, tmp_path):
 
     in_process, workers = run(0), run(2)
     assert [e["heldout_loss"] for e in workers] == [e["heldout_loss"] for e in in_process]
+
+
+def test_overlapped_reduction_through_the_main_command(tiny_data, tmp_path):
+    """``--overlap on`` (buckets reduced during backward, a background thread) trains exactly
+    as ``--overlap off`` through ``python -m hadpsgd.run``: same buckets, same calls."""
+    def run(overlap: str) -> list[float]:
+        out = tmp_path / overlap
+        assert_ok(run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                              str(tiny_data[1]), "--preset", "tiny", "--epochs", "2",
+                              "--batch-size", "8", "--out-dir", str(out), "--no-progress",
+                              "--overlap", overlap, "--grad-bucket-mb", "0.01",
+                              "--max-grad-norm", "1"]))
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["comm"]["overlap"] == overlap
+        return [m["heldout_loss"] for m in read_metrics(out / "metrics.jsonl")
+                if m["kind"] == "eval"]
+
+    assert run("on") == run("off")
