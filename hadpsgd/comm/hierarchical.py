@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple
 
-import numpy as np
 import torch
 
 from hadpsgd.comm.backends import IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.direct import Direct, mpi_consts
 from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager
@@ -68,79 +68,6 @@ def route(device_type: str, dtype: torch.dtype, host_backend: str, device_backen
 
 Scope = Literal["auto", "flat", "hier", "intra", "inter"]
 """What a direct sum spans: a :data:`Path` of the world sum, the node, or across nodes."""
-
-_NUMPY = {t: np.dtype(torch.empty(0, dtype=t).numpy().dtype) for t in MPI_NATIVE}
-"""The NumPy dtype of each dtype MPI reduces natively."""
-_CACHE_ENTRIES = 256
-"""Tensors (address, length, dtype) a direct plan remembers before it starts afresh."""
-
-
-def _mpi_consts() -> tuple[Any, Any]:
-    from mpi4py import MPI
-
-    return MPI.IN_PLACE, MPI.SUM
-
-
-class _Memory:
-    """Host memory at an address, as NumPy's array interface (see :class:`_Direct`)."""
-
-    def __init__(self, address: int, numel: int, typestr: str) -> None:
-        self.__array_interface__ = {"data": (address, False), "shape": (numel,),
-                                    "typestr": typestr, "version": 3}
-
-
-class _Direct(dict):
-    """A scope whose host sum is one MPI allreduce (see :meth:`Reducer.direct_sum_`).
-
-    The dictionary maps ``(address, nbytes, dtype)`` of the tensors seen to what they get:
-    False where the tensor cannot go direct (a dtype MPI lacks, more than a bucket); True
-    where the scope holds this rank alone (nothing to do); otherwise the call's every
-    argument, ``(comm.Allreduce, MPI.IN_PLACE, NumPy view, MPI.SUM, message, group)``.
-    ``t.numpy()`` and the message's formatting each cost about a microsecond, as much as
-    MPI's own overhead on a small message. The view is made from the address alone (it
-    owns and keeps alive nothing), so it is right for whatever live tensor is at that
-    address with that length and dtype.
-
-    Args:
-        comm: The communicator, or None when the scope holds this rank alone.
-        what: The deadline's message, or None to name the tensor (``allreduce of N dtype``,
-            prefixed ``inter-node`` across nodes), as the general path does.
-        group: World ranks taking part, for the diagnosis (None: everyone).
-        inter: Whether the scope is across nodes (for the message).
-    """
-
-    __slots__ = ("comm", "group", "in_place", "inter", "op", "what")
-
-    def __init__(self, comm: Any, what: str | None, group: list[int] | None,
-                 inter: bool) -> None:
-        super().__init__()
-        self.comm = comm
-        self.what = what
-        self.group = group
-        self.inter = inter
-        self.in_place: Any = None
-        self.op: Any = None
-
-    def entry(self, key: tuple[int, int, torch.dtype], bucket_bytes: int) -> tuple[Any, ...] | bool:
-        """Decide, remember and return what the tensor of ``key`` gets."""
-        address, nbytes, dtype = key
-        np_dtype = _NUMPY.get(dtype)
-        entry: tuple[Any, ...] | bool
-        if np_dtype is None or nbytes > bucket_bytes:
-            entry = False
-        elif self.comm is None:
-            entry = True
-        else:
-            numel = nbytes // np_dtype.itemsize
-            view = np.asarray(_Memory(address, numel, np_dtype.str))
-            what = self.what or (f"{'inter-node ' if self.inter else ''}allreduce of "
-                                 f"{numel} {dtype}")
-            entry = (self.comm.Allreduce, self.in_place, view, self.op, what, self.group)
-        if len(self) >= _CACHE_ENTRIES:
-            self.clear()
-        self[key] = entry
-        return entry
-
 
 class Reducer:
     """Sums flat tensors over the world, a node, or across nodes.
@@ -186,7 +113,7 @@ class Reducer:
         self.cuda_aware = cuda_aware
         self.stager = Stager()
         self._scratch: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
-        self._plans: dict[str, _Direct | None] = {}
+        self._plans: dict[str, Direct | None] = {}
         self._mpi: tuple[Any, Any] | None = None  # (MPI.IN_PLACE, MPI.SUM), on first use
 
     def route(self, t: torch.Tensor) -> Route:
@@ -211,7 +138,7 @@ class Reducer:
         return True
 
     # ------------------------------------------------------------------ direct path
-    def _plan(self, scope: str) -> _Direct | None:
+    def _plan(self, scope: str) -> Direct | None:
         """How a host sum over ``scope`` is one MPI allreduce (None: it takes another route).
 
         Other routes are the hierarchical forms and a gloo backend. The plan's ``comm`` is
@@ -223,20 +150,20 @@ class Reducer:
         mpi_intra = getattr(type(intra), "allreduce_", None) is MPIIntra.allreduce_
         if scope == "flat" or (scope == "auto" and not self.hierarchical and self.num_nodes > 1):
             if self.world.Get_size() == 1:
-                return _Direct(None, None, None, False)
-            return _Direct(self.world, None, None, False)
+                return Direct(None, None, None, False)
+            return Direct(self.world, None, None, False)
         if scope in ("auto", "intra") and (scope == "intra" or not self.hierarchical):
             if self.local_size == 1:
-                return _Direct(None, None, None, False)
+                return Direct(None, None, None, False)
             if mpi_intra:
-                return _Direct(intra.comm, "intra-node allreduce (mpi)", intra.world_ranks,
+                return Direct(intra.comm, "intra-node allreduce (mpi)", intra.world_ranks,
                                False)
             return None
         if scope == "inter":
             if self.num_nodes == 1:
-                return _Direct(None, None, None, True)
+                return Direct(None, None, None, True)
             if self.local_size == 1:
-                return _Direct(self.inter, None, self.inter_ranks, True)
+                return Direct(self.inter, None, self.inter_ranks, True)
         return None
 
     def direct_sum_(self, t: torch.Tensor, scope: Scope = "flat") -> bool:
@@ -247,7 +174,7 @@ class Reducer:
         and its error message are those of the general path (:meth:`world_sum_`,
         :meth:`intra_sum_`, :meth:`inter_sum_`), without the dispatch around them: a few
         checks and one dictionary look-up (what a tensor's address, length and dtype allow
-        is kept, with its NumPy view; see :class:`_Direct`).
+        is kept, with its NumPy view; see :class:`Direct`).
 
         Returns:
             Whether ``t`` was summed; False leaves it untouched for the general path.
@@ -277,7 +204,7 @@ class Reducer:
         return True
 
     def _mpi_init(self) -> tuple[Any, Any]:
-        self._mpi = _mpi_consts()
+        self._mpi = mpi_consts()
         return self._mpi
 
     # ------------------------------------------------------------------ MPI helpers
