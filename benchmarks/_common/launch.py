@@ -57,7 +57,8 @@ def worker_command(module: str, args: Sequence[str], nprocs: int | None) -> list
 
 
 def run_worker(module: str, args: Sequence[str], nprocs: int | None, timeout: float,
-               env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+               env: Mapping[str, str] | None = None,
+               two_hosts: str | None = None) -> list[dict[str, Any]]:
     """Run the worker ``module`` on ``nprocs`` ranks; return the JSON lines it printed.
 
     ``nprocs=None`` runs one plain process (no mpirun): the single-process baselines.
@@ -68,13 +69,27 @@ def run_worker(module: str, args: Sequence[str], nprocs: int | None, timeout: fl
         nprocs: Ranks, or ``None`` for one process without MPI.
         timeout: Seconds the job may take.
         env: Variables to set for the job (see :func:`bench_env`).
+        two_hosts: Run the ranks on two emulated hosts joined by a link of this rate
+            (``300mbit``; :class:`benchmarks._common.netns.TwoHosts`), half on each.
 
     Raises:
         SystemExit: If the job fails, with its command and output.
     """
-    cmd = worker_command(module, args, nprocs)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                         env=bench_env(nprocs, env))
+    job_env = bench_env(nprocs, env)
+    if two_hosts is None or nprocs is None:
+        cmd = worker_command(module, args, nprocs)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             env=job_env)
+    else:
+        from benchmarks._common.netns import TwoHosts
+
+        # The ranks on host B get their environment only through mpirun -x.
+        forward = {k: v for k, v in job_env.items()
+                   if k.startswith("HADPSGD_") or k in ("PYTHONPATH", "OMP_NUM_THREADS")}
+        with TwoHosts(rate=two_hosts, env=forward) as hosts:
+            cmd = hosts.mpirun(nprocs, [sys.executable, "-m", module, *args])
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                 env=job_env)
     if out.returncode != 0:
         raise SystemExit(f"benchmark step failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
     return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]

@@ -24,9 +24,14 @@ WORKER = "benchmarks.training.bmuf_worker"
 """The module every rank of the job runs (all modes, one after the other)."""
 
 
-def run_job(n: int, rpn: int, worker_args: list[str], timeout: float) -> list[dict[str, Any]]:
-    """Run the worker on ``n`` ranks; returns its JSON rows (one per mode)."""
-    return run_worker(WORKER, worker_args, n, timeout, {"HADPSGD_RANKS_PER_NODE": str(rpn)})
+def run_job(n: int, rpn: int | None, worker_args: list[str], timeout: float,
+            two_hosts: str | None = None) -> list[dict[str, Any]]:
+    """Run the worker on ``n`` ranks; returns its JSON rows (one per mode).
+
+    ``rpn`` None: the nodes as they are (with ``two_hosts``, the two emulated hosts).
+    """
+    env = {} if rpn is None else {"HADPSGD_RANKS_PER_NODE": str(rpn)}
+    return run_worker(WORKER, worker_args, n, timeout, env, two_hosts=two_hosts)
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -58,8 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run every mode in one job; print the table and the JSON record."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-n", "--ranks", type=int, default=4)
-    p.add_argument("--ranks-per-node", type=int, default=1,
-                   help="learners per super-learner (emulated node); 1 = flat BMUF")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="learners per super-learner (emulated node); 1 = flat BMUF (default 1, "
+                        "or the two hosts with --two-hosts)")
+    p.add_argument("--two-hosts", metavar="RATE",
+                   help="run half the ranks on each of two emulated hosts (network namespaces, "
+                        "root) joined by a link of this rate, e.g. 300mbit: MPI between them "
+                        "over TCP (benchmarks/_common/netns.py)")
     p.add_argument("--preset", default="small")
     p.add_argument("--batch", type=int, default=16, help="sub-sequences per rank per step")
     p.add_argument("--classes", type=int, default=64)
@@ -72,17 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900)
     a = p.parse_args(argv)
 
-    rows = run_job(a.ranks, a.ranks_per_node,
+    rpn = a.ranks_per_node if a.ranks_per_node is not None or a.two_hosts else 1
+    rows = run_job(a.ranks, rpn,
                    ["--preset", a.preset, "--batch", str(a.batch), "--classes", str(a.classes),
                     "--optimizer", a.optimizer, "--adam-moments", a.adam_moments,
-                    "--steps", str(a.steps), "--taus", *map(str, a.taus)], a.timeout)
+                    "--steps", str(a.steps), "--taus", *map(str, a.taus)], a.timeout,
+                   two_hosts=a.two_hosts)
     add_ratios(rows)
     first = rows[0]
     print(f"{first['preset']} BLSTM ({first['params']:,} parameters), {first['ranks']} ranks "
           f"on {first['nodes']} super-learners, {first['batch_per_rank']} x 21 frames per rank, "
           f"{a.optimizer} (BMUF moments: {a.adam_moments}), {a.steps} timed steps per mode")
     print(table(rows))
+    if a.two_hosts:
+        print(f"# two emulated hosts joined by a {a.two_hosts} link (MPI over TCP between them)")
     record = {"benchmark": "bmuf", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "cpus": os.cpu_count(), "ranks_per_node": a.ranks_per_node, "rows": rows}
+              "cpus": os.cpu_count(), "ranks_per_node": rpn, "two_hosts": a.two_hosts,
+              "rows": rows}
     emit(record, a.json)
     return 0

@@ -1,0 +1,193 @@
+"""Two hosts on one machine: ranks in two network namespaces joined by a throttled veth pair.
+
+Every "inter-node" link of a one-machine run is shared memory. This harness puts half of the
+ranks in network namespace A and half in B (each with its own host name, so Open MPI and
+``hadpsgd.comm.init`` see two nodes), joins them by a veth pair with a token-bucket rate
+limit (``tc tbf``) and, where the kernel has it, ``tc netem`` latency, and starts the job with
+Open MPI's ``mpirun`` in A, whose daemon for B is launched by an agent that enters B. MPI
+between the hosts then runs over TCP through a real network stack; inside a host it keeps
+shared memory.
+
+It needs root (namespaces, links, qdiscs), ``ip``, ``tc``, ``unshare`` and Open MPI's
+``mpirun``; :func:`available` says whether all is there and, if not, why. Used by
+``tests/mpi/test_two_hosts.py``::
+
+    with TwoHosts(rate="300mbit") as hosts:
+        subprocess.run(hosts.mpirun(4, [sys.executable, "-m", "hadpsgd.run", ...]))
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from hadpsgd.launch.mpirun import find_launcher
+
+HOSTS = ("hosta", "hostb")
+"""The two host names (namespace A runs mpirun)."""
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check)
+
+
+def available() -> tuple[bool, str]:
+    """Whether this machine can run :class:`TwoHosts`, and if not the reason (one line)."""
+    if os.geteuid() != 0:
+        return False, "needs root (network namespaces, veth links, tc qdiscs)"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return False, f"needs the {tool!r} command (iproute2 / util-linux)"
+    try:
+        launcher = find_launcher()
+    except Exception as err:  # noqa: BLE001 - any launcher problem is a skip reason
+        return False, str(err)
+    if launcher.flavour != "openmpi":
+        return False, f"needs Open MPI's mpirun, found {launcher.flavour} at {launcher.path}"
+    name = f"hxprobe{os.getpid()}"
+    probe = _run("ip", "netns", "add", name, check=False)
+    if probe.returncode != 0:
+        return False, f"cannot create a network namespace: {probe.stderr.strip()}"
+    _run("ip", "netns", "del", name, check=False)
+    return True, ""
+
+
+def netem_available() -> bool:
+    """Whether the kernel has ``tc netem`` (latency emulation); tried on a throwaway link."""
+    name = f"hxnetem{os.getpid()}"
+    if _run("ip", "netns", "add", name, check=False).returncode != 0:
+        return False
+    try:
+        return _run("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root",
+                    "netem", "delay", "1ms", check=False).returncode == 0
+    finally:
+        _run("ip", "netns", "del", name, check=False)
+
+
+class TwoHosts:
+    """Two emulated hosts joined by one throttled link (a context manager).
+
+    Args:
+        rate: The link's rate each way, in tc's units (``300mbit``); None: unthrottled.
+        delay: One-way latency (``2ms``) through ``tc netem``; None: none. Raises where the
+            kernel lacks netem (see :func:`netem_available`).
+        env: Environment variables forwarded to every rank (``mpirun -x``), besides
+            ``PYTHONPATH``, ``OMP_NUM_THREADS`` and every ``HADPSGD_*`` set.
+    """
+
+    def __init__(self, rate: str | None = "300mbit", delay: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        tag = os.getpid() % 200 + 20
+        self.namespaces = (f"hx{os.getpid()}a", f"hx{os.getpid()}b")
+        self.links = (f"hx{tag}a", f"hx{tag}b")
+        self.addresses = (f"10.77.{tag}.1", f"10.77.{tag}.2")
+        self.subnet = f"10.77.{tag}.0/24"
+        self.rate = rate
+        self.delay = delay
+        self.env = dict(env or {})
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def __enter__(self) -> TwoHosts:
+        ok, why = available()
+        if not ok:
+            raise RuntimeError(f"two emulated hosts are not possible here: {why}")
+        if self.delay and not netem_available():
+            raise RuntimeError("this kernel has no tc netem (latency emulation); pass "
+                               "delay=None or load the sch_netem module")
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _create(self) -> None:
+        ns_b, (link_a, link_b) = self.namespaces[1], self.links
+        for ns in self.namespaces:
+            _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", link_a, "type", "veth", "peer", "name", link_b)
+        for ns, link, addr in zip(self.namespaces, self.links, self.addresses, strict=True):
+            _run("ip", "link", "set", link, "netns", ns)
+            _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link)
+            _run("ip", "-n", ns, "link", "set", link, "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            self._shape(ns, link)
+        self._dir = tempfile.TemporaryDirectory(prefix="hadpsgd-netns-")
+        # mpirun starts the daemon of host B through this agent (in place of ssh).
+        agent = Path(self._dir.name) / "agent.sh"
+        agent.write_text(
+            "#!/bin/bash\n"
+            "# mpirun's remote-launch agent: enter host B's namespace under its host name.\n"
+            'host="$1"; shift\n'
+            f'exec ip netns exec {shlex.quote(ns_b)} unshare --uts bash -c "hostname $host; $*"\n'
+        )
+        agent.chmod(0o755)
+
+    def _shape(self, ns: str, link: str) -> None:
+        if self.delay:
+            spec = ["netem", "delay", self.delay]
+            if self.rate:
+                spec += ["rate", self.rate]
+        elif self.rate:
+            # A bucket of ~10 ms at the rate (at least 64 KiB) and at most 50 ms of queue.
+            spec = ["tbf", "rate", self.rate, "burst", "64kb", "latency", "50ms"]
+        else:
+            return
+        _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", link, "root", *spec)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Delete both namespaces (the veth pair goes with them) and the agent; idempotent."""
+        for ns in self.namespaces:
+            _run("ip", "netns", "del", ns, check=False)
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    # ------------------------------------------------------------------ use
+    def mpirun(self, nprocs: int, argv: list[str]) -> list[str]:
+        """The command that runs ``argv`` on ``nprocs`` ranks, half on each host.
+
+        Ranks 0 .. n/2-1 are on host A, the rest on host B (consecutive, like ``--map-by
+        ppr:k:node``). MPI between the hosts uses TCP over the veth pair only.
+        """
+        if nprocs < 2 or nprocs % 2:
+            raise ValueError(f"nprocs must be even and >= 2 (half per host), got {nprocs}")
+        if self._dir is None:
+            raise RuntimeError("use TwoHosts as a context manager (with TwoHosts() as h: ...)")
+        per = nprocs // 2
+        names = sorted({"PYTHONPATH", "OMP_NUM_THREADS", *self.env,
+                        *(k for k in os.environ if k.startswith("HADPSGD_"))})
+        forward: list[str] = []
+        for name in names:
+            if name in self.env or name in os.environ:
+                forward += ["-x", f"{name}={self.env.get(name, os.environ.get(name, ''))}"]
+        agent = str(Path(self._dir.name) / "agent.sh")
+        cmd = [find_launcher().path, "-np", str(nprocs), "--host",
+               f"{HOSTS[0]}:{per},{HOSTS[1]}:{per}", "--map-by", "slot", "--bind-to", "none",
+               "--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1",
+               "--prtemca", "oob_tcp_if_include", self.subnet,
+               "--mca", "btl", "tcp,self,sm", "--mca", "btl_tcp_if_include", self.subnet,
+               *forward, *argv]
+        inner = "hostname " + HOSTS[0] + "; exec " + shlex.join(cmd)
+        return ["ip", "netns", "exec", self.namespaces[0], "unshare", "--uts", "bash", "-c",
+                inner]
+
+    def link_bytes(self) -> tuple[int, int]:
+        """Bytes that left host A and host B through the link so far (``tc -s``'s count)."""
+        out = []
+        for ns, link in zip(self.namespaces, self.links, strict=True):
+            stats = _run("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", link)
+            words = stats.stdout.split()
+            out.append(int(words[words.index("Sent") + 1]) if "Sent" in words else 0)
+        return out[0], out[1]
+
+
+__all__ = ["HOSTS", "TwoHosts", "available", "netem_available"]
