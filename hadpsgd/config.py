@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
 from hadpsgd import algorithms
+from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB
 from hadpsgd.cli import ConfigError, add_arguments, field_docs, flag, from_namespace, to_dict
 from hadpsgd.config_file import merge, read_config_file
 
@@ -266,7 +267,7 @@ class CommConfig:
     background thread: on, off (after backward: same buckets, same order, same result), or
     auto = on when training on CUDA, off on CPU, where the reduction would take the cores
     backward needs (measured: docs/benchmarks.md, train_throughput)."""
-    grad_bucket_mb: float = 25.0
+    grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB
     """Gradient bucket size in MiB (DDP's default): smaller buckets start reducing earlier
     in backward, larger ones make fewer calls."""
 

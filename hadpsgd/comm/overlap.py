@@ -59,9 +59,11 @@ class BucketPlan:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.buckets: list[Bucket] = []
         open_: dict[torch.dtype, list[int]] = {}  # dtype -> params of its unfinished bucket
+        filled: dict[torch.dtype, int] = {}  # dtype -> elements in that bucket
 
         def close(dtype: torch.dtype) -> None:
             members = open_.pop(dtype, [])
+            filled.pop(dtype, None)
             if members:
                 lo = min(layout[i][1] for i in members)
                 hi = max(layout[i][1] + layout[i][2] for i in members)
@@ -72,7 +74,8 @@ class BucketPlan:
             dtype, _, numel = layout[i]
             members = open_.setdefault(dtype, [])
             members.append(i)
-            if sum(layout[j][2] for j in members) * size[dtype] >= bucket_bytes:
+            filled[dtype] = filled.get(dtype, 0) + numel
+            if filled[dtype] * size[dtype] >= bucket_bytes:
                 close(dtype)
         for dtype in list(open_):
             close(dtype)
