@@ -2,12 +2,15 @@
 
 One mpirun job runs, on the same ranks, model and per-rank batch: local-only training (no
 communication at all), SSGD (a gradient allreduce every step) and BMUF at each tau (default
-1, 8, 32; BMUF-Adam with the corrected moments, so a sync sends parameters, m and v). It
+1, 8, 32; BMUF-Adam with the corrected moments, so a sync sends parameters, m and v), and
+BMUF variants at one tau (``--variants overlap frag4 int8 overlap+int8``: the overlapped,
+streaming and compressed block syncs). It
 reports frames/s with the ratios to local-only and to SSGD, and the bytes each learner hands
 to collectives per step (across super-learners / inside a node) with the ratio SSGD / BMUF.
 Usage::
 
     python benchmarks/bmuf.py [-n 4] [--ranks-per-node 1] [--preset small] [--json out.json]
+    python benchmarks/bmuf.py -n 2 --two-hosts 300mbit --taus 8 --variants overlap int8
 """
 
 from __future__ import annotations
@@ -47,15 +50,18 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The stdout table: one line per mode."""
-    lines = [f"{'mode':<11} {'s/step':>8} {'frames/s':>10} {'vs local':>8} {'vs ssgd':>8} "
-             f"{'inter B/step':>13} {'intra B/step':>13} {'ssgd B / B':>10}"]
+    w = max(11, *(len(r["mode"]) for r in rows))
+    lines = [f"{'mode':<{w}} {'s/step':>8} {'frames/s':>10} {'vs local':>8} {'vs ssgd':>8} "
+             f"{'inter B/step':>13} {'intra B/step':>13} {'ssgd B / B':>10} "
+             f"{'link B/step':>12}"]
     for r in rows:
-        ratio = r["ssgd_bytes_over_bytes"]
+        ratio, link = r["ssgd_bytes_over_bytes"], r.get("link_bytes_per_step")
         lines.append(
-            f"{r['mode']:<11} {r['sec_per_step']:>8.4f} {r['frames_per_s']:>10.0f} "
+            f"{r['mode']:<{w}} {r['sec_per_step']:>8.4f} {r['frames_per_s']:>10.0f} "
             f"{r['fps_vs_local']:>8.2f} {r['fps_vs_ssgd']:>8.2f} "
             f"{r['inter_bytes_per_step']:>13,.0f} {r['intra_bytes_per_step']:>13,.0f} "
-            f"{'-' if ratio is None else f'{ratio:.2f}':>10}")
+            f"{'-' if ratio is None else f'{ratio:.2f}':>10} "
+            f"{'-' if link is None else f'{link:,.0f}':>12}")
     return "\n".join(lines)
 
 
@@ -77,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--adam-moments", default="corrected",
                    choices=["corrected", "average", "local", "reset"])
     p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="BMUF variants run at --variant-tau, each options joined by '+': "
+                        "overlap (--bmuf-overlap), fragF (--bmuf-fragments F), bf16 / int8 "
+                        "(--wire); e.g. overlap frag4 int8 overlap+int8")
+    p.add_argument("--variant-tau", type=int, default=8)
     p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
     p.add_argument("--json", type=Path, help="also write the JSON record here")
     p.add_argument("--timeout", type=float, default=900)
@@ -86,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_job(a.ranks, rpn,
                    ["--preset", a.preset, "--batch", str(a.batch), "--classes", str(a.classes),
                     "--optimizer", a.optimizer, "--adam-moments", a.adam_moments,
-                    "--steps", str(a.steps), "--taus", *map(str, a.taus)], a.timeout,
+                    "--steps", str(a.steps), "--variant-tau", str(a.variant_tau),
+                    "--taus", *map(str, a.taus), "--variants", *a.variants], a.timeout,
                    two_hosts=a.two_hosts)
     add_ratios(rows)
     first = rows[0]

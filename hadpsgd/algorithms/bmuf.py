@@ -17,92 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
-from hadpsgd.algorithms.bmuf_moments import STRATEGIES, BlockMoments, Layout
-from hadpsgd.cli import ConfigError, flag
+from hadpsgd.algorithms import bmuf_filter
+from hadpsgd.algorithms.base import Algorithm, register
+from hadpsgd.algorithms.bmuf_filter import Fragment, Pending
+from hadpsgd.algorithms.bmuf_moments import BlockMoments, Layout
+from hadpsgd.algorithms.bmuf_options import BMUFOptions
 from hadpsgd.comm import Topology
 from hadpsgd.comm.overlap import Scope
-
-WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
-
-
-@dataclass
-class BMUFOptions(AlgoOptions):
-    """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
-
-    sync_period: int = 8
-    """BMUF: local steps per block (tau) between two block syncs across super-learners."""
-    block_momentum: float | None = None
-    """BMUF: block momentum eta in [0, 1) (default 1 - 1/N for N super-learners, so 0 for
-    one node)."""
-    block_lr: float = 1.0
-    """BMUF: block learning rate zeta (> 0; the paper uses 1)."""
-    nesterov: bool = True
-    """BMUF: Nesterov block momentum (the next block starts at theta_n + eta * Delta_n);
-    --no-nesterov for classical block momentum (it starts at theta_n)."""
-    adam_moments: str = field(default="corrected", metadata={"choices": STRATEGIES})
-    """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
-    fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
-    buffer is treated the same way with beta = --momentum. Default: corrected with Adam/AdamW,
-    reset with SGD (corrected extrapolates SGD's unnormalised buffer and diverged on real
-    speech; see docs/results.md)."""
-    bmuf_warmup_steps: int = 0
-    """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
-    warmed model with Delta = 0."""
-    bmuf_warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS})
-    """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
-    the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
-    leaves this open)."""
-
-    recipe_help = ("--algo bmuf defaults to the BMUF-Adam paper's recipe: --optimizer adam "
-                   "--beta1 0.5 --adam-moments corrected; with --optimizer sgd, --adam-moments "
-                   "reset.")
-
-    @classmethod
-    def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
-        """BMUF-Adam (Adam, beta1 0.5, corrected moments) unless the user chose otherwise.
-
-        With SGD the momentum buffer is reset at each block sync (the measured best; the
-        corrected extrapolation diverges on real speech).
-        """
-        optimizer = given.get("optimizer", "adam")
-        adam = optimizer in ("adam", "adamw")
-        out = {"optimizer": optimizer, "adam_moments": "corrected" if adam else "reset"}
-        if adam:
-            out["beta1"] = 0.5  # the paper's choice for BMUF-Adam (section 2.2)
-        return {k: v for k, v in out.items() if k not in given}
-
-    def __post_init__(self) -> None:
-        if self.sync_period < 1:
-            raise ConfigError(f"{flag('sync_period')} must be > 0, got {self.sync_period}")
-        if self.block_momentum is not None and not 0.0 <= self.block_momentum < 1.0:
-            raise ConfigError(f"{flag('block_momentum')} must be in [0, 1) (omit it for "
-                              f"1 - 1/N), got {self.block_momentum}")
-        if self.block_lr <= 0:
-            raise ConfigError(f"{flag('block_lr')} must be > 0, got {self.block_lr}")
-        if self.bmuf_warmup_steps < 0:
-            raise ConfigError(f"{flag('bmuf_warmup_steps')} must be >= 0, got "
-                              f"{self.bmuf_warmup_steps}")
-        if self.bmuf_warmup_moments not in WARMUP_MOMENTS:
-            raise ConfigError(f"{flag('bmuf_warmup_moments')} must be one of "
-                              f"{', '.join(WARMUP_MOMENTS)}, got {self.bmuf_warmup_moments!r}")
-        if self.adam_moments not in STRATEGIES:
-            raise ConfigError(f"{flag('adam_moments')} must be one of {', '.join(STRATEGIES)}, "
-                              f"got {self.adam_moments!r}")
-
-    def algorithm_kwargs(self) -> dict[str, Any]:
-        """The constructor's keywords (its warm-up keyword has no ``bmuf_`` prefix)."""
-        return {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
-                "block_lr": self.block_lr, "nesterov": self.nesterov,
-                "adam_moments": self.adam_moments, "warmup_steps": self.bmuf_warmup_steps,
-                "warmup_moments": self.bmuf_warmup_moments}
 
 
 @register("bmuf", "blockwise model-update filtering with block momentum every tau steps, "
@@ -130,6 +57,10 @@ class BMUF(Algorithm):
             warmed model, with ``Delta = 0``).
         warmup_moments: ``keep`` the warmed moment buffers (and Adam's ``k``) when BMUF starts,
             or ``reset`` them to a fresh optimizer's.
+        block_overlap: Average each block in the background and apply it one block later,
+            re-based (see :mod:`hadpsgd.algorithms.bmuf_filter`).
+        fragments: Sync the model in this many staggered fragments.
+        wire: ``fp32``, ``bf16`` or ``int8`` (block progress, with error feedback).
         max_grad_norm: Clip the node-averaged gradient to this L2 norm; 0 disables.
 
     Raises:
@@ -147,13 +78,19 @@ class BMUF(Algorithm):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
                  sync_period: int = 8, block_momentum: float | None = None,
                  block_lr: float = 1.0, nesterov: bool = True, adam_moments: str = "corrected",
-                 warmup_steps: int = 0, warmup_moments: str = "keep",
-                 max_grad_norm: float = 0.0, **common: Any) -> None:
+                 warmup_steps: int = 0, warmup_moments: str = "keep", block_overlap: bool = False,
+                 fragments: int = 1, wire: str = "fp32", max_grad_norm: float = 0.0,
+                 **common: Any) -> None:
         # Every rank raises alike, before the first collective, so nobody is left waiting.
-        BMUFOptions(sync_period, block_momentum, block_lr, nesterov, adam_moments,
-                    warmup_steps, warmup_moments)
+        BMUFOptions(sync_period=sync_period, block_momentum=block_momentum,
+                    block_lr=block_lr, nesterov=nesterov, adam_moments=adam_moments,
+                    bmuf_warmup_steps=warmup_steps, bmuf_warmup_moments=warmup_moments,
+                    bmuf_overlap=block_overlap, bmuf_fragments=fragments, wire=wire)
         topo.require_equal_nodes("bmuf")
         super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm, **common)
+        if fragments > len(self.params.params):
+            raise ValueError(f"--bmuf-fragments {fragments} is more than the model's "
+                             f"{len(self.params.params)} parameter tensors; use at most that many")
         self.sync_period = sync_period
         self.block_momentum = (1.0 - 1.0 / topo.num_nodes if block_momentum is None
                                else float(block_momentum))
@@ -161,22 +98,26 @@ class BMUF(Algorithm):
         self.nesterov = nesterov
         self.warmup_steps = warmup_steps
         self.warmup_moments = warmup_moments
+        self.block_overlap = block_overlap
+        self.num_fragments = fragments
+        self.wire = wire
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
-        self.block_steps = 0
-        """Local steps since the last block sync (or since BMUF started)."""
-        self.num_syncs = 0
-        """Block syncs done (n)."""
-        self.rho = 0.0
-        """rho_n = eta * rho_{n-1} + tau: mini-batches equivalent to Delta_n (Eq. 4)."""
         self.global_model: dict[torch.dtype, torch.Tensor] = {}
         """theta_n per dtype (flat, in the layout of ``self.params``)."""
         self.start_point: dict[torch.dtype, torch.Tensor] = {}
         """theta_init_n per dtype."""
         self.delta: dict[torch.dtype, torch.Tensor] = {}
         """Delta_n per dtype."""
-        self._pack: dict[torch.dtype, torch.Tensor] = {}
+        self.wire_bytes = 0
+        """Payload bytes this rank sent across nodes in block syncs (fp32 without a side
+        channel: a ring allreduce's share of the hierarchical reduction)."""
         self.moments = BlockMoments(optimizer, adam_moments, self._layout())
+        self.fragments: list[Fragment] = bmuf_filter.split(
+            self.moments.layout, list(self.params.params), fragments, sync_period)
+        # A private channel for background or compressed means (collective: every rank).
+        self.side = (topo.side_channel(wire, background=block_overlap)
+                     if block_overlap or wire != "fp32" else None)
         if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
             warnings.warn(
                 f"bmuf with a single super-learner (all {topo.size} learners on one node) is "
@@ -186,6 +127,22 @@ class BMUF(Algorithm):
                 RuntimeWarning, stacklevel=2)
         if warmup_steps == 0:
             self._start()
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def block_steps(self) -> int:
+        """Local steps since the last block sync (of the last fragment, on tau's schedule)."""
+        return self.fragments[-1].block_steps
+
+    @property
+    def num_syncs(self) -> int:
+        """Block syncs applied (n; of the last fragment, whose blocks are tau steps long)."""
+        return self.fragments[-1].num_syncs
+
+    @property
+    def rho(self) -> float:
+        """rho_n = eta * rho_{n-1} + tau: mini-batches equivalent to Delta_n (Eq. 4)."""
+        return self.fragments[-1].rho
 
     # ------------------------------------------------------------------ helpers
     def _layout(self) -> Layout:
@@ -204,16 +161,24 @@ class BMUF(Algorithm):
             reset_moments: Zero the optimizer's moment buffers and Adam's ``k`` first (the
                 ``reset`` choice after a warm-up).
         """
+        self._drain()
         if reset_moments:
             self.moments.reset_optimizer()
         for dtype, buf in self.params.buffers.items():
             self.global_model[dtype] = buf.clone()
             self.start_point[dtype] = buf.clone()
             self.delta[dtype] = torch.zeros_like(buf)
-        self.rho = 0.0
-        self.block_steps = 0
+        for frag in self.fragments:
+            frag.rho, frag.block_steps, frag.num_syncs, frag.pending = 0.0, 0, 0, None
         self.moments.start()
         self.started = True
+
+    def _drain(self) -> None:
+        """Wait for every background mean in flight (so the collectives stay matched)."""
+        for frag in self.fragments:
+            if frag.pending is not None and frag.pending.job is not None:
+                self.side.wait(frag.pending.job)  # type: ignore[union-attr]
+                frag.pending.job = None
 
     # ------------------------------------------------------------------ steps
     def grad_scope(self) -> Scope:
@@ -223,14 +188,17 @@ class BMUF(Algorithm):
         return "node" if self.topo.local_size > 1 else None
 
     def after_step(self) -> None:
-        """End the warm-up when due; a block sync after every ``sync_period`` local steps."""
+        """End the warm-up when due; a fragment's block sync when its block ends."""
         if not self.started:
             if self.steps >= self.warmup_steps:
                 self._start(reset_moments=self.warmup_moments == "reset")
             return
-        self.block_steps += 1
-        if self.block_steps >= self.sync_period:
-            self._block_sync()
+        for frag in self.fragments:
+            frag.block_steps += 1
+            if frag.pending is not None:
+                frag.pending.since += 1
+            if frag.due(self.sync_period):
+                self._sync_fragment(frag)
 
     def sync(self) -> None:
         """Nothing: evaluation and checkpoints never cut a block short.
@@ -241,53 +209,75 @@ class BMUF(Algorithm):
         """
 
     def finish(self) -> None:
-        """End of training: close the last, partial block so no trained step is lost."""
-        if self.started and self.block_steps > 0:
-            self._block_sync()
+        """End of training: apply what is in flight, then close partial blocks, blocking.
 
-    def _block_sync(self) -> None:
-        """Average models (+ moments) across super-learners in one message, then filter.
-
-        The closing sync of :meth:`finish` ends a short block: ``tau`` is the number of local
-        steps actually taken, in rho's recursion and in Eq. 18 alike.
-
-        The next block's start point lies ``eta * rho`` equivalent mini-batches beyond the
-        average: Nesterov's ``theta_bar + eta * Delta_n`` (Eq. 9) adds ``eta * rho_n``; the
-        classical start ``theta_n = theta_bar + eta * Delta_{n-1}`` (Eq. 6) adds
-        ``eta * rho_{n-1}``. The moments (Eq. 16) and Adam's ``k`` move by that amount.
+        No trained step is lost: an overlapped average is applied (re-based), then each
+        fragment's steps since its last sync are averaged and filtered at once.
         """
-        tau = self.block_steps
-        eta, zeta = self.block_momentum, self.block_lr
-        rho_prev = self.rho
-        self.rho = eta * self.rho + tau
-        eta_rho = eta * (self.rho if self.nesterov else rho_prev)
-        segments = 1 + len(self.moments.sent_keys)
-        for dtype, params in self.params.buffers.items():
-            n = params.numel()
-            pack = self._pack.get(dtype)
-            if pack is None or pack.numel() != segments * n:
-                pack = self._pack[dtype] = torch.empty(segments * n, dtype=dtype,
-                                                       device=params.device)
-            parts = list(pack.split(n))
-            parts[0].copy_(params)
-            self.moments.pack(dtype, parts[1:])
-            if self.topo.num_nodes > 1:
+        if not self.started:
+            return
+        for frag in self.fragments:
+            if frag.pending is not None:
+                self._apply(frag)
+            if frag.block_steps > 0:
+                self._sync_fragment(frag, blocking=True)
+
+    def _sync_fragment(self, frag: Fragment, blocking: bool = False) -> None:
+        """End ``frag``'s block: apply its previous average if one is due, send this one.
+
+        Blocking (the default without ``--bmuf-overlap``), the average is filtered at once:
+        one message per dtype holding the model (or its progress) and the sent moments. The
+        closing sync of :meth:`finish` ends a short block: ``tau`` is the number of local
+        steps actually taken, in rho's recursion and in Eq. 18 alike.
+        """
+        if frag.pending is not None:
+            self._apply(frag)  # overlapped: the previous block's mean, one block late
+        overlap = self.block_overlap and not blocking and self.topo.num_nodes > 1
+        compressed = self.wire != "fp32"
+        pending = bmuf_filter.launch(frag, self.params.buffers, self.start_point,
+                                     self.moments, compressed, overlap)
+        frag.pending = pending
+        if self.topo.num_nodes > 1:
+            if overlap:
+                pending.job = self.side.submit(  # type: ignore[union-attr]
+                    lambda: self._reduce(frag.index, pending),
+                    f"background block average of fragment {frag.index}")
+            else:
+                self._reduce(frag.index, pending)
+        if not overlap:
+            self._apply(frag)
+
+    def _reduce(self, index: int, pending: Pending) -> None:
+        """Average a fragment's packs across super-learners (identical inside each node)."""
+        for dtype, pack in pending.packs.items():
+            if self.side is not None:
+                before = self.side.bytes_sent
+                for key, part in self._wire_parts(index, dtype, pack).items():
+                    self.side.mean_(key, part)
+                self.wire_bytes += self.side.bytes_sent - before
+            else:
                 # Identical inside each node (synchronous super-learner), so the cross-node
-                # average is bit-identical on every learner; so is all arithmetic below.
+                # average is bit-identical on every learner; so is all arithmetic after it.
                 self.topo.inter_allreduce_(pack, op="avg")
-            bar, init = parts[0], self.start_point[dtype]
-            delta, glob = self.delta[dtype], self.global_model[dtype]
-            bar.sub_(init)                                   # theta_bar - theta_init_{n-1}
-            delta.mul_(eta).add_(bar, alpha=zeta)            # Delta_n
-            glob.add_(delta)                                 # theta_n
-            init.copy_(glob)
-            if self.nesterov:
-                init.add_(delta, alpha=eta)                  # theta_n + eta * Delta_n
-            params.copy_(init)                               # the next block starts here
-            self.moments.apply(dtype, parts[1:], tau, eta_rho)
-        self.moments.finish(eta_rho)
-        self.block_steps = 0
-        self.num_syncs += 1
+                n = self.topo.num_nodes
+                self.wire_bytes += (2 * (n - 1) * pack.numel() * pack.element_size()
+                                    // (n * self.topo.local_size))
+
+    def _apply(self, frag: Fragment) -> None:
+        pending = frag.pending
+        assert pending is not None
+        if pending.job is not None:
+            self.side.wait(pending.job)  # type: ignore[union-attr]
+            pending.job = None
+        bmuf_filter.apply(frag, pending, {"global_model": self.global_model,
+                                          "start_point": self.start_point, "delta": self.delta},
+                          self.params.buffers, self.moments, self.block_momentum,
+                          self.block_lr, self.nesterov, self.wire != "fp32")
+        frag.pending = None
+
+    def metrics(self) -> dict[str, float]:
+        """Bytes sent across nodes in block syncs so far (this rank)."""
+        return {"wire_bytes": float(self.wire_bytes)}
 
     def update_batch(self, per_learner: int) -> int:
         """A local step averages one super-learner's batch.
@@ -317,13 +307,26 @@ class BMUF(Algorithm):
             for dtype, buf in self.params.buffers.items():
                 buf.copy_(saved[dtype])
 
+    def close(self) -> None:
+        """Wait for a background mean in flight and stop the side channel's thread."""
+        if self.side is not None:
+            try:
+                self._drain()
+            finally:
+                self.side.close()
+                self.side = None
+        super().close()
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume mid-block: the filter, counters, moments and optimizer.
 
         Adam's ``k`` is the optimizer's own ``state["step"]`` (in ``optimizer``); the local
-        parameters are the model's (the trainer saves ``model.state_dict()``).
+        parameters are the model's (the trainer saves ``model.state_dict()``). An overlapped
+        mean in flight is waited for: the mean is the same on every learner and saved here,
+        what it is re-based on is per super-learner (:meth:`node_state`).
         """
+        self._drain()
         state = super().state_dict()
 
         def flat(d: dict[torch.dtype, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -334,11 +337,17 @@ class BMUF(Algorithm):
             "num_syncs": self.num_syncs, "rho": self.rho,
             "global_model": flat(self.global_model), "start_point": flat(self.start_point),
             "delta": flat(self.delta), "moments": self.moments.state_dict(),
+            "fragments": [bmuf_filter.state_of(f) for f in self.fragments],
+            "pending": {f.index: {"tau": f.pending.tau, "since": f.pending.since,
+                                  "packs": flat(f.pending.packs)}
+                        for f in self.fragments if f.pending is not None},
+            "wire_bytes": self.wire_bytes,
             "options": {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
                         "block_lr": self.block_lr, "nesterov": self.nesterov,
                         "adam_moments": self.moments.strategy,
                         "warmup_steps": self.warmup_steps,
-                        "warmup_moments": self.warmup_moments},
+                        "warmup_moments": self.warmup_moments, "overlap": self.block_overlap,
+                        "fragments": self.num_fragments, "wire": self.wire},
         }
         return state
 
@@ -346,27 +355,75 @@ class BMUF(Algorithm):
         """Mid-block, each super-learner's own local model and optimizer state.
 
         At a block boundary (or on one node) every learner holds the same, and rank 0's
-        state in the checkpoint is everyone's: nothing extra is saved.
+        state in the checkpoint is everyone's: nothing extra is saved. With an overlapped
+        mean pending or a compressed wire, the local state at the block's end and the
+        wire's rounding errors are per super-learner too.
         """
-        if not self.started or self.block_steps == 0 or self.topo.num_nodes == 1:
+        if not self.started or self.topo.num_nodes == 1:
+            return None
+        pending = {f.index: [[t.clone() for t in ts] for ts in f.pending.snaps.values()]
+                   for f in self.fragments if f.pending is not None and f.pending.snaps}
+        mid_block = any(f.block_steps for f in self.fragments)
+        if not (mid_block or pending or self.side is not None):
             return None
         return {"params": {str(d): b.clone() for d, b in self.params.buffers.items()},
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "snaps": pending,
+                "wire": self.side.state_dict() if self.side is not None else {}}
 
     def load_node_state(self, state: dict[str, Any]) -> None:
-        """This super-learner's local model and optimizer state, saved mid-block."""
+        """This super-learner's local model, optimizer state and overlapped/wire state."""
         for dtype, buf in self.params.buffers.items():
             buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
+        for index, snaps in state.get("snaps", {}).items():
+            frag = self.fragments[int(index)]
+            assert frag.pending is not None, "the pending mean is restored first"
+            frag.pending.snaps = {
+                dtype: [t.to(self.params.buffers[dtype].device, dtype) for t in ts]
+                for dtype, ts in zip(frag.spans, snaps, strict=True)}
+        if self.side is not None and state.get("wire"):
+            self.side.load_state_dict(state["wire"], self._wire_keys())
+
+    def _wire_parts(self, index: int, dtype: torch.dtype,
+                    pack: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A pack as the side channel sends it: whole in fp32; compressed, one part per segment.
+
+        The model's progress and each moment's differ in scale by orders of magnitude; a
+        compressed wire scales each part on its own, so no quantisation chunk mixes them.
+        """
+        if self.wire == "fp32":
+            return {f"fragment{index}-{dtype}": pack}
+        segments = 1 + len(self.moments.sent_keys)
+        return {f"fragment{index}-{dtype}-{i}": part
+                for i, part in enumerate(pack.split(pack.numel() // segments))}
+
+    def _wire_keys(self) -> dict[str, torch.Tensor]:
+        """Each compressed tensor's key and shape (as :meth:`_reduce` names them)."""
+        segments = 1 + len(self.moments.sent_keys)
+        out: dict[str, torch.Tensor] = {}
+        for f in self.fragments:
+            for dtype, (lo, hi) in f.spans.items():
+                like = torch.empty(segments * (hi - lo), dtype=dtype,
+                                   device=self.params.buffers[dtype].device)
+                out.update(self._wire_parts(f.index, dtype, like))
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (load the model's local parameters separately)."""
         super().load_state_dict(state)
         b = state["bmuf"]
         self.started = bool(b["started"])
-        self.block_steps = int(b["block_steps"])
-        self.num_syncs = int(b["num_syncs"])
-        self.rho = float(b["rho"])
+        saved = b.get("fragments") or [{"block_steps": b["block_steps"], "rho": b["rho"],
+                                        "num_syncs": b["num_syncs"]}]
+        for frag, s in zip(self.fragments, saved, strict=True):
+            frag.block_steps, frag.rho = int(s["block_steps"]), float(s["rho"])
+            frag.num_syncs, frag.pending = int(s["num_syncs"]), None
+        for index, p in b.get("pending", {}).items():
+            frag = self.fragments[int(index)]
+            frag.pending = Pending(int(p["tau"]), {
+                dtype: p["packs"][str(dtype)].to(self.params.buffers[dtype].device, dtype)
+                for dtype in frag.spans}, since=int(p["since"]))
+        self.wire_bytes = int(b.get("wire_bytes", 0))
         for name, target in (("global_model", self.global_model),
                              ("start_point", self.start_point), ("delta", self.delta)):
             target.clear()

@@ -27,6 +27,8 @@ STRATEGIES: tuple[str, ...] = ("corrected", "average", "local", "reset")
 
 # (parameter, offset in its dtype's flat buffer), in flat-buffer order.
 Layout = dict[torch.dtype, list[tuple[torch.nn.Parameter, int]]]
+Slots = list[tuple[torch.nn.Parameter, int]]
+"""Some parameters of one dtype, with their offsets in its flat buffer (a BMUF fragment)."""
 
 
 def corrected_coefficients(beta: float, tau: int, eta_rho: float) -> tuple[float, float]:
@@ -129,22 +131,44 @@ class BlockMoments:
                     if state is not None:
                         state.zero_()
 
-    def pack(self, dtype: torch.dtype, segments: list[torch.Tensor]) -> None:
+    def pack(self, dtype: torch.dtype, segments: list[torch.Tensor],
+             slots: Slots | None = None, lo: int = 0) -> None:
         """Copy the sent buffers of ``dtype``'s parameters into ``segments`` (one per key).
 
         A parameter without state yet contributes zeros (what the optimizer would start from).
+
+        Args:
+            dtype: Which flat buffer's parameters.
+            segments: One flat tensor per sent key.
+            slots: Only these parameters (a BMUF fragment; default: all of ``dtype``).
+            lo: Where ``segments`` start in the dtype's flat layout.
         """
         for key, seg in zip(self.sent_keys, segments, strict=True):
-            for p, off in self.layout[dtype]:
-                dst = seg[off:off + p.numel()]
+            for p, off in self.layout[dtype] if slots is None else slots:
+                dst = seg[off - lo:off - lo + p.numel()]
                 src = self._state(p, key)
                 if src is None:
                     dst.zero_()
                 else:
                     dst.copy_(src.reshape(-1))
 
+    def snapshot(self, dtype: torch.dtype, slots: Slots, lo: int,
+                 numel: int) -> list[torch.Tensor]:
+        """Every moment buffer of ``slots`` (sent or not), flat: the local state at a launch."""
+        device = slots[0][0].device
+        out = []
+        for key in self.keys:
+            flat = torch.zeros(numel, dtype=dtype, device=device)
+            for p, off in slots:
+                src = self._state(p, key)
+                if src is not None:
+                    flat[off - lo:off - lo + p.numel()].copy_(src.reshape(-1))
+            out.append(flat)
+        return out
+
     def apply(self, dtype: torch.dtype, bars: list[torch.Tensor], tau: int,
-              eta_rho: float) -> None:
+              eta_rho: float, slots: Slots | None = None, lo: int = 0,
+              snaps: list[torch.Tensor] | None = None, since: int = 0) -> None:
         """Set ``dtype``'s buffers from the averaged ones (``bars``, one per sent key).
 
         Args:
@@ -152,38 +176,60 @@ class BlockMoments:
             bars: The across-super-learner averages of the sent buffers.
             tau: Local steps of the block that just ended.
             eta_rho: ``eta * rho_n``.
+            slots: Only these parameters (a BMUF fragment; default: all of ``dtype``).
+            lo: Where ``bars`` and ``snaps`` start in the dtype's flat layout.
+            snaps: Overlapped sync: the local buffers when the block ended (one per key of
+                :attr:`keys`), ``since`` steps ago. The buffers ran on from them; being
+                exponential averages, they are re-based to the filtered start:
+                ``m += beta**since * (m_init_n - snap)`` (exactly what the ``since`` steps
+                would have made of ``m_init_n``).
+            since: Local steps taken since the block ended.
         """
         if self.strategy == "local" or not self.keys:
             return
-        betas = self._betas() if self.strategy == "corrected" else {}
+        slots = self.layout[dtype] if slots is None else slots
+        betas = self._betas()
         for i, key in enumerate(self.keys):
-            for p, off in self.layout[dtype]:
+            for p, off in slots:
                 state = self._state(p, key)
-                sl = slice(off, off + p.numel())
+                sl = slice(off - lo, off - lo + p.numel())
                 if self.strategy == "reset":
-                    if state is not None:
-                        state.zero_()
-                    continue
-                new = bars[i][sl]
+                    new = torch.zeros(p.numel(), dtype=dtype, device=p.device)
+                else:
+                    new = bars[i][sl]
                 if self.strategy == "corrected":
                     a, b = corrected_coefficients(betas[id(p)][key], tau, eta_rho)
-                    new = self.init[dtype][i][sl].mul_(a).add_(new, alpha=b)
-                if state is not None:
+                    new = self.init[dtype][i][off:off + p.numel()].mul_(a).add_(new, alpha=b)
+                if state is None:
+                    continue
+                if snaps is None:
                     state.copy_(new.view_as(state))
+                    continue
+                shift = (new - snaps[i][sl]).mul_(betas[id(p)][key] ** since)
+                state.add_(shift.view_as(state))
+                if key == "exp_avg_sq":
+                    state.clamp_(min=0.0)  # the re-basing's rounding must not make it negative
 
-    def finish(self, eta_rho: float) -> None:
-        """After all dtypes: move Adam's bias-correction step ``k`` as the strategy says."""
+    def finish(self, eta_rho: float, params: set[int] | None = None, since: int = 0) -> None:
+        """After all dtypes: move Adam's bias-correction step ``k`` as the strategy says.
+
+        Args:
+            eta_rho: ``eta * rho_n``.
+            params: Only the parameters with these ``id`` (a BMUF fragment; default: all).
+            since: Local steps taken since the block ended (overlapped sync): ``reset``
+                restarts ``k`` at the steps taken from the zeroed buffers.
+        """
         if not self.has_step or self.strategy in ("local", "average"):
             return
         for slots in self.layout.values():
             for p, _ in slots:
                 step = self._state(p, "step")
-                if step is None:
+                if step is None or (params is not None and id(p) not in params):
                     continue
                 if self.strategy == "corrected":
                     step.add_(eta_rho)  # k += eta * rho_n: fractional from here on
                 else:
-                    step.zero_()
+                    step.fill_(since)
 
     def state_dict(self) -> dict[str, Any]:
         """The ``corrected`` start buffers m_init / v_init (keyed by dtype name)."""

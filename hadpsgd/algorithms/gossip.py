@@ -22,6 +22,7 @@ import time
 import torch
 
 from hadpsgd import faults
+from hadpsgd.comm.compressed import decode, encode, payload_bytes
 from hadpsgd.comm.pair import PairChannel
 
 BUSY, READY, LOCKED, CLOSED, MATCHED = 0, 1, 2, 3, 16
@@ -46,16 +47,25 @@ class GossipThread(threading.Thread):
     thread never launches device work of its own beyond one copy off the device, and the
     main thread moves the delta onto the device when it adds it.
 
+    A compressed ``wire`` (``bf16``, ``int8``) sends ``encode(w + e)`` and keeps the rounding
+    error ``e = (w + e) - decode(own payload)`` for the next exchange (error feedback); the
+    delta is ``(decode(peer payload) - decode(own payload)) / 2``. Both partners decode the
+    same two payloads, so each one's delta is still the exact negation of the other's and
+    the sum of the replicas is conserved. (The error is not checkpointed: after a resume it
+    starts at zero, at most one rounding step away.)
+
     Args:
         flat: The super-learner's flat parameter buffer (this leader's; host or device).
         lock: Guards ``flat`` against the optimizer step.
         channel: The comm layer's pair channel among the super-learner leaders (rank = node
             index), used only by this thread.
         jitter: Upper bound of a random sleep before each exchange (tests the asynchrony).
+        wire: ``fp32`` (the parameters' own dtype), ``bf16`` or ``int8`` (see
+            :mod:`hadpsgd.comm.compressed`).
     """
 
     def __init__(self, flat: torch.Tensor, lock: threading.Lock, channel: PairChannel,
-                 jitter: float = 0.0) -> None:
+                 jitter: float = 0.0, wire: str = "fp32") -> None:
         super().__init__(name="hadpsgd-gossip", daemon=True)
         self.flat = flat
         self.lock = lock
@@ -70,11 +80,22 @@ class GossipThread(threading.Thread):
         self.board = channel.board(self.num_nodes)
         """One slot per super-learner: BUSY, READY, LOCKED, CLOSED or MATCHED + partner."""
         n = flat.numel()
+        self.wire = wire
         # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
         # both partners then skip the round, which keeps the pair's deltas opposite.
         pin = flat.is_cuda
-        self._send = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
-        self._recv = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
+        if wire == "fp32":
+            self._send = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
+            self._recv = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
+        else:  # the payload's bytes and one flag byte
+            size = payload_bytes(n, wire) + 1
+            self._send = torch.empty(size, dtype=torch.uint8)
+            self._recv = torch.empty(size, dtype=torch.uint8)
+            self._snap = torch.empty(n, dtype=flat.dtype)
+            self._error = torch.zeros(n, dtype=flat.dtype)
+            self._delta_host = torch.empty(n, dtype=flat.dtype, pin_memory=pin)
+        self.bytes_sent = 0
+        """Bytes this leader sent to its partners (payloads and flags)."""
         self._cond = threading.Condition()
         self._steps = 0
         self._delta: torch.Tensor | None = None
@@ -182,21 +203,10 @@ class GossipThread(threading.Thread):
             faults.hit("gossip", self.world_ranks[self.node], self._steps)
         if self.jitter:
             time.sleep(self.rng.uniform(0, self.jitter))
-        n = self.flat.numel()
-        with self.lock:
-            self._send[:n].copy_(self.flat)
-        # One sum: NaN and Inf propagate through it (a scan of every element costs far more).
-        self._send[n] = 1.0 if math.isfinite(float(self._send[:n].sum())) else 0.0
-        what = (f"gossip exchange between super-learner {self.node} and {p} (rank "
-                f"{self.world_ranks[p]})")
-        # A pair's exchanges are matched in order (MPI does not overtake): one tag suffices.
-        self.channel.exchange(self._send, self._recv, p, tag=0, what=what)
-        if self._send[n] == 0.0 or self._recv[n] == 0.0:
+        delta = self._swap(p) if self.wire == "fp32" else self._swap_compressed(p)
+        if delta is None:
             self.skipped_nonfinite += 1
             return
-        # In place, in the receive buffer: no exchange starts before the main thread has
-        # applied this delta (see _loop), so the buffer is not reused while it is being read.
-        delta = self._recv[:n].sub_(self._send[:n]).mul_(0.5)
         self.exchanges += 1
         if not apply_now:
             with self._cond:
@@ -209,6 +219,46 @@ class GossipThread(threading.Thread):
             delta = delta.to(self.flat.device)
             with self.lock:
                 self.flat.add_(delta)
+
+    def _send_recv(self, p: int) -> None:
+        what = (f"gossip exchange between super-learner {self.node} and {p} (rank "
+                f"{self.world_ranks[p]})")
+        # A pair's exchanges are matched in order (MPI does not overtake): one tag suffices.
+        self.channel.exchange(self._send, self._recv, p, tag=0, what=what)
+        self.bytes_sent += self._send.nbytes
+
+    def _swap(self, p: int) -> torch.Tensor | None:
+        """Swap snapshots as they are; the delta, or None if either side is non-finite."""
+        n = self.flat.numel()
+        with self.lock:
+            self._send[:n].copy_(self.flat)
+        # One sum: NaN and Inf propagate through it (a scan of every element costs far more).
+        self._send[n] = 1.0 if math.isfinite(float(self._send[:n].sum())) else 0.0
+        self._send_recv(p)
+        if self._send[n] == 0.0 or self._recv[n] == 0.0:
+            return None
+        # In place, in the receive buffer: no exchange starts before the main thread has
+        # applied this delta (see _loop), so the buffer is not reused while it is being read.
+        return self._recv[:n].sub_(self._send[:n]).mul_(0.5)
+
+    def _swap_compressed(self, p: int) -> torch.Tensor | None:
+        """Swap encoded snapshots with error feedback (see the class docstring)."""
+        n, m, dtype = self.flat.numel(), self._send.numel() - 1, self.flat.dtype
+        x = self._snap
+        with self.lock:
+            x.copy_(self.flat)
+        x.add_(self._error)
+        self._send[:m] = encode(x, self.wire)
+        self._send[m] = 1 if math.isfinite(float(x.sum())) else 0
+        self._send_recv(p)
+        if self._send[m] == 0 or self._recv[m] == 0:
+            return None  # nothing was used: the error stays what it was
+        own = decode(self._send[:m], n, self.wire, dtype)
+        torch.sub(x, own, out=self._error)
+        # Like _swap's, the buffer is not reused before the main thread has applied it.
+        delta = torch.sub(decode(self._recv[:m], n, self.wire, dtype), own,
+                          out=self._delta_host)
+        return delta.mul_(0.5)
 
     def _terminate(self) -> None:
         """Leave the board for good, then wait for every leader to have left it too.

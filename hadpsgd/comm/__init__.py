@@ -4,6 +4,7 @@
 + MPI between nodes), ``broadcast_``, the gossip pair ``exchange`` and their deadlines.
 """
 
+from hadpsgd.comm.compressed import WIRES, CompressedMean, decode, encode, payload_bytes
 from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
 from hadpsgd.comm.flat import FlatBuffer
@@ -11,6 +12,6 @@ from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
 from hadpsgd.comm.mpi import library_version as mpi_library_version
 from hadpsgd.comm.topology import Topology, TopologyError
 
-__all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "CommTimeoutError", "FlatBuffer",
-           "SharedCounter", "Topology", "TopologyError", "Watchdog", "init", "mpi_library_version",
-           "timeout_from_env"]
+__all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "WIRES", "CommTimeoutError", "CompressedMean",
+           "FlatBuffer", "SharedCounter", "Topology", "TopologyError", "Watchdog", "decode",
+           "encode", "init", "mpi_library_version", "payload_bytes", "timeout_from_env"]

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from hadpsgd.comm.backends import IntraBackend
+from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Path, Reducer, Route
 from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
 from hadpsgd.comm.objects import allgather_object, bcast_object, gather_object
 from hadpsgd.comm.pair import PairChannel
+
+if TYPE_CHECKING:
+    from hadpsgd.comm.side import SideChannel
 
 ReduceOp = Literal["avg", "sum"]
 
@@ -229,6 +233,30 @@ class Topology:
         control = self.comm.Dup()
         return PairChannel(self.inter.Dup(), Watchdog(control, self.timeout),
                            self.inter_ranks, self.cuda_aware)
+
+    def side_channel(self, wire: str = "fp32", background: bool = True) -> SideChannel:
+        """A private cross-node channel whose reductions may run beside the main thread's.
+
+        Collective over the world (every rank calls it): it duplicates the inter-node
+        communicator and gets its own watchdog, like :meth:`pair_channel`. ``background``
+        is honoured only under MPI_THREAD_MULTIPLE (see :mod:`hadpsgd.comm.side`).
+        """
+        from hadpsgd.comm.side import SideChannel  # noqa: PLC0415 - only BMUF's overlap needs it
+
+        control = self.comm.Dup()
+        return SideChannel(self.inter.Dup(), Watchdog(control, self.timeout), self.inter_ranks,
+                           wire, background and self.thread_multiple)
+
+    def compressed_mean(self, numel: int, dtype: torch.dtype, device: torch.device | str,
+                        wire: str, split_node: bool = False) -> CompressedMean:
+        """A cross-node mean of ``numel`` values sent in ``wire`` format with error feedback.
+
+        Collective over the world (every rank calls it): it duplicates the inter-node
+        communicator (and the node's, with ``split_node``) and gets its own watchdog, so its
+        :meth:`~hadpsgd.comm.compressed.CompressedMean.mean_` may run in a background thread.
+        """
+        return CompressedMean(self, numel, dtype, torch.device(device), wire,
+                              split_node=split_node)
 
     def shared_counter(self, slots: int) -> SharedCounter:
         """Counters every learner updates one-sidedly (collective: every rank calls it)."""

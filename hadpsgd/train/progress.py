@@ -66,8 +66,12 @@ class Progress:
         now = time.perf_counter()
         if self.lines and now - self._last_line >= LINE_EVERY_S:
             self._last_line = now
+            # Bytes on the wire (BMUF's block syncs, ADPSGD's gossip): what --wire saves.
+            wire = (f", {extra['wire_bytes'] / 2**20:.1f} MiB sent across nodes"
+                    if extra.get("wire_bytes") else "")
             print(f"[hadpsgd] epoch {epoch} step {step} ({self._done}/{self.total} of the "
-                  f"epoch): loss {mean_loss:.4f}, lr {lr:.3g}, {fps:.0f} frames/s", flush=True)
+                  f"epoch): loss {mean_loss:.4f}, lr {lr:.3g}, {fps:.0f} frames/s{wire}",
+                  flush=True)
         self._tic, self._window = now, 0
 
     def close(self) -> None:

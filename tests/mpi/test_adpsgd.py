@@ -66,18 +66,24 @@ def test_frozen_neighbour_is_named(tmp_path):
 
 
 def test_adpsgd_trains_end_to_end(tiny_data, tmp_path):
+    # With int8 gossip (the straggler runs below take the default fp32 through the CLI).
     out = tmp_path / "run"
     res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size", "2",
                       "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
                       "--preset", "tiny", "--epochs", "3", "--batch-size", "4", "--optimizer",
                       "adam", "--lr", "0.005", "--warmup-epochs", "0", "--out-dir", str(out),
-                      "--log-every", "5", "--no-progress"])
+                      "--log-every", "5", "--no-progress", "--wire", "int8"])
     assert_ok(res)
     recs = read_metrics(out / "metrics.jsonl")
     evals = [m for m in recs if m["kind"] == "eval"]
     assert evals[-1]["heldout_loss"] < evals[0]["heldout_loss"]
     trains = [m for m in recs if m["kind"] == "train"]
     assert all("exchanges_per_step" in m and "staleness" in m for m in trains)
+    # the bytes rank 0 (a leader) sent, cumulative; the learners' records have everyone's
+    sent = [m["wire_bytes"] for m in trains]
+    assert sent == sorted(sent) and sent[-1] > 0
+    learners = [m for m in recs if m["kind"] == "learners"]
+    assert learners and all(v > 0 for v in learners[-1]["wire_bytes"][::2])
     assert "2 emulated nodes" in res.stdout
 
 

@@ -39,7 +39,8 @@ def test_flags_reach_the_constructor():
     assert BMUF.options_from(cfg) == {
         "sync_period": 4, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
         "adam_moments": "average", "warmup_steps": 3, "warmup_moments": "keep",
-        "max_grad_norm": 2.0, "overlap": "auto", "grad_bucket_mb": 25.0}
+        "max_grad_norm": 2.0, "overlap": "auto", "grad_bucket_mb": 25.0,
+        "block_overlap": False, "fragments": 1, "wire": "fp32"}
     assert cfg.optim.optimizer == "adam" and cfg.optim.beta1 == 0.5
 
 
@@ -48,7 +49,8 @@ def test_defaults():
     assert opts == {"sync_period": 8, "block_momentum": None, "block_lr": 1.0,
                     "nesterov": True, "adam_moments": "corrected", "warmup_steps": 0,
                     "warmup_moments": "keep", "max_grad_norm": 0.0, "overlap": "auto",
-                    "grad_bucket_mb": 25.0}
+                    "grad_bucket_mb": 25.0, "block_overlap": False, "fragments": 1,
+                    "wire": "fp32"}
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [

@@ -7,7 +7,8 @@ consensus : lr 0 and different starting replicas per super-learner: spread after
 stall     : rank 0 stalls after its first step until rank 1 has finished all its steps.
 dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within the
             deadline, naming it.
-Each rank writes OUTDIR/rank<r>.json with what the test checks.
+Each rank writes OUTDIR/rank<r>.json with what the test checks. ``ADPSGD_TEST_WIRE`` sets
+the gossip's wire format (default fp32).
 """
 
 import hashlib
@@ -30,7 +31,8 @@ torch.manual_seed(0)
 model = torch.nn.Linear(40, 25).double().to(topo.device)  # 1025 parameters, one dtype
 lr = 0.0 if mode == "consensus" else 0.05
 opt = torch.optim.SGD(model.parameters(), lr=lr)
-algo = ADPSGD(model, opt, topo, gossip_jitter=0.004)
+algo = ADPSGD(model, opt, topo, gossip_jitter=0.004,
+              wire=os.environ.get("ADPSGD_TEST_WIRE", "fp32"))
 w0 = algo.flat.clone()
 if mode == "consensus":  # different starting replicas, identical inside a super-learner
     algo.flat.add_(torch.linspace(-1, 1, algo.flat.numel(), dtype=torch.float64,
@@ -80,5 +82,7 @@ record["g"] = float(g[0])
 record["lr"] = lr
 record["steps"] = steps
 record["exchanges"] = algo.thread.exchanges if algo.thread else 0
+record["rounds"] = algo.thread.rounds if algo.thread else 0
+record["wire_bytes"] = algo.metrics()["wire_bytes"]
 (out / f"rank{r}.json").write_text(json.dumps(record))
 print(f"OK rank {r} exchanges={record['exchanges']}", flush=True)

@@ -48,7 +48,8 @@ def group_batch(first: int, count: int, t: int) -> tuple[np.ndarray, np.ndarray]
 
 def cfg(name: str, opt: str = "adam", moments: str = "corrected", nesterov: bool = True,
         tau: int = 3, eta: float | None = None, zeta: float = 1.0, warmup: int = 0,
-        warmup_moments: str = "keep", kind: str = "bmuf", **opt_kw: float) -> dict:
+        warmup_moments: str = "keep", kind: str = "bmuf", overlap: bool = False,
+        fragments: int = 1, wire: str = "fp32", **opt_kw: float) -> dict:
     """One run: ``warmup + 5 * tau + max(1, tau - 1)`` steps (5 blocks and a partial one).
 
     The worker then calls ``sync()`` (which must change nothing) and ``finish()``, which
@@ -59,7 +60,7 @@ def cfg(name: str, opt: str = "adam", moments: str = "corrected", nesterov: bool
                 "sgd": {"lr": 0.05, "momentum": 0.9, "sgd_nesterov": 0.0, "wd": 0.0}}[opt]
     return {"name": name, "opt": opt, "moments": moments, "nesterov": nesterov, "tau": tau,
             "eta": eta, "zeta": zeta, "warmup": warmup, "warmup_moments": warmup_moments,
-            "kind": kind,
+            "kind": kind, "overlap": overlap, "fragments": fragments, "wire": wire,
             "steps": warmup + 5 * tau + max(1, tau - 1), **defaults, **opt_kw}
 
 
@@ -88,4 +89,19 @@ MAIN = [
 ]
 SINGLE = [cfg("adam-corrected-single", kind="plain"), cfg("adam-average-single",
                                                           moments="average", kind="plain")]
-SUITES = {"main": MAIN, "single": SINGLE}
+# Overlapped (one block late, re-based), fragmented (streaming) and compressed block syncs.
+STREAM = [
+    cfg("ov-adam-corrected-nbm", tau=4, overlap=True),
+    cfg("ov-adam-corrected-cbm", tau=4, overlap=True, nesterov=False),
+    cfg("fr3-adam-corrected-nbm", tau=4, fragments=3),
+    cfg("ov-fr2-adam-corrected-nbm", tau=4, overlap=True, fragments=2),
+    cfg("ov-fr2-adamw-average", opt="adamw", moments="average", tau=4, overlap=True,
+        fragments=2),
+    cfg("ov-sgd-reset-nbm", opt="sgd", moments="reset", tau=3, overlap=True),
+    cfg("ov-adam-reset-warmup", moments="reset", tau=3, overlap=True, warmup=2),
+    cfg("ov-fr2-resume", tau=4, overlap=True, fragments=2, kind="resume"),
+    cfg("int8-ov-fr2-resume", tau=4, overlap=True, fragments=2, wire="int8", kind="resume"),
+    cfg("int8-adam-corrected", tau=4, wire="int8"),
+    cfg("bf16-ov-adam-corrected", tau=4, overlap=True, wire="bf16"),
+]
+SUITES = {"main": MAIN, "single": SINGLE, "stream": STREAM}

@@ -1,0 +1,108 @@
+"""BMUF's options: the flags of ``--algo bmuf``, their help, recipe and validation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hadpsgd.algorithms.base import AlgoOptions
+from hadpsgd.algorithms.bmuf_moments import STRATEGIES
+from hadpsgd.cli import ConfigError, flag
+from hadpsgd.comm.compressed import WIRES
+
+WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
+
+
+@dataclass
+class BMUFOptions(AlgoOptions):
+    """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
+
+    sync_period: int = 8
+    """BMUF: local steps per block (tau) between two block syncs across super-learners."""
+    block_momentum: float | None = None
+    """BMUF: block momentum eta in [0, 1) (default 1 - 1/N for N super-learners, so 0 for
+    one node)."""
+    block_lr: float = 1.0
+    """BMUF: block learning rate zeta (> 0; the paper uses 1)."""
+    nesterov: bool = True
+    """BMUF: Nesterov block momentum (the next block starts at theta_n + eta * Delta_n);
+    --no-nesterov for classical block momentum (it starts at theta_n)."""
+    adam_moments: str = field(default="corrected", metadata={"choices": STRATEGIES})
+    """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
+    fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
+    buffer is treated the same way with beta = --momentum. Default: corrected with Adam/AdamW,
+    reset with SGD (corrected extrapolates SGD's unnormalised buffer and diverged on real
+    speech; see docs/results.md)."""
+    bmuf_warmup_steps: int = 0
+    """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
+    warmed model with Delta = 0."""
+    bmuf_overlap: bool = False
+    """BMUF: average each block across super-learners in the background while the next
+    block computes, and apply the filter one block later, re-basing the local model and
+    moments by the steps taken meanwhile (hides the link; gradients one block stale)."""
+    bmuf_fragments: int = 1
+    """BMUF: sync the model in this many fragments of whole parameters at staggered steps
+    of the block (streaming), so each sync carries 1/F of the model (at most --sync-period
+    and the number of parameter tensors)."""
+    wire: str = field(default="fp32", metadata={"choices": WIRES})
+    """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
+    (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
+    rounding error into the next exchange (error feedback)."""
+    bmuf_warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS})
+    """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
+    the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
+    leaves this open)."""
+
+    recipe_help = ("--algo bmuf defaults to the BMUF-Adam paper's recipe: --optimizer adam "
+                   "--beta1 0.5 --adam-moments corrected; with --optimizer sgd, --adam-moments "
+                   "reset.")
+
+    @classmethod
+    def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """BMUF-Adam (Adam, beta1 0.5, corrected moments) unless the user chose otherwise.
+
+        With SGD the momentum buffer is reset at each block sync (the measured best; the
+        corrected extrapolation diverges on real speech).
+        """
+        optimizer = given.get("optimizer", "adam")
+        adam = optimizer in ("adam", "adamw")
+        out = {"optimizer": optimizer, "adam_moments": "corrected" if adam else "reset"}
+        if adam:
+            out["beta1"] = 0.5  # the paper's choice for BMUF-Adam (section 2.2)
+        return {k: v for k, v in out.items() if k not in given}
+
+    def __post_init__(self) -> None:
+        if self.sync_period < 1:
+            raise ConfigError(f"{flag('sync_period')} must be > 0, got {self.sync_period}")
+        if self.block_momentum is not None and not 0.0 <= self.block_momentum < 1.0:
+            raise ConfigError(f"{flag('block_momentum')} must be in [0, 1) (omit it for "
+                              f"1 - 1/N), got {self.block_momentum}")
+        if self.block_lr <= 0:
+            raise ConfigError(f"{flag('block_lr')} must be > 0, got {self.block_lr}")
+        if self.bmuf_warmup_steps < 0:
+            raise ConfigError(f"{flag('bmuf_warmup_steps')} must be >= 0, got "
+                              f"{self.bmuf_warmup_steps}")
+        if self.bmuf_warmup_moments not in WARMUP_MOMENTS:
+            raise ConfigError(f"{flag('bmuf_warmup_moments')} must be one of "
+                              f"{', '.join(WARMUP_MOMENTS)}, got {self.bmuf_warmup_moments!r}")
+        if self.bmuf_fragments < 1:
+            raise ConfigError(f"{flag('bmuf_fragments')} must be >= 1, got {self.bmuf_fragments}")
+        if self.bmuf_fragments > self.sync_period:
+            raise ConfigError(f"{flag('bmuf_fragments')} {self.bmuf_fragments} is more than "
+                              f"{flag('sync_period')} {self.sync_period}: the fragments sync at "
+                              "different steps of a block; lower it or lengthen the period")
+        if self.wire not in WIRES:
+            raise ConfigError(f"{flag('wire')} must be one of {', '.join(WIRES)}, got "
+                              f"{self.wire!r}")
+        if self.adam_moments not in STRATEGIES:
+            raise ConfigError(f"{flag('adam_moments')} must be one of {', '.join(STRATEGIES)}, "
+                              f"got {self.adam_moments!r}")
+
+    def algorithm_kwargs(self) -> dict[str, Any]:
+        """The constructor's keywords (its warm-up keyword has no ``bmuf_`` prefix)."""
+        return {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
+                "block_lr": self.block_lr, "nesterov": self.nesterov,
+                "adam_moments": self.adam_moments, "warmup_steps": self.bmuf_warmup_steps,
+                "warmup_moments": self.bmuf_warmup_moments, "block_overlap": self.bmuf_overlap,
+                "fragments": self.bmuf_fragments, "wire": self.wire}
