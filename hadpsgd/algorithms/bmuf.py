@@ -361,6 +361,7 @@ class BMUF(Algorithm):
         """
         if not self.started or self.topo.num_nodes == 1:
             return None
+        self._drain()  # the wire's rounding errors change while a mean is in flight
         pending = {f.index: [[t.clone() for t in ts] for ts in f.pending.snaps.values()]
                    for f in self.fragments if f.pending is not None and f.pending.snaps}
         mid_block = any(f.block_steps for f in self.fragments)

@@ -8,11 +8,12 @@ them: :class:`SideChannel` holds its own duplicate of the inter-node communicato
 ``j`` of every node) and its own :class:`~hadpsgd.comm.deadline.Watchdog`, as the gossip
 thread's :class:`~hadpsgd.comm.pair.PairChannel` does.
 
-Inside a node every learner holds the same tensor (a super-learner is synchronous), so each
-local rank reduces the whole tensor with its counterparts on the other nodes, with no
-intra-node step, which would need the node's communicator. Every learner ends with the same
-bits; the cost is that the bytes cross the nodes' links once per local rank (with one rank
-per node, the BMUF-Adam paper's layout, nothing is repeated).
+Inside a node every learner holds the same tensor (a super-learner is synchronous). With one
+learner per node (the BMUF-Adam paper's layout) the mean is one non-blocking MPI allreduce
+(fp32) or a :class:`~hadpsgd.comm.compressed.CompressedMean`. With several, local rank ``j``
+carries the ``j``-th slice across the nodes and the node gathers the slices over its own
+duplicate of the node's communicator (a compressed mean in ``split`` form, whatever the
+wire), so each byte crosses a node's link once. Every learner ends with the same bits.
 
 Jobs run in submission order, one at a time, so the collectives match across ranks. Without
 ``MPI_THREAD_MULTIPLE`` a job runs when its result is first waited for, on the caller's
@@ -63,15 +64,21 @@ class SideChannel:
         inter_ranks: World ranks in ``inter``, by node (to name a missing one).
         wire: ``fp32`` (as is), ``bf16`` or ``int8`` (with error feedback).
         background: Run jobs in a background thread (needs MPI_THREAD_MULTIPLE).
+        intra: A duplicate of the node's communicator when a node has several learners
+            (each then carries a slice across the nodes).
+        node_ranks: World ranks in ``intra``, by local rank.
     """
 
     def __init__(self, inter: Any, watchdog: Watchdog, inter_ranks: list[int], wire: str,
-                 background: bool) -> None:
+                 background: bool, intra: Any = None,
+                 node_ranks: list[int] | None = None) -> None:
         if wire not in WIRES:
             raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")
         self.inter = inter
         self.watchdog = watchdog
         self.inter_ranks = inter_ranks
+        self.intra = intra
+        self.node_ranks = node_ranks
         self.num_nodes = inter.Get_size()
         self.wire = wire
         self.bytes_sent = 0
@@ -103,12 +110,8 @@ class SideChannel:
         """
         if self.num_nodes == 1:
             return t
-        if self.wire != "fp32":
-            comp = self._compressors.get(key)
-            if comp is None:
-                comp = self._compressors[key] = CompressedMean(
-                    None, t.numel(), t.dtype, t.device, self.wire,
-                    comm=self.inter, watchdog=self.watchdog, inter_ranks=self.inter_ranks)
+        if self.wire != "fp32" or self.intra is not None:
+            comp = self._compressor(key, t)
             before = comp.bytes_sent
             comp.mean_(t)
             self.bytes_sent += comp.bytes_sent - before
@@ -140,13 +143,17 @@ class SideChannel:
     def load_state_dict(self, state: dict[str, Any], like: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`state_dict`; ``like`` gives each key's tensor (size, dtype, device)."""
         for key, saved in state.items():
-            t = like[key]
-            comp = self._compressors.get(key)
-            if comp is None:
-                comp = self._compressors[key] = CompressedMean(
-                    None, t.numel(), t.dtype, t.device, self.wire,
-                    comm=self.inter, watchdog=self.watchdog, inter_ranks=self.inter_ranks)
-            comp.load_state_dict(saved)
+            self._compressor(key, like[key]).load_state_dict(saved)
+
+    def _compressor(self, key: str, t: torch.Tensor) -> CompressedMean:
+        """The compressed mean of ``key`` (made on first use; it keeps that key's residuals)."""
+        comp = self._compressors.get(key)
+        if comp is None:
+            comp = self._compressors[key] = CompressedMean(
+                None, t.numel(), t.dtype, t.device, self.wire, comm=self.inter,
+                watchdog=self.watchdog, inter_ranks=self.inter_ranks, intra=self.intra,
+                node_ranks=self.node_ranks)
+        return comp
 
     # ------------------------------------------------------------------ jobs
     def submit(self, fn: Callable[[], None], what: str) -> Job:

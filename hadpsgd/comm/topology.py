@@ -245,7 +245,9 @@ class Topology:
 
         control = self.comm.Dup()
         return SideChannel(self.inter.Dup(), Watchdog(control, self.timeout), self.inter_ranks,
-                           wire, background and self.thread_multiple)
+                           wire, background and self.thread_multiple,
+                           intra=self.intra.Dup() if self.local_size > 1 else None,
+                           node_ranks=self.node_ranks)
 
     def compressed_mean(self, numel: int, dtype: torch.dtype, device: torch.device | str,
                         wire: str, split_node: bool = False) -> CompressedMean:
