@@ -24,6 +24,9 @@ Per-learner step times (``c`` = compute of one forward/backward/update at the pe
 - ``ssgd``: ``c + hier(n)`` (the gradient allreduce is not overlapped with compute);
 - ``bmuf``: ``c + ring(n, k, intra) + (ring(m n, N, inter) + allgather(m n, k, intra)) / tau``,
   with ``m`` buffers synchronised per block (model + Adam's two moments: 3);
+- ``bmuf-ov`` (``--bmuf-overlap``): the same block sync in the background during the next
+  ``tau`` steps; a step waits for ``max(0, block - tau * T_local) / tau`` only, and
+  ``bmuf-ov-int8`` sends ``m n`` at :data:`INT8_WIRE_RATIO` of the bytes;
 - ``h-adpsgd``: ``c + ring(n, k, intra) + e * bcast(n, k, intra)``: the gossip exchange
   ``alpha_inter + n beta_inter`` runs in a background thread, overlapped with compute; only the
   node leader's delta broadcast is on the critical path, ``e`` = exchanges per step
@@ -47,8 +50,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALGOS = ("ssgd", "bmuf", "h-adpsgd", "adpsgd")
-"""Algorithms the model projects (``adpsgd`` is the flat form, one learner per super-learner)."""
+ALGOS = ("ssgd", "bmuf", "bmuf-ov", "bmuf-ov-int8", "h-adpsgd", "adpsgd")
+"""Algorithms the model projects (``adpsgd`` is the flat form, one learner per super-learner;
+``bmuf-ov``: ``--bmuf-overlap``, ``bmuf-ov-int8``: with ``--wire int8`` too)."""
+INT8_WIRE_RATIO = (1 + 4 / 1024) / 4
+"""Bytes of an int8 payload per fp32 byte: one byte a value and a 4-byte scale per 1024."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,8 @@ class StepCost:
     exposed_comm_s: float
     """Communication the step waits for."""
     hidden_comm_s: float = 0.0
-    """Background communication per exchange (overlapped with compute; gossip only)."""
+    """Background communication (overlapped with compute): per gossip exchange, or per
+    overlapped BMUF block sync."""
     exchanges_per_step: float | None = None
     """Gossip exchanges per local step (``None`` for the synchronous algorithms)."""
 
@@ -182,13 +189,18 @@ def step_time(algo: str, p: int, cluster: Cluster, sync_period: int = 8,
     if algo == "ssgd":
         comm = hierarchical_allreduce(n, p, cluster.ranks_per_node, intra, inter)
         return StepCost(c + comm, c, comm)
-    if algo == "bmuf":
+    if algo in ("bmuf", "bmuf-ov", "bmuf-ov-int8"):
         if sync_period < 1:
             raise ValueError(f"sync_period must be >= 1, got {sync_period}")
-        m = sync_buffers * n
+        m = sync_buffers * n * (INT8_WIRE_RATIO if algo == "bmuf-ov-int8" else 1.0)
         block = ring_allreduce(m, nodes, inter) + ring_allgather(m, k, intra) if nodes > 1 else 0.0
-        comm = ring_allreduce(n, k, intra) + block / sync_period
-        return StepCost(c + comm, c, comm)
+        base = c + ring_allreduce(n, k, intra)
+        if algo == "bmuf":
+            return StepCost(base + block / sync_period, c, base - c + block / sync_period)
+        # Overlapped: the block's mean runs during the next tau steps; only what does not fit
+        # in them is waited for.
+        exposed = max(0.0, block - sync_period * base) / sync_period
+        return StepCost(base + exposed, c, base - c + exposed, block)
     if algo == "h-adpsgd":
         base = c + ring_allreduce(n, k, intra)
         if nodes == 1:  # one super-learner: nobody to gossip with

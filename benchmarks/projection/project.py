@@ -27,10 +27,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common.launch import emit
+from benchmarks.projection import bmuf_link
 from benchmarks.projection.calibrate import (
     calibrate,
     default_comm_files,
@@ -170,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads while timing the step (default 1: a core per learner)")
     g.add_argument("--params", type=int, default=None,
                    help="model parameters (default: those of --preset)")
+    p.add_argument("--inter-gbit", type=float, default=None,
+                   help="the papers' cluster with this achieved network rate in Gbit/s "
+                        "(default 80: 100 Gb/s Ethernet at 80 %%); e.g. 8 for 10 Gb/s")
+    p.add_argument("--bmuf-json", type=Path, default=None,
+                   help="a benchmarks/bmuf.py --two-hosts JSON record: fit the network link "
+                        "to its blocking BMUF row and check the model on its other rows")
     p.add_argument("--json", type=Path, default=None, help="also write the JSON record here")
     return p
 
@@ -213,12 +221,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--cluster takes paper and/or local, got {a.cluster!r}")
         clusters: list[tuple[Cluster, dict[str, Any]]] = []
         if "paper" in names:
-            clusters.append((paper_cluster(a.ranks_per_node), {}))
+            paper = paper_cluster(a.ranks_per_node)
+            if a.inter_gbit is not None:
+                if a.inter_gbit <= 0:
+                    raise ValueError(f"--inter-gbit must be > 0, got {a.inter_gbit}")
+                paper = replace(paper, inter=Link(paper.inter.alpha, 8 / (a.inter_gbit * 1e9)),
+                                note=paper.note + f"; network {a.inter_gbit:g} Gbit/s achieved")
+            clusters.append((paper, {}))
         if "local" in names:
             clusters.append(local_cluster(a))
         record: dict[str, Any] = {"benchmark": "project", "assumptions": ASSUMPTIONS,
                                   "sync_period": a.sync_period, "sync_buffers": a.sync_buffers,
                                   "clusters": {}}
+        if a.bmuf_json is not None:
+            link = bmuf_link.fit(bmuf_link.load(a.bmuf_json))
+            print(bmuf_link.format_fit(link, a.bmuf_json))
+            print()
+            record["bmuf_link"] = link
         for cluster, info in clusters:
             rows = project(cluster, learners, a.sync_period, a.sync_buffers)
             print(format_table(cluster, rows))

@@ -113,6 +113,7 @@ class BMUF(Algorithm):
         """Payload bytes this rank sent across nodes in block syncs (fp32 without a side
         channel: a ring allreduce's share of the hierarchical reduction)."""
         self.moments = BlockMoments(optimizer, adam_moments, self._layout())
+        self.moments.floor_second_moment = wire != "fp32"
         self.fragments: list[Fragment] = bmuf_filter.split(
             self.moments.layout, list(self.params.params), fragments, sync_period)
         # A private channel for background or compressed means (collective: every rank).

@@ -88,6 +88,10 @@ class BlockMoments:
         self.layout = layout
         self.keys, self.has_step, self._beta = _moment_betas(optimizer)
         self.init: dict[torch.dtype, list[torch.Tensor]] = {}
+        self.floor_second_moment = False
+        """Restore Adam's invariant ``v >= c * m**2`` after a sync (see :meth:`_floor`): on
+        for compressed wires, whose rounding can leave a small ``v`` near zero under a
+        non-zero ``m`` (a step of ``m / eps``); exact states never violate it."""
         """``corrected`` only: m_init_{n-1} (and v_init_{n-1}) per dtype, one flat tensor each."""
 
     @property
@@ -209,6 +213,25 @@ class BlockMoments:
                 state.add_(shift.view_as(state))
                 if key == "exp_avg_sq":
                     state.clamp_(min=0.0)  # the re-basing's rounding must not make it negative
+        if self.floor_second_moment and self.has_step:
+            self._floor(slots, betas)
+
+    def _floor(self, slots: Slots, betas: dict[int, dict[str, float]]) -> None:
+        """Raise Adam's ``v`` to ``c * m**2`` where it lies below.
+
+        Both are exponential averages of the same gradients, ``m`` of ``g`` and ``v`` of
+        ``g**2``; by Cauchy-Schwarz ``m**2 <= v / c`` with ``c = (1 - b2)(1 - b1**2 / b2) /
+        (1 - b1)**2`` whenever ``b1**2 < b2``. A state below that bound is impossible for
+        Adam itself (a rounding artefact), and it bounds each coordinate's step by
+        ``lr / sqrt(c)`` up to the bias correction.
+        """
+        for p, _ in slots:
+            m, v = self._state(p, "exp_avg"), self._state(p, "exp_avg_sq")
+            b1, b2 = betas[id(p)]["exp_avg"], betas[id(p)]["exp_avg_sq"]
+            if m is None or v is None or b1 * b1 >= b2:
+                continue
+            c = (1 - b2) * (1 - b1 * b1 / b2) / (1 - b1) ** 2
+            torch.maximum(v, m * m * c, out=v)
 
     def finish(self, eta_rho: float, params: set[int] | None = None, since: int = 0) -> None:
         """After all dtypes: move Adam's bias-correction step ``k`` as the strategy says.

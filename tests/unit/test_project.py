@@ -261,3 +261,35 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     assert project.main(["--cluster", "paper", "--learners", "12"]) == 2
     assert project.main(["--cluster", "local", "--comm-json", str(tmp_path / "none.json"),
                          "--compute-s", "1", "--params", "10"]) == 2
+
+
+def test_overlapped_bmuf_hides_a_block_that_fits_in_tau_steps():
+    c = Cluster("t", Link(0.0, 0.0), Link(0.0, 1e-9), 1, 0.1, 10**6)
+    # 2 nodes of one learner: a block of 3 MB over a ring of 2 = 3e6 * 1e-9 = 3 ms
+    blocking = step_time("bmuf", 2, c, sync_period=8).total_s
+    assert blocking == pytest.approx(0.1 + 3e-3 / 8)
+    assert step_time("bmuf-ov", 2, c, sync_period=8).total_s == pytest.approx(0.1)
+    slow = Cluster("s", Link(0.0, 0.0), Link(0.0, 1e-6), 1, 0.1, 10**6)  # block: 3 s
+    assert step_time("bmuf-ov", 2, slow, sync_period=8).total_s == pytest.approx(
+        0.1 + (3.0 - 8 * 0.1) / 8)
+    # int8: a quarter of the bytes (and a scale per 1024 values) fits inside the 8 steps
+    assert step_time("bmuf-ov-int8", 2, slow, sync_period=8).total_s == pytest.approx(0.1)
+    slower = Cluster("s", Link(0.0, 0.0), Link(0.0, 2e-6), 1, 0.1, 10**6)  # block: 6 s
+    int8 = step_time("bmuf-ov-int8", 2, slower, sync_period=8).total_s
+    assert int8 == pytest.approx(0.1 + (6.0 * (1 + 4 / 1024) / 4 - 0.8) / 8)
+
+
+def test_bmuf_link_fit_predicts_from_the_blocking_row():
+    from benchmarks.projection import bmuf_link
+
+    rows = [{"mode": "local", "sec_per_step": 0.1, "inter_bytes_per_step": 0},
+            {"mode": "bmuf-tau8", "sec_per_step": 0.15, "inter_bytes_per_step": 1e6},
+            {"mode": "bmuf-tau8+overlap", "sec_per_step": 0.11, "inter_bytes_per_step": 1e6},
+            {"mode": "bmuf-tau8+int8", "sec_per_step": 0.115,
+             "inter_bytes_per_step": 1e6 * (1 + 4 / 1024) / 4}]
+    out = bmuf_link.fit({"rows": rows})
+    assert out["beta_s_per_byte"] == pytest.approx(0.05 / 1e6)
+    got = {r["mode"]: r["predicted_s"] for r in out["rows"]}
+    assert got["bmuf-tau8"] == pytest.approx(0.15)
+    assert got["bmuf-tau8+overlap"] == pytest.approx(0.1)  # a 0.4 s block inside 0.8 s
+    assert got["bmuf-tau8+int8"] == pytest.approx(0.1 + 0.05 * (1 + 4 / 1024) / 4)
