@@ -27,7 +27,10 @@ ALGOS = {
     "adpsgd": ["--super-learner-size", "1"],
 }
 CASES = [(algo, kind) for algo in ALGOS for kind in ("kill", "raise", "hang")]
-CASES.append(("adpsgd", "raise-gossip"))  # the only algorithm with a background thread
+CASES.append(("adpsgd", "raise-gossip"))  # gossip's background thread
+# BMUF's background block average (a private communicator and watchdog), compressed.
+ALGOS["bmuf-overlap"] = [*ALGOS["bmuf"], "--bmuf-overlap", "--wire", "int8"]
+CASES += [("bmuf-overlap", "kill"), ("bmuf-overlap", "hang")]
 
 
 def _train_args(data: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
@@ -46,7 +49,8 @@ def fault_time(output: str) -> float:
 
 @pytest.mark.parametrize(("algo", "kind"), CASES, ids=[f"{a}-{k}" for a, k in CASES])
 def test_fault_ends_job_within_deadline(algo: str, kind: str, tiny_data, tmp_path) -> None:
-    res = run_mpi(2, _train_args(tiny_data, tmp_path / "run", "--algo", algo, *ALGOS[algo]),
+    res = run_mpi(2, _train_args(tiny_data, tmp_path / "run", "--algo", algo.split("-")[0],
+                                 *ALGOS[algo]),
                   env={"HADPSGD_TIMEOUT": str(TIMEOUT_S),
                        "HADPSGD_FAULT": f"kind={kind},rank=1,step=6"},
                   timeout=180)
@@ -70,7 +74,7 @@ def test_fault_ends_job_within_deadline(algo: str, kind: str, tiny_data, tmp_pat
         pid = re.search(r"fault injection: .* pid=(\d+)", out).group(1)
         expected = rf"PID {pid} RUNNING AT .*EXIT CODE: 9"
     assert re.search(expected, out, re.S), out[-4000:]
-    if kind == "hang" and algo != "adpsgd":
+    if kind == "hang" and algo in ("ssgd", "bmuf"):
         # The hung rank's watchdog thread still answers the peers' diagnosis.
         assert "rank 1 answers: alive, in training step 6" in out, out[-4000:]
     assert "[hadpsgd] done in" not in out
