@@ -217,6 +217,10 @@ class CompressedMean:
         self.elem = torch.empty(0, dtype=dtype).element_size()
         self.bytes_sent = 0
         """Payload bytes this rank sent to other nodes so far."""
+        self.polled = False
+        """Use non-blocking collectives polled with short sleeps instead of blocking ones: in a
+        background thread a blocking call spins a core for as long as the link takes, and
+        that core is the one training needs (set by :class:`~hadpsgd.comm.side.SideChannel`)."""
         # Per bucket: its slice of the tensor, its shard length, where its residuals sit.
         self._buckets: list[tuple[int, int, int, int]] = []
         server = 0
@@ -249,9 +253,15 @@ class CompressedMean:
         return t
 
     def _mpi(self, what: str, group: list[int] | None, fn: Any, *bufs: torch.Tensor) -> None:
-        with self.watchdog.guard(f"compressed mean ({self.wire}) of {self.numel} "
-                                 f"{self.dtype}: {what}", group):
-            fn(*(b.numpy() for b in bufs))
+        what = f"compressed mean ({self.wire}) of {self.numel} {self.dtype}: {what}"
+        arrays = [b.numpy() for b in bufs]
+        if self.polled:
+            # The non-blocking twin (MPI_Ialltoall, MPI_Iallgather), polled with short sleeps.
+            request = getattr(fn.__self__, "I" + fn.__name__.lower())(*arrays)
+            self.watchdog.wait(request, what, group)
+            return
+        with self.watchdog.guard(what, group):
+            fn(*arrays)
 
     def _bucket(self, seg: torch.Tensor, lo: int, shard: int, server: int) -> None:
         n, nodes, feedback = seg.numel(), self.num_nodes, self._worker.numel() > 0

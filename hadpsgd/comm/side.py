@@ -153,6 +153,7 @@ class SideChannel:
                 None, t.numel(), t.dtype, t.device, self.wire, comm=self.inter,
                 watchdog=self.watchdog, inter_ranks=self.inter_ranks, intra=self.intra,
                 node_ranks=self.node_ranks)
+            comp.polled = self.background
         return comp
 
     # ------------------------------------------------------------------ jobs
