@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(--wire); e.g. overlap frag4 int8 overlap+int8")
     p.add_argument("--variant-tau", type=int, default=8)
     p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of every mode, in turn through the job; the median counts")
     p.add_argument("--json", type=Path, help="also write the JSON record here")
     p.add_argument("--timeout", type=float, default=900)
     a = p.parse_args(argv)
@@ -97,14 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_job(a.ranks, rpn,
                    ["--preset", a.preset, "--batch", str(a.batch), "--classes", str(a.classes),
                     "--optimizer", a.optimizer, "--adam-moments", a.adam_moments,
-                    "--steps", str(a.steps), "--variant-tau", str(a.variant_tau),
+                    "--steps", str(a.steps), "--rounds", str(a.rounds),
+                    "--variant-tau", str(a.variant_tau),
                     "--taus", *map(str, a.taus), "--variants", *a.variants], a.timeout,
                    two_hosts=a.two_hosts)
     add_ratios(rows)
     first = rows[0]
     print(f"{first['preset']} BLSTM ({first['params']:,} parameters), {first['ranks']} ranks "
           f"on {first['nodes']} super-learners, {first['batch_per_rank']} x 21 frames per rank, "
-          f"{a.optimizer} (BMUF moments: {a.adam_moments}), {a.steps} timed steps per mode")
+          f"{a.optimizer} (BMUF moments: {a.adam_moments}), {a.steps} timed steps per mode, "
+          f"median of {a.rounds} rounds")
     print(table(rows))
     if a.two_hosts:
         print(f"# two emulated hosts joined by a {a.two_hosts} link (MPI over TCP between them)")

@@ -174,6 +174,10 @@ class BMUF(Algorithm):
         self.moments.start()
         self.started = True
 
+    def wait_in_flight(self) -> None:
+        """Wait for every background block average in flight (benchmarks time it)."""
+        self._drain()
+
     def _drain(self) -> None:
         """Wait for every background mean in flight (so the collectives stay matched)."""
         for frag in self.fragments:

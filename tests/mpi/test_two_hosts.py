@@ -65,10 +65,17 @@ def test_bmuf_benchmark_across_two_hosts(tmp_path):
     out = tmp_path / "bmuf.json"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bmuf.py"), "-n", "2",
                           "--two-hosts", "300mbit", "--preset", "tiny", "--batch", "4",
-                          "--classes", "8", "--steps", "2", "--taus", "2", "--json", str(out)],
+                          "--classes", "8", "--steps", "4", "--taus", "2", "--rounds", "1",
+                          "--variant-tau", "2", "--variants", "int8", "overlap+frag2",
+                          "--json", str(out)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["two_hosts"] == "300mbit"
     rows = {r["mode"]: r for r in record["rows"]}
     assert rows["ssgd"]["nodes"] == 2 and rows["bmuf-tau2"]["inter_bytes_per_step"] > 0
+    # int8 block syncs: a quarter of the payload, and far fewer bytes on the real link
+    fp32, int8 = rows["bmuf-tau2"], rows["bmuf-tau2+int8"]
+    assert fp32["inter_bytes_per_step"] / int8["inter_bytes_per_step"] >= 3.5
+    assert fp32["link_bytes_per_step"] / int8["link_bytes_per_step"] >= 2.5
+    assert rows["bmuf-tau2+overlap+frag2"]["link_bytes_per_step"] > 0
