@@ -418,6 +418,14 @@ class BMUF(Algorithm):
         """Restore :meth:`state_dict` (load the model's local parameters separately)."""
         super().load_state_dict(state)
         b = state["bmuf"]
+        was = b.get("options", {})
+        # What is in flight was packed for one fragment layout and one wire: refuse another.
+        for name, flag_, now in (("fragments", "--bmuf-fragments", self.num_fragments),
+                                 ("wire", "--wire", self.wire)):
+            then = was.get(name, 1 if name == "fragments" else "fp32")
+            if then != now:
+                raise ValueError(f"the checkpoint's BMUF state was written with {flag_} {then} "
+                                 f"(now {now}); resume with {flag_} {then}")
         self.started = bool(b["started"])
         saved = b.get("fragments") or [{"block_steps": b["block_steps"], "rho": b["rho"],
                                         "num_syncs": b["num_syncs"]}]
