@@ -221,6 +221,10 @@ class BMUF(Algorithm):
         """
         if not self.started:
             return
+        # Every background mean first: the closing syncs below reduce on the same private
+        # communicator from this thread, and two threads' collectives on one communicator
+        # could be matched in different orders on different ranks.
+        self._drain()
         for frag in self.fragments:
             if frag.pending is not None:
                 self._apply(frag)

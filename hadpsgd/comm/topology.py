@@ -244,7 +244,9 @@ class Topology:
         from hadpsgd.comm.side import SideChannel  # noqa: PLC0415 - only BMUF's overlap needs it
 
         control = self.comm.Dup()
-        return SideChannel(self.inter.Dup(), Watchdog(control, self.timeout), self.inter_ranks,
+        return SideChannel(self.inter.Dup(),
+                           Watchdog(control, self.timeout, self.thread_multiple),
+                           self.inter_ranks,
                            wire, background and self.thread_multiple,
                            intra=self.intra.Dup() if self.local_size > 1 else None,
                            node_ranks=self.node_ranks)
