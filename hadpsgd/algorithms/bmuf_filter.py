@@ -139,7 +139,7 @@ def launch(frag: Fragment, params: dict[torch.dtype, torch.Tensor],
         moments.pack(dtype, parts[1:], frag.slots[dtype], lo)
         if compressed:
             parts[0].sub_(start_point[dtype][lo:hi])
-            if moments.strategy == "corrected":
+            if moments.strategy == "corrected" and moments.sent_keys:
                 for part, init in zip(parts[1:], moments.init[dtype], strict=True):
                     part.sub_(init[lo:hi])
         packs[dtype] = pack
@@ -175,7 +175,7 @@ def apply(frag: Fragment, pending: Pending, filt: dict[str, dict[torch.dtype, to
         delta, glob = filt["delta"][dtype][lo:hi], filt["global_model"][dtype][lo:hi]
         if not compressed:
             bar.sub_(init)                               # theta_bar - theta_init_{n-1}
-        if compressed and moments.strategy == "corrected":
+        if compressed and moments.strategy == "corrected" and moments.sent_keys:
             for part, m_init in zip(parts[1:], moments.init[dtype], strict=True):
                 part.add_(m_init[lo:hi])                 # m_bar = m_init + mean progress
         delta.mul_(eta).add_(bar, alpha=zeta)            # Delta_n

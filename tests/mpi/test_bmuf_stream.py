@@ -220,11 +220,13 @@ def test_resume_with_a_mean_in_flight_is_bit_exact(runs, layout, name):
 
 
 @pytest.mark.parametrize("layout", ["flat2", "hier"])
-@pytest.mark.parametrize("name", ["int8-adam-corrected", "bf16-ov-adam-corrected"])
+@pytest.mark.parametrize("name", ["int8-adam-corrected", "bf16-ov-adam-corrected",
+                                  "int8-ov-fr2-sgd-plain"])
 def test_compressed_syncs_stay_identical_and_close_to_fp32(runs, layout, name):
     got = _load(runs, layout, name)
     c = next(c for c in STREAM if c["name"] == name)
-    ref = reference({**c, "wire": "fp32"}, 2, [(0, 53)],
+    bounds = [tuple(int(v) for v in b) for b in got["frag_bounds"]]
+    ref = reference({**c, "wire": "fp32"}, 2, bounds,
                     per=2 if layout == "hier" else 1)["after"]["global"]
     for g in got["after_global"]:
         assert np.array_equal(g, got["after_global"][0])  # every replica the same bits

@@ -103,5 +103,7 @@ STREAM = [
     cfg("int8-ov-fr2-resume", tau=4, overlap=True, fragments=2, wire="int8", kind="resume"),
     cfg("int8-adam-corrected", tau=4, wire="int8"),
     cfg("bf16-ov-adam-corrected", tau=4, overlap=True, wire="bf16"),
+    cfg("int8-ov-fr2-sgd-plain", opt="sgd", momentum=0.0, tau=3, overlap=True, fragments=2,
+        wire="int8"),  # no moment buffers at all
 ]
 SUITES = {"main": MAIN, "single": SINGLE, "stream": STREAM}
