@@ -48,9 +48,7 @@ class ADPSGDOptions(AlgoOptions):
         if self.max_staleness < 0:
             raise ConfigError(f"{flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
-        if self.wire not in WIRES:
-            raise ConfigError(f"{flag('wire')} must be one of {', '.join(WIRES)}, got "
-                              f"{self.wire!r}")
+        self.check_choices()  # --wire
 
     def algorithm_kwargs(self) -> dict[str, Any]:
         """The constructor takes ``max_staleness`` and ``wire`` (the super-learner size: layout)."""

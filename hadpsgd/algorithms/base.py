@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradSync
+from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import FlatBuffer, Topology
 from hadpsgd.comm.overlap import Scope
 
@@ -25,6 +26,22 @@ class AlgoOptions:
     help, ``__post_init__`` their validation (raising :class:`hadpsgd.cli.ConfigError` that
     names the flag). The run configuration and the sweep tool read them from the registry.
     """
+
+    def check_choices(self) -> None:
+        """Refuse a field outside the ``choices`` its metadata declares, naming the flag.
+
+        The generated CLI already restricts such flags; this catches ``--config`` files and
+        direct construction. Call it from ``__post_init__``.
+
+        Raises:
+            ConfigError: For the first such field.
+        """
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{flag(f.name)} must be one of {', '.join(choices)}, got "
+                                  f"{value!r}")
 
     def algorithm_kwargs(self) -> dict[str, Any]:
         """The constructor keywords these options stand for (default: the fields as they are)."""

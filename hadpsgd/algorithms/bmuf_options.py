@@ -83,21 +83,13 @@ class BMUFOptions(AlgoOptions):
         if self.bmuf_warmup_steps < 0:
             raise ConfigError(f"{flag('bmuf_warmup_steps')} must be >= 0, got "
                               f"{self.bmuf_warmup_steps}")
-        if self.bmuf_warmup_moments not in WARMUP_MOMENTS:
-            raise ConfigError(f"{flag('bmuf_warmup_moments')} must be one of "
-                              f"{', '.join(WARMUP_MOMENTS)}, got {self.bmuf_warmup_moments!r}")
         if self.bmuf_fragments < 1:
             raise ConfigError(f"{flag('bmuf_fragments')} must be >= 1, got {self.bmuf_fragments}")
         if self.bmuf_fragments > self.sync_period:
             raise ConfigError(f"{flag('bmuf_fragments')} {self.bmuf_fragments} is more than "
                               f"{flag('sync_period')} {self.sync_period}: the fragments sync at "
                               "different steps of a block; lower it or lengthen the period")
-        if self.wire not in WIRES:
-            raise ConfigError(f"{flag('wire')} must be one of {', '.join(WIRES)}, got "
-                              f"{self.wire!r}")
-        if self.adam_moments not in STRATEGIES:
-            raise ConfigError(f"{flag('adam_moments')} must be one of {', '.join(STRATEGIES)}, "
-                              f"got {self.adam_moments!r}")
+        self.check_choices()  # --adam-moments, --bmuf-warmup-moments, --wire
 
     def algorithm_kwargs(self) -> dict[str, Any]:
         """The constructor's keywords (its warm-up keyword has no ``bmuf_`` prefix)."""

@@ -39,14 +39,15 @@ MEAN_BUCKET_ELEMS = 1 << 22
 memory and keeps every MPI count far below 2**31 bytes (fp64 as is: 32 MiB a bucket)."""
 
 
-def _check(wire: str) -> None:
+def check_wire(wire: str) -> None:
+    """Raise ``ValueError`` unless ``wire`` is one of :data:`WIRES`."""
     if wire not in WIRES:
         raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")
 
 
 def payload_bytes(numel: int, wire: str, elem_size: int = 4) -> int:
     """Bytes :func:`encode` makes of ``numel`` values (``elem_size``: the dtype's, for fp32)."""
-    _check(wire)
+    check_wire(wire)
     if wire == "fp32":
         return numel * elem_size
     if wire == "bf16":
@@ -110,14 +111,14 @@ def encode(x: torch.Tensor, wire: str) -> torch.Tensor:
     ``q = round(x / scale)`` (a zero chunk has scale 0; a non-finite one a non-finite scale).
     Computed on ``x``'s device.
     """
-    _check(wire)
+    check_wire(wire)
     out = _encode_rows(x.reshape(1, -1), wire).reshape(-1)
     return out.clone() if wire == "fp32" else out
 
 
 def decode(payload: torch.Tensor, numel: int, wire: str, dtype: torch.dtype) -> torch.Tensor:
     """The ``numel`` values of ``dtype`` an :func:`encode` payload stands for (a new tensor)."""
-    _check(wire)
+    check_wire(wire)
     elem = torch.empty(0, dtype=dtype).element_size()
     if payload.numel() != payload_bytes(numel, wire, elem):
         raise ValueError(f"a {wire} payload of {numel} {dtype} values has "
@@ -195,7 +196,7 @@ class CompressedMean:
                  watchdog: Watchdog | None = None, inter_ranks: list[int] | None = None,
                  intra: Any = None, node_ranks: list[int] | None = None,
                  split_node: bool = False, bucket_elems: int = MEAN_BUCKET_ELEMS) -> None:
-        _check(wire)
+        check_wire(wire)
         if not dtype.is_floating_point:
             raise ValueError(f"a compressed mean needs a floating-point dtype, got {dtype}")
         self._own_watchdog = topo is not None

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hadpsgd.comm.compressed import WIRES, CompressedMean, payload_bytes
+from hadpsgd.comm.compressed import CompressedMean, check_wire, payload_bytes
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog
 from hadpsgd.comm.mpi import MPI_NATIVE, mpi
 
@@ -72,8 +72,7 @@ class SideChannel:
     def __init__(self, inter: Any, watchdog: Watchdog, inter_ranks: list[int], wire: str,
                  background: bool, intra: Any = None,
                  node_ranks: list[int] | None = None) -> None:
-        if wire not in WIRES:
-            raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")
+        check_wire(wire)
         self.inter = inter
         self.watchdog = watchdog
         self.inter_ranks = inter_ranks
