@@ -162,7 +162,7 @@ class BMUF(Algorithm):
             reset_moments: Zero the optimizer's moment buffers and Adam's ``k`` first (the
                 ``reset`` choice after a warm-up).
         """
-        self._drain()
+        self.wait_in_flight()
         if reset_moments:
             self.moments.reset_optimizer()
         for dtype, buf in self.params.buffers.items():
@@ -175,11 +175,11 @@ class BMUF(Algorithm):
         self.started = True
 
     def wait_in_flight(self) -> None:
-        """Wait for every background block average in flight (benchmarks time it)."""
-        self._drain()
+        """Wait for every background block average in flight.
 
-    def _drain(self) -> None:
-        """Wait for every background mean in flight (so the collectives stay matched)."""
+        Before anything that reads what they change, or reduces on their communicator from
+        this thread (so the collectives stay matched); benchmarks time it.
+        """
         for frag in self.fragments:
             if frag.pending is not None and frag.pending.job is not None:
                 self.side.wait(frag.pending.job)  # type: ignore[union-attr]
@@ -224,7 +224,7 @@ class BMUF(Algorithm):
         # Every background mean first: the closing syncs below reduce on the same private
         # communicator from this thread, and two threads' collectives on one communicator
         # could be matched in different orders on different ranks.
-        self._drain()
+        self.wait_in_flight()
         for frag in self.fragments:
             if frag.pending is not None:
                 self._apply(frag)
@@ -320,7 +320,7 @@ class BMUF(Algorithm):
         """Wait for a background mean in flight and stop the side channel's thread."""
         if self.side is not None:
             try:
-                self._drain()
+                self.wait_in_flight()
             finally:
                 self.side.close()
                 self.side = None
@@ -335,7 +335,7 @@ class BMUF(Algorithm):
         mean in flight is waited for: the mean is the same on every learner and saved here,
         what it is re-based on is per super-learner (:meth:`node_state`).
         """
-        self._drain()
+        self.wait_in_flight()
         state = super().state_dict()
 
         def flat(d: dict[torch.dtype, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -370,7 +370,7 @@ class BMUF(Algorithm):
         """
         if not self.started or self.topo.num_nodes == 1:
             return None
-        self._drain()  # the wire's rounding errors change while a mean is in flight
+        self.wait_in_flight()  # the wire's rounding errors change while a mean is in flight
         pending = {f.index: [[t.clone() for t in ts] for ts in f.pending.snaps.values()]
                    for f in self.fragments if f.pending is not None and f.pending.snaps}
         mid_block = any(f.block_steps for f in self.fragments)

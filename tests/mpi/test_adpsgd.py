@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hadpsgd.comm import payload_bytes
 from hadpsgd.train import read_metrics
 from tests.conftest import assert_ok, run_mpi, run_worker
 
@@ -17,27 +18,46 @@ def _records(out: Path, n: int) -> list[dict]:
 
 
 def _run(mode: str, n: int, per_node: int, out: Path, timeout_s: str = "30",
-         steps: int = 40, **kw: object):
+         steps: int = 40, wire: str = "fp32", **kw: object):
     env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": timeout_s,
-           "ADPSGD_TEST_STEPS": str(steps)}
+           "ADPSGD_TEST_STEPS": str(steps), "ADPSGD_TEST_WIRE": wire}
     return run_worker(n, "adpsgd_props", mode, str(out), env=env, **kw)
+
+
+def _assert_conserved(recs: list[dict]) -> torch.Tensor:
+    """The replicas' sum is n w0 minus every learner's steps (gossip moved none of it), and
+    gossip really happened (the sum would trivially hold without it). Returns w0."""
+    n = len(recs)
+    w0 = torch.tensor(recs[0]["w0"], dtype=torch.float64)
+    total = sum(torch.tensor(x["flat"], dtype=torch.float64) for x in recs)
+    lr, steps = recs[0]["lr"], recs[0]["steps"]
+    expected = n * w0 - lr * steps * sum(x["g"] for x in recs)
+    assert float((total - expected).norm() / expected.norm()) < 1e-5
+    assert sum(x["exchanges"] for x in recs) > 0
+    return w0
 
 
 @pytest.mark.parametrize(("n", "per_node"), [(4, 1), (3, 1), (5, 1), (4, 2), (6, 2)])
 def test_gossip_conserves_mass(n, per_node, tmp_path):
     assert_ok(_run("conserve", n, per_node, tmp_path))
     recs = _records(tmp_path, n)
-    w0 = torch.tensor(recs[0]["w0"], dtype=torch.float64)
-    total = sum(torch.tensor(x["flat"], dtype=torch.float64) for x in recs)
-    lr, steps = recs[0]["lr"], recs[0]["steps"]
-    expected = n * w0 - lr * steps * sum(x["g"] for x in recs)
-    assert float((total - expected).norm() / expected.norm()) < 1e-5
-    # gossip really happened (the sum would trivially hold without it), and with the
-    # super-learners' replicas bit-identical after every step
-    assert sum(x["exchanges"] for x in recs) > 0
+    _assert_conserved(recs)
+    # the super-learners' replicas bit-identical after every step
     assert all(x["identical"] for x in recs)
     if n % 2 == 1 and per_node == 1:  # odd ring: someone sits out each round, nobody hangs
         assert min(x["exchanges"] for x in recs) > 0
+
+
+def test_int8_gossip_conserves_the_sum_of_replicas(tmp_path):
+    n = 4
+    assert_ok(_run("conserve", n, 1, tmp_path, steps=20, wire="int8"))
+    recs = _records(tmp_path, n)
+    w0 = _assert_conserved(recs)
+    # Bytes: the payload (1025 float64 values: 1025 bytes + 2 scales) and a flag per round,
+    # against 8 * 1026 for the parameters as they are.
+    size = payload_bytes(w0.numel(), "int8") + 1
+    assert size * 7 < payload_bytes(w0.numel() + 1, "fp32", elem_size=8)
+    assert all(x["wire_bytes"] == x["rounds"] * size for x in recs)
 
 
 def test_consensus_without_updates(tmp_path):
