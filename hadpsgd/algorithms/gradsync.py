@@ -95,6 +95,7 @@ class GradSync:
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._ready, i))
                            for i, p in enumerate(self.flat.params)]
         self._local: list[torch.Tensor] = []
+        self._deferred = False  # a bucket's mean is in flight on NCCL's stream
 
     @property
     def overlapped(self) -> bool:
@@ -110,6 +111,11 @@ class GradSync:
         return scope
 
     def _reduce(self, view: torch.Tensor, scope: str) -> None:
+        # On NCCL the mean is queued on NCCL's stream and joined once in finish(): waiting
+        # here would make backward's next kernels wait for every bucket's allreduce.
+        if view.is_cuda and self.topo.mean_deferred_(view, scope):
+            self._deferred = True
+            return
         if scope == "world":
             self.topo.allreduce_(view, op="avg")
         elif scope == "node":
@@ -129,6 +135,9 @@ class GradSync:
         # their views first; those already reduced or in flight are views, so untouched.
         self.flat.gather_grads()
         self._local = self.reducer.finish()
+        if self._deferred:  # the optimizer reads the means: wait for NCCL once, here
+            self._deferred = False
+            self.topo.join_deferred()
 
     def check(self, norm: bool, loss: torch.Tensor | None = None) -> GradCheck:
         """Finiteness of the local and reduced gradients and the reduced norm, one sync.

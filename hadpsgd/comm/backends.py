@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import tempfile
 import uuid
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from hadpsgd.comm.deadline import Watchdog
-from hadpsgd.comm.objects import bcast_object
+from hadpsgd.comm.objects import allgather_object, bcast_object
 
 
 class IntraBackend:
@@ -74,11 +75,27 @@ def _mpi() -> Any:
     return _MPI
 
 
+def _buf(t: torch.Tensor) -> Any:
+    """What MPI reads and writes for ``t``: its NumPy view, or the device tensor itself.
+
+    A device tensor reaches here only for a CUDA-aware MPI (the reducer stages it
+    otherwise); MPI reads it outside every stream's order, so the host first waits for the
+    work queued on it.
+    """
+    if t.is_cuda:
+        from hadpsgd.comm.staging import wait_device
+
+        wait_device(t.device)
+        return t
+    return t.numpy()
+
+
 class MPIIntra(IntraBackend):
     """MPI collectives on the node communicator (shared-memory transport inside a node).
 
     Blocking calls (MPI's tuned algorithms) under the watchdog's guard; see
-    :meth:`Watchdog.guard`.
+    :meth:`Watchdog.guard`. Host tensors go as NumPy views, device tensors as they are to a
+    CUDA-aware MPI.
     """
 
     name = "mpi"
@@ -90,35 +107,39 @@ class MPIIntra(IntraBackend):
         MPI = _mpi()  # noqa: N806 - the module
 
         with self._guard("allreduce"):
-            self.comm.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)
+            self.comm.Allreduce(MPI.IN_PLACE, _buf(t), op=MPI.SUM)
 
     def reduce_scatter_(self, t: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
         MPI = _mpi()  # noqa: N806 - the module
 
         with self._guard("reduce-scatter"):
-            self.comm.Reduce_scatter_block(t.numpy(), out.numpy(), op=MPI.SUM)
+            self.comm.Reduce_scatter_block(_buf(t), _buf(out), op=MPI.SUM)
 
     def allgather_(self, shard: torch.Tensor, out: torch.Tensor) -> None:  # noqa: D102
         with self._guard("allgather"):
-            self.comm.Allgather(shard.numpy(), out.numpy())
+            self.comm.Allgather(_buf(shard), _buf(out))
 
     def reduce_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
         MPI = _mpi()  # noqa: N806 - the module
-        buf = t.numpy()
+        buf = _buf(t)
         send = MPI.IN_PLACE if self.rank == root else buf
         with self._guard("reduce"):
             self.comm.Reduce(send, buf, op=MPI.SUM, root=root)
 
     def bcast_(self, t: torch.Tensor, root: int = 0) -> None:  # noqa: D102
         with self._guard("broadcast"):
-            self.comm.Bcast(t.numpy(), root=root)
+            self.comm.Bcast(_buf(t), root=root)
 
 
 class TorchIntra(IntraBackend):
     """A torch.distributed process group over the node (gloo on CPU, NCCL on GPUs).
 
-    The rendezvous goes through a FileStore whose path rank 0 picks and broadcasts over MPI
-    (no TCP store, no environment variables; a node's learners share its temp directory).
+    The rendezvous goes over MPI, never through environment variables: where the node's
+    learners share one host (the usual case) through a FileStore whose path in the host's
+    temp directory rank 0 picks and broadcasts; where they span hosts (a super-learner larger
+    than a host, an emulated node across hosts, a round-robin rank mapping) through a TCP
+    store that local rank 0 opens on a free port of its host and whose address it
+    broadcasts (a FileStore in one host's ``/tmp`` would never be seen by the others).
     Subclasses make the process group and say how to wait for one operation; the calls
     themselves are the same for both, so the CPU suite runs every one of them through gloo.
     """
@@ -130,14 +151,41 @@ class TorchIntra(IntraBackend):
         import torch.distributed as dist
 
         self._dist = dist
-        path = None
+        self._path: str | None = None
+        self._tcp: Any = None
+        timeout = datetime.timedelta(seconds=watchdog.timeout)
+        hosts = allgather_object(comm, watchdog, host_name(), group=world_ranks)
+        self.rendezvous = "file" if len(set(hosts)) == 1 else "tcp"
+        """``file`` (one host) or ``tcp`` (the node spans hosts)."""
+        if self.rendezvous == "file":
+            path = None
+            if self.rank == 0:
+                path = os.path.join(tempfile.gettempdir(),
+                                    f"hadpsgd-{self.name}-{uuid.uuid4().hex}")
+            path = bcast_object(comm, watchdog, path, root=0, group=world_ranks)
+            self._path = path
+            base = dist.FileStore(path, self.size)
+        else:
+            base = self._tcp_store(hosts[0], timeout)
+        store = dist.PrefixStore(f"hadpsgd-intra-{self.name}", base)
+        self.pg = self._make_group(store, timeout)
+
+    def _tcp_store(self, leader_host: str, timeout: datetime.timedelta) -> Any:
+        """A TCP store served by local rank 0 on a free port; its address goes over MPI."""
+        dist = self._dist
+        address = None
         if self.rank == 0:
-            path = os.path.join(tempfile.gettempdir(),
-                                f"hadpsgd-{self.name}-{uuid.uuid4().hex}")
-        path = bcast_object(comm, watchdog, path, root=0, group=world_ranks)
-        self._path = path
-        store = dist.PrefixStore(f"hadpsgd-intra-{self.name}", dist.FileStore(path, self.size))
-        self.pg = self._make_group(store, datetime.timedelta(seconds=watchdog.timeout))
+            # Port 0: the OS picks a free one, so two jobs on one host never collide.
+            self._tcp = dist.TCPStore(leader_host, 0, self.size, True, timeout=timeout,
+                                      wait_for_workers=False)
+            address = (leader_host, int(self._tcp.port))
+        host, port = bcast_object(self.comm, self.watchdog, address, root=0,
+                                  group=self.world_ranks)
+        if self.rank == 0:
+            return self._tcp
+        with self.watchdog.guard(f"TCP store rendezvous with {host}:{port}",
+                                 self.world_ranks[:1]):
+            return dist.TCPStore(host, port, self.size, False, timeout=timeout)
 
     def _make_group(self, store: Any, timeout: datetime.timedelta) -> Any:
         raise NotImplementedError
@@ -178,6 +226,11 @@ class TorchIntra(IntraBackend):
                 os.unlink(self._path)
             except OSError:
                 pass
+
+
+def host_name() -> str:
+    """This host's name as the other hosts of the job reach it (for the TCP rendezvous)."""
+    return socket.gethostname()
 
 
 class GlooIntra(TorchIntra):

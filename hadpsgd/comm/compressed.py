@@ -282,8 +282,9 @@ class CompressedMean:
         else:
             payload = _encode_rows(x.view(rows, shard)[mine], self.wire)
         size = payload.shape[1]
-        send = self._stager.buffer(torch.uint8, nodes * size, slot=0)
-        recv = self._stager.buffer(torch.uint8, nodes * size, slot=1)
+        on_gpu = self.device.type == "cuda"  # pinned host copies only for device tensors
+        send = self._stager.buffer(torch.uint8, nodes * size, slot=0, device_copy=on_gpu)
+        recv = self._stager.buffer(torch.uint8, nodes * size, slot=1, device_copy=on_gpu)
         send.copy_(payload.reshape(-1))
         self._mpi("all-to-all", self.inter_ranks, self.comm.Alltoall, send, recv)
         versions = _decode_rows(recv.view(nodes, size).to(self.device), shard, self.wire,
@@ -303,13 +304,15 @@ class CompressedMean:
         self.bytes_sent += 2 * (nodes - 1) * size
         # A split node also passes on its slice's server residual (see below).
         extra = shard * self.elem if feedback and self.slices > 1 else 0
-        record = self._stager.buffer(torch.uint8, nodes * size + extra, slot=2)
+        record = self._stager.buffer(torch.uint8, nodes * size + extra, slot=2,
+                                     device_copy=on_gpu)
         self._mpi("allgather", self.inter_ranks, self.comm.Allgather, out.reshape(-1).cpu(),
                   record[:nodes * size])
         if self.slices > 1:
             if feedback:  # the node's learners keep every slice's server residual
                 record[nodes * size:].copy_(residual[self.slice].view(torch.uint8))
-            node = self._stager.buffer(torch.uint8, self.slices * record.numel(), slot=3)
+            node = self._stager.buffer(torch.uint8, self.slices * record.numel(), slot=3,
+                                       device_copy=on_gpu)
             self._mpi("intra-node allgather", self.node_ranks, self.intra.Allgather, record,
                       node)
             node = node.view(self.slices, -1).to(self.device)

@@ -15,8 +15,10 @@ and then copied (allgather / broadcast).
 Which backend a tensor meets is decided by the tensor itself (:func:`route`): a device
 tensor goes to the device backend (NCCL) when there is one; a host tensor (the loop's
 control vector, evaluation totals, ADPSGD's flag) always goes to the host backend (MPI or
-gloo), so NCCL never sees a host pointer. A device tensor without a device backend, or a
-host tensor of a dtype MPI lacks, runs the whole operation on staged host copies.
+gloo), so NCCL never sees a host pointer. A device tensor without a device backend goes
+straight to a CUDA-aware MPI (the BMUF-Adam layout of one learner per node, or MPI chosen
+inside the node); otherwise it, and a host tensor of a dtype MPI lacks, runs the whole
+operation on staged host copies.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.direct import Direct, mpi_consts
 from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.mpi import MPI_NATIVE
-from hadpsgd.comm.staging import Stager
+from hadpsgd.comm.staging import Stager, wait_device
 
 HierAlgo = Literal["auto", "shard", "leader"]
 Path = Literal["auto", "flat", "hier"]
@@ -61,9 +63,19 @@ def route(device_type: str, dtype: torch.dtype, host_backend: str, device_backen
     if device_type == "cuda" and device_backend is not None:
         inter = "mpi (device buffers)" if cuda_aware and native else "mpi via host"
         return Route(device_backend, inter)
+    if device_type == "cuda" and device_direct(dtype, host_backend, cuda_aware):
+        return Route(f"{host_backend} (device buffers)", "mpi (device buffers)")
     if device_type == "cuda" or not native:
         return Route(f"{host_backend} via host", "mpi via host")
     return Route(host_backend, "mpi")
+
+
+def device_direct(dtype: torch.dtype, host_backend: str, cuda_aware: bool) -> bool:
+    """Whether a device tensor without a device backend goes to MPI as it is (no staging).
+
+    That needs a CUDA-aware MPI, a dtype MPI reduces, and MPI (not gloo) inside the node.
+    """
+    return cuda_aware and dtype in MPI_NATIVE and host_backend == "mpi"
 
 
 Scope = Literal["auto", "flat", "hier", "intra", "inter"]
@@ -131,11 +143,38 @@ class Reducer:
         That is a device tensor without a device backend, or a host tensor of a dtype MPI
         lacks; otherwise nothing is done and the result is False.
         """
-        if (t.is_cuda and self.device_intra is not None) or (not t.is_cuda
-                                                              and t.dtype in MPI_NATIVE):
+        if t.is_cuda:
+            if self.device_intra is not None or device_direct(t.dtype, self.intra.name,
+                                                               self.cuda_aware):
+                return False
+        elif t.dtype in MPI_NATIVE:
             return False
         self.stager.run_staged(t, fn)
         return True
+
+    # ------------------------------------------------------------------ deferred means
+    def mean_deferred_(self, t: torch.Tensor, scope: str) -> bool:
+        """Start the mean of device tensor ``t`` over ``scope`` without waiting, if possible.
+
+        Possible when the whole route is one NCCL allreduce (``intra``, or ``world`` in a
+        one-node world): it runs on NCCL's stream while the caller's stream goes on, and
+        :meth:`join_deferred` ends it. Anything else (an MPI leg, staging) must wait and is
+        left to the caller (False).
+        """
+        dev = self.device_intra
+        if dev is None or not t.is_cuda or not hasattr(dev, "allreduce_deferred_"):
+            return False
+        if scope == "intra" or (scope == "world" and self.num_nodes == 1):
+            if self.local_size > 1:
+                dev.allreduce_deferred_(t, avg=True)  # type: ignore[attr-defined]
+                return True
+        return False
+
+    def join_deferred(self) -> None:
+        """Make the current stream wait for every deferred mean (one host wait)."""
+        join = getattr(self.device_intra, "join", None)
+        if join is not None:
+            join()
 
     # ------------------------------------------------------------------ direct path
     def _plan(self, scope: str) -> Direct | None:
@@ -222,7 +261,7 @@ class Reducer:
         if not t.is_cuda:
             op(t)
         elif self.cuda_aware and t.dtype in MPI_NATIVE:
-            torch.cuda.current_stream(t.device).synchronize()
+            wait_device(t.device)  # MPI reads device memory outside any stream's order
             with self.watchdog.guard(what, group):
                 comm.Allreduce(in_place, t, op_sum)
         else:
@@ -327,4 +366,4 @@ class Reducer:
                 intra.bcast_(b, root=0)
 
 
-__all__ = ["HierAlgo", "Path", "Reducer", "Route", "Scope", "route"]
+__all__ = ["HierAlgo", "Path", "Reducer", "Route", "Scope", "device_direct", "route"]

@@ -17,6 +17,7 @@ from hadpsgd.comm.mpi import check_thread_level, cuda_support, mpi
 from hadpsgd.comm.objects import allgather_object
 from hadpsgd.comm.placement import (
     device_label,
+    launcher_local_rank,
     resolve_device,
     singleton_launch,
     summarize,
@@ -75,39 +76,79 @@ def _host_backend(name: str, intra: object, watchdog: Watchdog,
     return MPIIntra(intra, watchdog, node_ranks)
 
 
-def _device_backend(name: str, intra: Any, watchdog: Watchdog, node_ranks: list[int],
-                    device: torch.device, notes: list[str]) -> IntraBackend | None:
-    """NCCL for device tensors when it can run, else None (staged host path), with a note.
+def agree_routes(verdicts: list[tuple[str, bool]]) -> tuple[list[str], bool]:
+    """The world's one decision from every rank's ``(why NCCL cannot run, CUDA-aware)``.
+
+    An empty reason means NCCL can run on that rank's node (or the question does not arise
+    there). NCCL runs inside the nodes only if it can on every node, and device buffers go
+    to MPI only if every rank's MPI is CUDA-aware: one node staging while another does not
+    would cut its messages differently (staging chunks, host dtypes) and the job would
+    hang in the first mismatched collective.
+
+    Returns:
+        The distinct reasons against NCCL (empty: NCCL everywhere) and the agreed
+        CUDA-awareness.
+    """
+    reasons = sorted({why for why, _ in verdicts if why})
+    return reasons, all(aware for _, aware in verdicts)
+
+
+def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ranks: list[int],
+                  device: torch.device, cuda_aware: bool, notes: list[str]
+                  ) -> tuple[IntraBackend | None, bool]:
+    """NCCL for device tensors when it can run on every node, and the agreed CUDA-awareness.
 
     NCCL needs one GPU per rank of the node: ranks that share a GPU (more ranks than GPUs,
-    as in the tests on one GPU) take the host-staged path instead. The decision is the
-    node's, agreed over ``intra``, so every member builds the same backends.
+    as in the tests on one GPU) take the host-staged path instead. Each node decides over
+    ``intra``, then the world agrees (:func:`agree_routes`), so every rank builds the same
+    routes. Every rank calls this (collectively), whatever its device.
     """
+    why = ""
+    if device.type == "cuda" and intra.Get_size() > 1 and name not in ("mpi", "gloo"):
+        from hadpsgd.comm.nccl import nccl_available
+
+        ok, why = nccl_available()
+        why = "" if ok else why
+        labels = allgather_object(intra, watchdog, device_label(device), node_ranks)
+        if not why and len(set(labels)) < len(labels):
+            why = (f"ranks of a node share a GPU ({', '.join(labels)}); NCCL needs one GPU "
+                   "per rank: launch at most one rank per GPU")
+    reasons, aware = agree_routes(allgather_object(world, watchdog,
+                                                   (why, cuda_aware or device.type != "cuda")))
+    aware = aware and cuda_aware
     if device.type != "cuda" or intra.Get_size() == 1:
-        return None
+        return None, aware
     if name in ("mpi", "gloo"):
         notes.append(f"intra-node device tensors are staged through host memory for "
                      f"--intra-backend {name}; --intra-backend auto (NCCL on GPUs) keeps "
                      "them on the device")
-        return None
-    from hadpsgd.comm.nccl import NCCLIntra, nccl_available
-
-    ok, why = nccl_available()
-    labels = allgather_object(intra, watchdog, device_label(device), node_ranks)
-    if ok and len(set(labels)) < len(labels):
-        ok, why = False, (f"ranks of a node share a GPU ({', '.join(labels)}); NCCL needs "
-                          "one GPU per rank: launch at most one rank per GPU")
-    # Agree: NCCL only if every member can run it (an empty string means yes).
-    verdicts = allgather_object(intra, watchdog, "" if ok else why, node_ranks)
-    reasons = sorted({v for v in verdicts if v})
+        return None, aware
     if reasons:
         if name == "nccl":
             raise TopologyError(f"--intra-backend nccl cannot run: {'; '.join(reasons)}. "
                                 "Use --intra-backend auto (host-staged MPI) or mpi")
-        notes.append(f"intra-node NCCL is off ({'; '.join(reasons)}): device tensors are "
-                     "staged through host memory and reduced by MPI, which is slower")
-        return None
-    return NCCLIntra(intra, watchdog, node_ranks, device)
+        notes.append(f"intra-node NCCL is off on every node ({'; '.join(reasons)}): device "
+                     "tensors are staged through host memory and reduced by MPI, which is "
+                     "slower")
+        return None, aware
+    from hadpsgd.comm.nccl import NCCLIntra
+
+    return NCCLIntra(intra, watchdog, node_ranks, device), aware
+
+
+def _bind_gpu_early(device: str) -> None:
+    """Choose this process's GPU from the launcher's local rank, before MPI starts.
+
+    A CUDA-aware MPI (UCX) sets up its GPU resources in ``MPI_Init`` on the current device:
+    left at 0, every rank of a host would make a context on GPU 0. The launcher's local rank
+    (Open MPI, MPICH/Hydra, Slurm, MVAPICH) gives the same GPU that :func:`resolve_device`
+    later derives from MPI itself, which then has the last word.
+    """
+    if device not in ("auto", "cuda") or not torch.cuda.is_available():
+        return
+    local = launcher_local_rank()
+    if local is not None and torch.cuda.device_count() > 0:
+        torch.cuda.set_device(local % torch.cuda.device_count())
 
 
 def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend: str = "auto",
@@ -131,6 +172,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
             that MPI sees as one-rank jobs (``srun`` without ``--mpi=pmix``, another MPI's
             ``mpirun``: see :func:`hadpsgd.comm.placement.singleton_launch`).
     """
+    _bind_gpu_early(device)
     MPI = mpi()  # noqa: N806 - conventional name of the module
     thread_level = check_thread_level(MPI)
     world = MPI.COMM_WORLD
@@ -199,22 +241,32 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         raise TopologyError(str(err)) from None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    else:
-        if backend_name == "nccl":
-            raise TopologyError("the nccl intra-node backend needs --device cuda; on CPU use "
-                                "mpi or gloo")
-        if "OMP_NUM_THREADS" not in os.environ:
-            # Ranks sharing a machine would otherwise each start one thread per core.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
+    elif backend_name == "nccl":
+        raise TopologyError("the nccl intra-node backend needs --device cuda; on CPU use "
+                            "mpi or gloo")
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Ranks sharing a machine would otherwise each start one thread per core; on a GPU
+        # rank those threads only contend with the loader and MPI for the host's cores.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
+    labels = allgather_object(world, watchdog, device_label(dev))
+    kinds = sorted({label.split(":")[1] for label in labels})
+    if len(kinds) > 1:
+        gpu_less = sorted({label.partition(":")[0] for label in labels if ":cpu" in label})
+        raise TopologyError(f"the learners do not agree on a device: {', '.join(gpu_less)} "
+                            "found no GPU for --device auto while others did; pass --device "
+                            "cuda (and fix those hosts) or --device cpu")
     notes: list[str] = []
     backend = _host_backend(backend_name, intra, watchdog, node_ranks.tolist())
-    device_backend = _device_backend(backend_name, intra, watchdog, node_ranks.tolist(), dev,
-                                     notes)
     cuda_aware, aware_why = cuda_support() if dev.type == "cuda" else (False, "")
+    device_backend, agreed = _device_route(backend_name, world, intra, watchdog,
+                                           node_ranks.tolist(), dev, cuda_aware, notes)
+    if dev.type == "cuda" and cuda_aware and not agreed:
+        notes.append("MPI is CUDA-aware here but not on every host: every rank stages "
+                     "device tensors through host memory, so that all cut them alike")
+    cuda_aware = agreed
     if dev.type == "cuda" and not cuda_aware and num_nodes > 1:
-        notes.append(f"MPI is not CUDA-aware ({aware_why}): inter-node traffic is staged "
+        notes.append(f"MPI is not CUDA-aware ({aware_why}): device tensors are staged "
                      "through pinned host memory; a CUDA-aware MPI (UCX) skips the copies")
-    labels = allgather_object(world, watchdog, device_label(dev))
     placement = summarize(labels)
     try:
         reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,

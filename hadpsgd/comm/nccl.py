@@ -30,14 +30,34 @@ def nccl_available() -> tuple[bool, str]:
     return True, "torch.distributed NCCL"
 
 
+NCCL_GRACE_S = 120.0
+"""Seconds NCCL's own watchdog waits past hadpsgd's deadline before it aborts the process.
+
+torch's NCCL watchdog kills the process without naming anyone; hadpsgd's watchdog names the
+missing peer and what it was doing. NCCL's deadline is therefore the later one, so that a
+stuck peer is always reported by hadpsgd first."""
+
+
+def nccl_timeout(deadline_s: float) -> datetime.timedelta:
+    """NCCL's own timeout for hadpsgd's deadline ``deadline_s`` (see :data:`NCCL_GRACE_S`)."""
+    return datetime.timedelta(seconds=2 * deadline_s + NCCL_GRACE_S)
+
+
 class NCCLIntra(TorchIntra):
     """NCCL collectives on device tensors among the GPUs of one node.
 
-    Operations run on the process group's NCCL stream, which waits for the current stream
-    (so they see the gradients just computed); the current stream then waits for them, and
-    the host blocks on a blocking-sync CUDA event under the watchdog's guard, so a stuck
-    peer ends the job with a named error instead of a hang (and a failed wait aborts the
-    communicator).
+    Operations run on the process group's NCCL stream, which waits for the caller's current
+    stream (so they see the gradients just computed). A blocking call then makes the current
+    stream wait for it and blocks the host on a blocking-sync CUDA event under the watchdog's
+    guard, so a stuck peer ends the job with a named error instead of a hang (and a failed
+    wait aborts the communicator). A *deferred* allreduce (:meth:`allreduce_deferred_`,
+    the gradient buckets reduced during backward) does neither: backward's kernels run on
+    while NCCL works on its own stream, and :meth:`join` makes the step wait once, before
+    the optimizer reads the gradients (what DDP's reducer does).
+
+    The communicator is made at construction, with a one-element allreduce under the
+    watchdog's guard: a node whose GPUs cannot talk fails at start-up, naming its ranks,
+    not inside the first training step.
 
     Raises:
         ImportError: If torch was built without NCCL.
@@ -52,20 +72,27 @@ class NCCLIntra(TorchIntra):
             raise ImportError(f"the nccl intra-node backend is not usable: {why} (or choose "
                               "--intra-backend mpi)")
         self.device = device
+        self._deferred: list[Any] = []
         super().__init__(comm, watchdog, world_ranks)
+        probe = torch.ones(1, device=device)
+        self.allreduce_(probe)  # creates the NCCL communicator now, under the deadline
 
     def _make_group(self, store: Any, timeout: datetime.timedelta) -> Any:
         opts = self._dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
+        # Past hadpsgd's own deadline: hadpsgd names a missing peer before NCCL kills us.
+        opts._timeout = nccl_timeout(timeout.total_seconds())
         return self._dist.ProcessGroupNCCL(store, self.rank, self.size, opts)
 
-    def _wait(self, work: Any, what: str) -> None:
-        work.wait()  # the current stream waits for the NCCL stream (no host block)
+    def _op(self, avg: bool) -> Any:
+        # NCCL averages in the reduction itself (ncclAvg): no division kernel afterwards.
+        return self._dist.ReduceOp.AVG if avg else self._dist.ReduceOp.SUM
+
+    def _host_wait(self, what: str) -> None:
+        """Block the host until the current stream's work is done, under the deadline."""
         # A blocking-sync event: the host thread sleeps in the driver until the event
-        # completes and is woken then (no polling pause to oversleep, no core spun), with
-        # the GIL released. The wait cannot be interrupted, so like a blocking MPI call it
-        # runs under the watchdog's guard: past the deadline the monitor thread names the
-        # missing peers and aborts the job.
+        # completes (no core spun), with the GIL released. The wait cannot be interrupted,
+        # so like a blocking MPI call it runs under the watchdog's guard: past the deadline
+        # the monitor thread names the missing peers and aborts the job.
         event = torch.cuda.Event(blocking=True)
         event.record(torch.cuda.current_stream(self.device))
         try:
@@ -75,6 +102,30 @@ class NCCLIntra(TorchIntra):
             self.pg.abort()
             raise
 
+    def _wait(self, work: Any, what: str) -> None:
+        work.wait()  # the current stream waits for the NCCL stream (no host block)
+        self._host_wait(what)
+
+    def allreduce_deferred_(self, t: torch.Tensor, avg: bool = True) -> None:
+        """Start a sum (or mean) of ``t`` over the node that completes by :meth:`join`.
+
+        Nothing waits for it here: the caller's stream runs on, and ``t`` must not be read
+        until :meth:`join` returns.
+        """
+        self._admit(t)
+        opts = self._dist.AllreduceOptions()
+        opts.reduceOp = self._op(avg)
+        self._deferred.append(self.pg.allreduce([t], opts))
+
+    def join(self, what: str = "gradient allreduce") -> None:
+        """Make the current stream wait for every deferred allreduce; one host wait."""
+        if not self._deferred:
+            return
+        works, self._deferred = self._deferred, []
+        for work in works:
+            work.wait()
+        self._host_wait(what)
+
     def _admit(self, *tensors: torch.Tensor) -> None:
         for t in tensors:
             if t.device != self.device:
@@ -82,6 +133,7 @@ class NCCLIntra(TorchIntra):
                                  f"{self.device}: host tensors take the MPI path")
 
     def close(self) -> None:  # noqa: D102
+        self._deferred = []
         try:
             self.pg.shutdown()
         except (AttributeError, RuntimeError):

@@ -208,6 +208,11 @@ class BucketReducer:
             self._cond.notify_all()
 
     def _serve(self) -> None:
+        # A new thread's current CUDA device is 0 whatever the main thread chose: anything
+        # it made without naming a device (an event, a context) would land on GPU 0.
+        device = next((v.device for v in self.views if v.is_cuda), None)
+        if device is not None:
+            torch.cuda.set_device(device)
         while True:
             with self._cond:
                 while not self._stopped and not (self._next < len(self.plan)

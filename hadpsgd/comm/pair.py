@@ -17,7 +17,7 @@ import torch
 from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.mpi import MPI_NATIVE
-from hadpsgd.comm.staging import Stager
+from hadpsgd.comm.staging import Stager, wait_device
 
 
 class Pending:
@@ -68,7 +68,7 @@ class PairChannel:
             host = self.stager.buffer(t.dtype, t.numel(), slot=slot)
             return _bytes(host), host
         if t.is_cuda:
-            torch.cuda.current_stream(t.device).synchronize()
+            wait_device(t.device)
             return t, None
         return _bytes(t), None
 

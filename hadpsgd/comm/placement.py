@@ -58,6 +58,26 @@ def singleton_launch(mpi_size: int, env: Mapping[str, str] | None = None) -> str
     return None
 
 
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                    "MV2_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK")
+"""Where launchers put a process's rank on its host (Open MPI, MPICH Hydra, Slurm,
+MVAPICH, PMI), in the order they are trusted."""
+
+
+def launcher_local_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank on its host as its launcher announced it, before MPI starts.
+
+    Returns:
+        The first of :data:`_LOCAL_RANK_VARS` that holds a non-negative integer, or None.
+    """
+    env = os.environ if env is None else env
+    for var in _LOCAL_RANK_VARS:
+        raw = env.get(var, "").strip()
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
 def gpu_index(host_rank: int, host_size: int, device_count: int) -> int:
     """The GPU a learner uses: its rank among the processes of its physical host.
 

@@ -22,6 +22,18 @@ shared-memory and TCP paths flatten out above ~1 MiB), small enough that a 64 Mi
 16 chunks whose copies overlap the transfer of their neighbours."""
 
 
+def wait_device(device: torch.device) -> None:
+    """Block the host until ``device``'s current stream has done its work, without spinning.
+
+    ``Stream.synchronize`` and a default event spin a core at 100 % while they wait (the
+    CUDA runtime's default), the core that the data loader and MPI's progress need; a
+    blocking-sync event puts the thread to sleep in the driver until the GPU is done.
+    """
+    event = torch.cuda.Event(blocking=True)
+    event.record(torch.cuda.current_stream(device))
+    event.synchronize()
+
+
 def host_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype MPI reduces ``dtype`` in: itself if MPI has it, float32 for half types."""
     return dtype if dtype in MPI_NATIVE else torch.float32
@@ -31,22 +43,33 @@ class Stager:
     """Pinned host buffers, grown on demand and reused across calls, and one copy stream.
 
     Args:
-        pin: Use page-locked memory (only possible, and only useful, with CUDA).
+        pin: Use page-locked memory for the copies of device tensors (default: when CUDA is
+            available). Host-to-host staging (half precision on CPU) never pins: page-locked
+            memory is a scarce system resource and buys nothing without a device copy.
         chunk_bytes: Pipeline chunk size in bytes (of the host dtype).
     """
 
     def __init__(self, pin: bool | None = None, chunk_bytes: int = STAGE_CHUNK_BYTES) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
         self.chunk_bytes = max(int(chunk_bytes), 8)
-        self._buffers: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self._buffers: dict[tuple[torch.dtype, int, bool], torch.Tensor] = {}
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def buffer(self, dtype: torch.dtype, numel: int, slot: int = 0) -> torch.Tensor:
-        """A host tensor of ``numel`` elements (a view of a reusable buffer ``slot``)."""
-        key = (dtype, slot)
+    def buffer(self, dtype: torch.dtype, numel: int, slot: int = 0,
+               device_copy: bool = True) -> torch.Tensor:
+        """A host tensor of ``numel`` elements (a view of a reusable buffer ``slot``).
+
+        Args:
+            dtype: Its dtype.
+            numel: Its length.
+            slot: Which reusable buffer (two alternate in the pipeline).
+            device_copy: It is copied to or from a device tensor (pinned, if :attr:`pin`).
+        """
+        pinned = self.pin and device_copy
+        key = (dtype, slot, pinned)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = (torch.empty(max(numel, 1), dtype=dtype, pin_memory=True) if self.pin
+            buf = (torch.empty(max(numel, 1), dtype=dtype, pin_memory=True) if pinned
                    else zeros(max(numel, 1), dtype))
             self._buffers[key] = buf
         return buf[:numel]
@@ -77,7 +100,7 @@ class Stager:
         bounds = [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
         if not t.is_cuda:
             for lo, hi in bounds:
-                host = self.buffer(hdt, hi - lo)
+                host = self.buffer(hdt, hi - lo, device_copy=False)
                 host.copy_(t[lo:hi])
                 op(host)
                 t[lo:hi].copy_(host)
@@ -93,7 +116,7 @@ class Stager:
             with torch.cuda.stream(stream):
                 # Queued after the copy back out of this slot two chunks ago (same stream).
                 host.copy_(t[lo:hi], non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)  # the host sleeps, not spins
                 event.record(stream)
             fetched[i % 2] = event
 

@@ -15,6 +15,7 @@ from hadpsgd.comm.hierarchical import Path, Reducer, Route
 from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
 from hadpsgd.comm.objects import allgather_object, bcast_object, gather_object
 from hadpsgd.comm.pair import PairChannel
+from hadpsgd.comm.staging import wait_device
 
 if TYPE_CHECKING:
     from hadpsgd.comm.side import SideChannel
@@ -157,6 +158,20 @@ class Topology:
             return tensor
         return self._reduce(tensor, op, lambda t: self.reducer.world_sum_(t, path), self.size)
 
+    def mean_deferred_(self, tensor: torch.Tensor, scope: str) -> bool:
+        """Start averaging the contiguous device ``tensor`` over ``scope`` without waiting.
+
+        ``scope`` is ``world`` or ``node``. Where the whole route is one NCCL allreduce it
+        runs on NCCL's stream while this stream goes on (backward's kernels are not held
+        up), ``tensor`` holds the mean after :meth:`join_deferred`, and the result is True.
+        Otherwise nothing is done (False): use :meth:`allreduce_` / :meth:`intra_allreduce_`.
+        """
+        return self.reducer.mean_deferred_(tensor, "intra" if scope == "node" else scope)
+
+    def join_deferred(self) -> None:
+        """Wait (stream-wise, then once on the host under the deadline) for deferred means."""
+        self.reducer.join_deferred()
+
     def intra_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
         """Reduce ``tensor`` over the learners of this node only (one super-learner)."""
         if (op == "sum" or op == "avg") and self.reducer.direct_sum_(tensor, "intra"):
@@ -203,7 +218,7 @@ class Topology:
         if native and not work.is_cuda:
             bcast(work.numpy())
         elif native and self.cuda_aware:
-            torch.cuda.current_stream(work.device).synchronize()
+            wait_device(work.device)
             bcast(work)
         else:
             self.reducer.stager.run_staged(work.view(-1), lambda h: bcast(h.numpy()))

@@ -29,8 +29,12 @@ def _gpus() -> tuple[int, str]:
         return 0, "torch not importable"
     if not torch.cuda.is_available():
         return 0, f"torch {torch.__version__}, no CUDA device"
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.nccl.is_available(
-        torch.zeros(1, device="cuda")) else "unavailable"
+    # Asked of the build, not of a tensor: a tensor would make a CUDA context on GPU 0 from
+    # every rank of the host (hundreds of MiB each, and a busy GPU 0) just to print a line.
+    import torch.distributed as dist
+
+    nccl = (".".join(map(str, torch.cuda.nccl.version()))
+            if dist.is_available() and dist.is_nccl_available() else "unavailable")
     return torch.cuda.device_count(), f"torch {torch.__version__}, NCCL {nccl} (torch's)"
 
 

@@ -31,6 +31,17 @@ def test_hierarchical_equals_flat(nodes, per_node, backend):
     assert f"{nodes} emulated nodes" in res.stdout and f"intra-node {backend}" in res.stdout
 
 
+def test_intra_group_spanning_hosts_meets_over_a_tcp_store():
+    # A node whose learners sit on two hosts (super-learner larger than a host): the gloo /
+    # NCCL group cannot meet through a FileStore in one host's /tmp; it must take the TCP
+    # store whose address rank 0 broadcasts over MPI, and every collective still be exact.
+    res = run_worker(4, "comm_ops_spanning", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": "2",
+                                                  "HADPSGD_INTRA_BACKEND": "gloo"})
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == 4 and "intra-node gloo" in res.stdout
+    assert all(f"rendezvous rank {r}: tcp" in res.stdout for r in range(4)), res.stdout
+
+
 def test_leader_form_and_unequal_nodes():
     # 5 ranks in nodes of 2 -> sizes [2, 2, 1]: only the leader form can work there.
     res = run_worker(5, "comm_ops", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": "2"})

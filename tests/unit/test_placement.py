@@ -47,3 +47,13 @@ def test_real_jobs_and_single_runs_are_not_flagged():
 def test_summary_groups_ranks_by_host():
     labels = ["a:cuda:0:GPU-1", "a:cuda:1:GPU-2", "b:cuda:0:GPU-3", "b:cpu"]
     assert summarize(labels) == "a [0>cuda:0 1>cuda:1]; b [2>cuda:0 3>cpu]"
+
+
+@pytest.mark.parametrize("var", ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"])
+def test_launcher_local_rank_before_mpi(var):
+    from hadpsgd.comm.placement import launcher_local_rank
+
+    assert launcher_local_rank({var: "3"}) == 3
+    assert launcher_local_rank({var: ""}) is None and launcher_local_rank({}) is None
+    # Open MPI's own variable wins over a stale Slurm one (mpirun inside an allocation).
+    assert launcher_local_rank({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "5"}) == 5

@@ -73,3 +73,15 @@ def test_cuda_aware_override(monkeypatch):
     assert cuda_support() == (True, "HADPSGD_CUDA_AWARE=1")
     monkeypatch.setenv("HADPSGD_CUDA_AWARE", "0")
     assert cuda_support()[0] is False
+
+
+def test_host_to_host_staging_never_pins():
+    # Page-locked memory only pays for device copies; --device cpu must not take it.
+    from hadpsgd.comm.staging import Stager
+
+    st = Stager(pin=True)
+    assert not st.buffer(torch.float32, 16, device_copy=False).is_pinned()
+    t = torch.arange(10, dtype=torch.bfloat16)
+    st.run_staged(t, lambda b: b.add_(1.0))
+    assert all(not b.is_pinned() for b in st._buffers.values())
+    assert torch.equal(t, torch.arange(10, dtype=torch.bfloat16) + 1)
