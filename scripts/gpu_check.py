@@ -265,10 +265,11 @@ dev = torch.device('cuda', 0)
 torch.cuda.set_device(dev)
 b = NCCLIntra(MPI.COMM_SELF.Dup(), w, [0], dev)
 t = torch.arange(1000, dtype=torch.float32, device=dev)
-b.allreduce_(t); b.bcast_(t); torch.cuda.synchronize()
+b.allreduce_(t); b.bcast_(t)
+b.allreduce_deferred_(t, avg=True); b.join(); torch.cuda.synchronize()
 assert torch.equal(t.cpu(), torch.arange(1000, dtype=torch.float32)), t
 b.close()
-print('one-rank NCCL group: allreduce and broadcast are the identity')
+print('one-rank NCCL group: allreduce, broadcast and a deferred mean are the identity')
 """
 
 CUDNN_WARN = """

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import assert_ok, run_worker
+from tests.conftest import assert_ok, run_mpi, run_worker
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -56,15 +56,50 @@ def test_ranks_sharing_one_gpu_take_the_staged_path(nprocs, per_node):
 
 @two_gpus
 def test_nccl_intra_node():
-    res = run_worker(4, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": "2",
-                                         "HADPSGD_INTRA_BACKEND": "nccl",
-                                         "HADPSGD_TEST_DEVICE": "cuda"})
-    if torch.cuda.device_count() < 4:  # 4 ranks on 2 GPUs share them: nccl must refuse
-        assert res.returncode != 0 and "NCCL needs one GPU per rank" in res.output
-        res = run_worker(2, "comm_ops", env={"HADPSGD_INTRA_BACKEND": "nccl",
+    # Ranks take GPU "host rank mod GPUs" (round robin). Two emulated nodes of k <= GPUs
+    # ranks each: every rank of a node has its own GPU, so NCCL runs inside both nodes and
+    # MPI between them.
+    gpus = torch.cuda.device_count()
+    k = min(gpus, 4)
+    res = run_worker(2 * k, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": str(k),
+                                             "HADPSGD_INTRA_BACKEND": "nccl",
                                              "HADPSGD_TEST_DEVICE": "cuda"})
     assert_ok(res)
     assert "intra-node nccl" in res.stdout
+    # One node of GPUs + 1 ranks: two of them share GPU 0, and --intra-backend nccl must
+    # refuse at start-up with the fix, not hang or crash inside NCCL.
+    res = run_worker(gpus + 1, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": str(gpus + 1),
+                                                "HADPSGD_INTRA_BACKEND": "nccl",
+                                                "HADPSGD_TEST_DEVICE": "cuda"})
+    assert res.returncode != 0 and "NCCL needs one GPU per rank" in res.output, res.output
+
+
+ONE_RANK_NCCL = """
+import torch
+from mpi4py import MPI
+from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.nccl import NCCLIntra
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+backend = NCCLIntra(MPI.COMM_SELF.Dup(), Watchdog(MPI.COMM_WORLD.Dup(), 30.0), [0], dev)
+t = torch.arange(4097, dtype=torch.float32, device=dev)
+backend.allreduce_(t)
+backend.bcast_(t)
+backend.allreduce_deferred_(t, avg=True)
+backend.join()
+assert torch.equal(t.cpu(), torch.arange(4097, dtype=torch.float32)), t
+backend.close()
+print("OK")
+"""
+
+
+def test_one_rank_nccl_group_reduces_blocking_and_deferred():
+    # The NCCL backend on one GPU (a group of one, in its own process: MPI is not started
+    # inside pytest): the communicator is made at start-up, and blocking calls and a
+    # deferred mean joined once give the identity.
+    res = run_mpi(1, ["-c", ONE_RANK_NCCL])
+    assert_ok(res)
+    assert "OK" in res.stdout
 
 
 @two_gpus
