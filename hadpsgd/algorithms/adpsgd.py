@@ -221,12 +221,16 @@ class ADPSGD(Algorithm):
             self.sync()
         if self._eval_model is None:
             self._eval_model = copy.deepcopy(self.model)
-        offset = 0
         assert self._average is not None
-        for p in self._eval_model.parameters():
-            if p.requires_grad:
-                p.data.copy_(self._average[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        # The average is laid out as the flat buffer is (FlatBuffer.params: on CUDA an LSTM's
+        # weights in cuDNN's order), which need not be the model's: match them by name.
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        copies = dict(self._eval_model.named_parameters())
+        offset = 0
+        for p in self.params.params:
+            n = p.numel()
+            copies[names[id(p)]].data.copy_(self._average[offset:offset + n].view_as(p))
+            offset += n
         yield self._eval_model
 
     def metrics(self) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 import numpy as np
@@ -31,14 +32,74 @@ def cudnn_weight_groups(model: nn.Module) -> list[list[nn.Parameter]]:
     """The weights of each recurrent module (``nn.LSTM`` / ``GRU`` / ``RNN``) of ``model``.
 
     cuDNN runs a recurrent module on its weights in place only if they lie in one storage
-    of their own, in the module's ``_flat_weights`` order from the storage's first byte (it
-    takes the storage from offset 0 and compares every weight's address with the place
-    cuDNN's layout gives it); otherwise it copies all of them into a new buffer at every
-    forward and warns "not part of a single contiguous chunk". Hand these groups to
-    :class:`FlatBuffer` so each gets such a storage inside the flat buffer.
+    of their own, from the storage's first byte, each where cuDNN's layout puts it (it takes
+    the storage from offset 0 and compares every weight's address with that place);
+    otherwise it copies all of them into a new buffer at every forward and warns "not part
+    of a single contiguous chunk". cuDNN 9 puts every matrix of the module first and the
+    biases after them, not the module's ``_flat_weights`` order, so the layout is asked of
+    cuDNN itself (:func:`_cudnn_order`) for CUDA modules; elsewhere each group is in the
+    module's own order. Hand these groups to :class:`FlatBuffer` (``own_storage``).
     """
-    return [[p for p in m._flat_weights if isinstance(p, nn.Parameter)]  # noqa: SLF001
-            for m in model.modules() if isinstance(m, nn.RNNBase)]
+    groups = []
+    for m in model.modules():
+        if not isinstance(m, nn.RNNBase):
+            continue
+        weights = [p for p in m._flat_weights if isinstance(p, nn.Parameter)]  # noqa: SLF001
+        if len(weights) != len(m._flat_weights):  # noqa: SLF001
+            continue
+        order = _cudnn_order(m) if weights and weights[0].is_cuda else range(len(weights))
+        if order is not None:
+            groups.append([weights[i] for i in order])
+    return groups
+
+
+def _cudnn_order(module: nn.RNNBase) -> list[int] | None:
+    """The order in which cuDNN lays out ``module``'s weights (indices into ``_flat_weights``).
+
+    Learned from a copy of the module that cuDNN flattens (its own buffer, its own places).
+    None when cuDNN did not flatten it (disabled, or a configuration it does not run) or
+    left gaps: such a module keeps the plain layout.
+    """
+    probe = copy.deepcopy(module)
+    probe.flatten_parameters()
+    weights = probe._flat_weights  # noqa: SLF001
+    storage = weights[0].untyped_storage()
+    if any(w.untyped_storage().data_ptr() != storage.data_ptr() for w in weights):
+        return None
+    size = weights[0].element_size()
+    offsets = [(w.data_ptr() - storage.data_ptr()) // size for w in weights]
+    order = sorted(range(len(weights)), key=offsets.__getitem__)
+    end = 0
+    for i in order:  # dense: each weight begins where the one before it ends
+        if offsets[i] != end:
+            return None
+        end += weights[i].numel()
+    return order if end * size == storage.nbytes() else None
+
+
+def _grouped(params: list[nn.Parameter], groups: list[list[nn.Parameter]]
+             ) -> list[nn.Parameter]:
+    """``params`` with each group's members together, in the group's order.
+
+    A group goes where its first member was; one that is not wholly in ``params`` (or
+    shares a member with an earlier group) changes nothing.
+    """
+    ids = {id(p) for p in params}
+    owner: dict[int, int] = {}
+    for g, group in enumerate(groups):
+        if group and all(id(p) in ids for p in group) and not any(id(p) in owner
+                                                                  for p in group):
+            owner.update((id(p), g) for p in group)
+    out: list[nn.Parameter] = []
+    placed: set[int] = set()
+    for p in params:
+        g = owner.get(id(p))
+        if g is None:
+            out.append(p)
+        elif g not in placed:
+            placed.add(g)
+            out.extend(groups[g])
+    return out
 
 
 def _alias(view: torch.Tensor) -> torch.Tensor:
@@ -60,10 +121,12 @@ class FlatBuffer:
         kind: ``data`` re-points each parameter's storage into the buffer; ``grad`` makes each
             ``param.grad`` a view of the buffer.
         own_storage: Groups of parameters (``kind="data"``) that must each see a storage of
-            their own starting at the group's first element (see :func:`cudnn_weight_groups`):
-            a group that is consecutive in ``params``, in the same order and of one dtype
-            gets its views through such an alias of its slice of the buffer (same memory, so
-            every write to the buffer is seen); any other group is left as it is.
+            their own starting at the group's first element (see :func:`cudnn_weight_groups`).
+            Each group's members are laid out together, in the group's order, where its first
+            member would be (so :attr:`params`, the layout's order, can differ from
+            ``params`` inside a group), and of one dtype get their views through such an
+            alias of their slice of the buffer: the same memory, so every write to the
+            buffer is seen.
     """
 
     def __init__(self, params: Iterable[nn.Parameter], kind: str = "grad",
@@ -71,7 +134,9 @@ class FlatBuffer:
         if kind not in ("data", "grad"):
             raise ValueError(f"FlatBuffer kind must be 'data' or 'grad', got {kind!r}")
         self.kind = kind
-        self.params = [p for p in params if p.requires_grad]
+        own_storage = list(own_storage) if kind == "data" else []
+        self.params = _grouped([p for p in params if p.requires_grad], own_storage)
+        """The parameters in the buffer's order."""
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
         self.views: list[torch.Tensor] = []
         sizes: dict[torch.dtype, int] = {}
@@ -95,7 +160,7 @@ class FlatBuffer:
         self.aliased = 0
         """Parameter groups given a storage of their own (see ``own_storage``)."""
         if kind == "data":
-            self.aliased = self._give_own_storage(list(own_storage), slots)
+            self.aliased = self._give_own_storage(own_storage, slots)
 
     def _give_own_storage(self, groups: list[list[nn.Parameter]],
                           slots: list[tuple[torch.dtype, int]]) -> int:

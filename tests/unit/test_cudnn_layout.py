@@ -61,11 +61,29 @@ def test_the_model_computes_the_same_through_the_aliased_weights():
     assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
 
 
-def test_groups_that_are_not_consecutive_are_left_alone():
+def test_a_group_is_laid_out_in_its_own_order():
+    # cuDNN 9 wants an LSTM's matrices first and its biases after them: the group's order,
+    # not the module's, decides the layout (and FlatBuffer.params reports it).
     model = build_model("tiny", 6, 3, per_layer=False)
     params = [p for p in model.parameters() if p.requires_grad]
-    shuffled = [list(reversed(g)) for g in cudnn_weight_groups(model)]
-    flat = FlatBuffer(params, kind="data", own_storage=shuffled)
-    assert flat.aliased == 0
+    weights = cudnn_weight_groups(model)[0]
+    cudnn_like = [w for w in weights if w.dim() == 2] + [w for w in weights if w.dim() == 1]
+    flat = FlatBuffer(params, kind="data", own_storage=[cudnn_like])
+    assert flat.aliased == 1
+    assert flat.params[:len(cudnn_like)] == cudnn_like
+    assert flat.params[len(cudnn_like):] == params[len(weights):]  # the rest as it was
+    addr = cudnn_like[0].data_ptr()
+    for w in cudnn_like:
+        assert w.data_ptr() == addr and _storage_start(w) == cudnn_like[0].data_ptr()
+        addr += w.numel() * 4
+
+
+def test_a_group_with_a_frozen_member_is_left_alone():
+    model = build_model("tiny", 6, 3, per_layer=False)
+    group = cudnn_weight_groups(model)[0]
+    group[1].requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = FlatBuffer(params, kind="data", own_storage=[group])
+    assert flat.aliased == 0 and flat.params == params
     buf = flat.buffers[torch.float32]
     assert all(_storage_start(p) == buf.data_ptr() for p in params)
