@@ -107,6 +107,7 @@ class ADPSGD(Algorithm):
         self.lock = threading.Lock()
         self.leader = topo.local_rank == 0
         self._flag = torch.zeros(1, dtype=torch.float64)
+        self._stale_flag = torch.zeros(1, dtype=torch.float64)
         self._delta_buf = torch.zeros_like(self.flat)
         self.consensus_distance = float("nan")
         self._average: torch.Tensor | None = None
@@ -151,7 +152,7 @@ class ADPSGD(Algorithm):
         self._apply_gossip()
         if self.thread is not None:
             self.thread.notify_step()
-            self._bound_staleness()
+        self._bound_staleness()
 
     def _on_device(self, delta: torch.Tensor) -> torch.Tensor:
         """The thread's host delta where the parameters live (one copy if they are on a GPU)."""
@@ -179,13 +180,33 @@ class ADPSGD(Algorithm):
             if self.thread is not None:
                 self.thread.applied()
 
+    def _too_stale(self) -> bool:
+        """Whether the super-learner is past ``max_staleness`` (the leader's view, agreed).
+
+        Only the leader gossips, so only it knows; with several members it tells them in a
+        one-element host reduction, and they all loop in :meth:`_bound_staleness` together.
+        """
+        stale = (self.thread is not None
+                 and self.steps - self.thread.last_exchange_step > self.max_staleness)
+        if self.topo.local_size == 1:
+            return stale
+        self._stale_flag.fill_(1.0 if stale else 0.0)
+        self.topo.intra_allreduce_(self._stale_flag, op="sum")
+        return float(self._stale_flag) > 0.0
+
     def _bound_staleness(self) -> None:
-        if not self.max_staleness or self.thread is None:
+        """Wait, applying deltas as they come, while the super-learner is too stale.
+
+        Every member runs this loop, not just the leader: each round applies a delta by
+        node-wide collectives (:meth:`_apply_gossip`) that every member must join. (Only the
+        leader looping deadlocked H-ADPSGD with ``--max-staleness``.)
+        """
+        if not self.max_staleness or self.topo.num_nodes == 1:
             return
         import time
 
         deadline = time.monotonic() + self.topo.timeout
-        while self.steps - self.thread.last_exchange_step > self.max_staleness:
+        while self._too_stale():
             self._check_thread()
             if time.monotonic() > deadline:
                 raise CommTimeoutError(f"rank {self.topo.rank}: no gossip exchange completed "

@@ -8,7 +8,9 @@ stall     : rank 0 stalls after its first step until rank 1 has finished all its
 dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within the
             deadline, naming it.
 Each rank writes OUTDIR/rank<r>.json with what the test checks. ``ADPSGD_TEST_WIRE`` sets
-the gossip's wire format (default fp32).
+the gossip's wire format (default fp32), ``ADPSGD_TEST_STALENESS`` its ``max_staleness``
+(default 0: unbounded), ``ADPSGD_TEST_JITTER`` the gossip's random delay (default 4 ms);
+each leader records the largest staleness it ended a step with.
 """
 
 import hashlib
@@ -31,7 +33,9 @@ torch.manual_seed(0)
 model = torch.nn.Linear(40, 25).double().to(topo.device)  # 1025 parameters, one dtype
 lr = 0.0 if mode == "consensus" else 0.05
 opt = torch.optim.SGD(model.parameters(), lr=lr)
-algo = ADPSGD(model, opt, topo, gossip_jitter=0.004,
+max_staleness = int(os.environ.get("ADPSGD_TEST_STALENESS", "0"))
+jitter = float(os.environ.get("ADPSGD_TEST_JITTER", "0.004"))
+algo = ADPSGD(model, opt, topo, gossip_jitter=jitter, max_staleness=max_staleness,
               wire=os.environ.get("ADPSGD_TEST_WIRE", "fp32"))
 w0 = algo.flat.clone()
 if mode == "consensus":  # different starting replicas, identical inside a super-learner
@@ -39,13 +43,16 @@ if mode == "consensus":  # different starting replicas, identical inside a super
                                   device=topo.device) * topo.node)
 steps = int(os.environ.get("ADPSGD_TEST_STEPS", "40"))
 g = torch.full_like(algo.flat, 0.01 * (r + 1))  # constant, different on every rank
-record = {"rank": r, "node": topo.node, "identical": True}
+record = {"rank": r, "node": topo.node, "identical": True, "max_staleness_seen": 0}
 try:
     for step in range(steps):
         time.sleep(0.01)  # stands in for forward/backward, so gossip overlaps compute
         algo.grads.buffers[torch.float64].copy_(g)  # as if backward() produced g
         algo.step()
         algo.grads.zero_()
+        if algo.thread is not None:
+            record["max_staleness_seen"] = max(record["max_staleness_seen"],
+                                               algo.steps - algo.thread.last_exchange_step)
         if mode == "conserve" and topo.local_size > 1:
             digest = hashlib.sha256(algo.flat.cpu().numpy().tobytes()).hexdigest()
             record["identical"] &= len(set(topo.intra.allgather(digest))) == 1
