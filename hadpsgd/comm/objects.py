@@ -1,6 +1,10 @@
 """Broadcast, gather and allgather of picklable objects with a deadline.
 
-Paths, labels, checkpoint parts: anything small enough to pickle in one message.
+Paths, labels, checkpoint parts: anything small enough to pickle in one message. Tensors
+travel as host tensors (:func:`to_host`): a pickled CUDA tensor would be unpickled onto the
+*receiver's* GPU of the same index, making a CUDA context on every GPU of rank 0's host and
+holding every rank's copy there (BMUF's checkpoint gathers each node's model and optimizer
+state).
 """
 
 from __future__ import annotations
@@ -9,8 +13,30 @@ import pickle
 from typing import Any
 
 import numpy as np
+import torch
 
 from hadpsgd.comm.deadline import Watchdog
+
+
+def to_host(obj: Any) -> Any:
+    """``obj`` with every tensor inside it (dicts, lists, tuples) a detached host tensor.
+
+    Host tensors are kept as they are (no copy); device tensors are copied to host memory.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu() if obj.device.type != "cpu" else obj
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_host(v) for v in obj]
+    if isinstance(obj, tuple):
+        items = [to_host(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return obj
+
+
+def _pickle(obj: Any) -> bytes:
+    return pickle.dumps(to_host(obj))
 
 
 def bcast_object(comm: Any, watchdog: Watchdog, obj: Any, root: int = 0,
@@ -22,7 +48,7 @@ def bcast_object(comm: Any, watchdog: Watchdog, obj: Any, root: int = 0,
     if comm.Get_size() == 1:
         return obj
     rank = comm.Get_rank()
-    payload = pickle.dumps(obj) if rank == root else b""
+    payload = _pickle(obj) if rank == root else b""
     length = np.array([len(payload)], dtype=np.int64)
     watchdog.wait(comm.Ibcast(length, root=root), "object broadcast (length)", group)
     data = (np.frombuffer(payload, dtype=np.uint8).copy() if rank == root
@@ -41,7 +67,7 @@ def gather_object(comm: Any, watchdog: Watchdog, obj: Any, root: int = 0,
     size = comm.Get_size()
     if size == 1:
         return [obj]
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    payload = np.frombuffer(_pickle(obj), dtype=np.uint8)
     is_root = comm.Get_rank() == root
     lengths = np.empty(size, dtype=np.int64)
     watchdog.wait(comm.Igather(np.array([payload.size], dtype=np.int64), lengths, root=root),
@@ -61,7 +87,7 @@ def allgather_object(comm: Any, watchdog: Watchdog, obj: Any,
     size = comm.Get_size()
     if size == 1:
         return [obj]
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    payload = np.frombuffer(_pickle(obj), dtype=np.uint8)
     lengths = np.empty(size, dtype=np.int64)
     watchdog.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), lengths),
                   "object allgather (lengths)", group)
