@@ -143,7 +143,8 @@ def _pass_through(batch: Batch) -> Batch:
 
 
 def make_loader(
-    dataset: ChunkDataset, sampler: ChunkBatchSampler, num_workers: int = 0
+    dataset: ChunkDataset, sampler: ChunkBatchSampler, num_workers: int = 0,
+    pin_memory: bool = False,
 ) -> DataLoader[Batch]:
     """A DataLoader that yields ``(feats, labels)`` batches as ``sampler`` dictates.
 
@@ -156,6 +157,9 @@ def make_loader(
         dataset: The chunk dataset.
         sampler: This rank's batch sampler.
         num_workers: Background loading processes (0 loads in the calling process).
+        pin_memory: Hand out batches in page-locked memory (for a CUDA learner): their copy
+            to the GPU can then be asynchronous (``non_blocking=True``) and overlap the
+            previous step's kernels instead of stalling the host on a pageable copy.
     """
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -164,6 +168,6 @@ def make_loader(
                          f"{dataset.file.path} has {len(dataset)}")
     return DataLoader(
         dataset, batch_sampler=sampler, collate_fn=_pass_through, num_workers=num_workers,
-        persistent_workers=num_workers > 0,
+        persistent_workers=num_workers > 0, pin_memory=pin_memory,
         multiprocessing_context=WORKER_START if num_workers > 0 else None,
     )

@@ -125,7 +125,8 @@ class Trainer:
         self.pool_next = 0
         """Pooled mode: the first slot of the current epoch not yet trained (all below are)."""
         self.recorder = Recorder(self.sampler)
-        self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers)
+        self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers,
+                                  pin_memory=topo.device.type == "cuda")
         self._trace: ChunkTrace | None = None
         self.lr = 0.0
         """The learning rate of the current epoch (set by :meth:`start_epoch`)."""
@@ -298,8 +299,10 @@ class Trainer:
         if self._step_wait:
             time.sleep(self._step_wait)  # HADPSGD_EMULATE_STEP: an emulated device step
         model = self.algo.model
-        logits = model(feats.to(self.topo.device))
-        target = labels.to(self.topo.device).reshape(-1)
+        # From pinned memory on CUDA (make_loader): the copies queue behind the last step's
+        # kernels and the host goes on to the forward without waiting for them.
+        logits = model(feats.to(self.topo.device, non_blocking=True))
+        target = labels.to(self.topo.device, non_blocking=True).reshape(-1)
         # Summed over the counted frames (padding and frames of another chunk are IGNORE)
         # and divided by the batch's positions, not by its counted frames: every frame
         # weighs the same in any batch, so N learners' mean gradient is still exactly the

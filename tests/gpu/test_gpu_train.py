@@ -116,3 +116,17 @@ def test_hung_rank_is_named_on_cuda(tiny_data, tmp_path):
     assert res.returncode != 0
     assert "rank(s) 1 never arrived" in res.output, res.output[-3000:]
     assert time.monotonic() - start < 120
+
+
+def test_batches_are_pinned_and_copied_asynchronously(tiny_data):
+    # A CUDA learner's batches come in page-locked memory (make_loader(pin_memory=True)),
+    # so the loop's non_blocking copies to the GPU are really asynchronous.
+    from hadpsgd.data import ChunkBatchSampler, ChunkDataset, make_loader
+
+    ds = ChunkDataset(tiny_data[0], chunk_len=21)
+    loader = make_loader(ds, ChunkBatchSampler(len(ds), 4, 0, 1, seed=0), pin_memory=True)
+    feats, labels = next(iter(loader))
+    assert feats.is_pinned() and labels.is_pinned()
+    on_gpu = feats.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(on_gpu.cpu(), feats)
