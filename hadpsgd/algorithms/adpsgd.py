@@ -242,6 +242,11 @@ class ADPSGD(Algorithm):
             self.sync()
         if self._eval_model is None:
             self._eval_model = copy.deepcopy(self.model)
+            # A copy's LSTM weights lose the flat buffer's cuDNN layout: let cuDNN lay them
+            # out afresh (a no-op on CPU), or it copies them at every evaluation forward.
+            for module in self._eval_model.modules():
+                if isinstance(module, nn.RNNBase):
+                    module.flatten_parameters()
         assert self._average is not None
         # The average is laid out as the flat buffer is (FlatBuffer.params: on CUDA an LSTM's
         # weights in cuDNN's order), which need not be the model's: match them by name.
