@@ -164,6 +164,10 @@ class TrainConfig:
     resume: str | None = None
     """Checkpoint directory to resume from, or 'auto' for the newest complete, valid one in
     --out-dir (corrupted or incomplete ones are reported and skipped)."""
+    overwrite: bool = False
+    """Start afresh in an --out-dir that already holds a run, deleting its config.json,
+    metrics.jsonl, checkpoints/ and tb/ first (without it such a start is refused: continue
+    the run with --resume auto, or choose another --out-dir)."""
     allow_resume_change: bool = False
     """Let --resume take a checkpoint written with another number of ranks or another --algo:
     its deployable model (and optimizer state if the optimizer matches) and its epoch position
@@ -201,6 +205,9 @@ class TrainConfig:
                               f"check), got {self.max_loss_ratio}")
         if self.resume == "auto" and self.out_dir is None:
             raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
+        if self.overwrite and self.resume is not None:
+            raise ConfigError("--overwrite deletes the run in --out-dir and --resume continues "
+                              "it: pass one of them")
 
 
 def _algo_config() -> type:

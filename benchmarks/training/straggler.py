@@ -54,7 +54,8 @@ def measure(algo: str, k: float, a: argparse.Namespace, out: Path) -> float:
     """Training seconds of ``algo`` on ``a.nprocs`` ranks with learner 1 ``k`` times slower."""
     run_dir = out / f"{algo}-k{k:g}"
     args = [*ALGOS[algo], "--preset", a.preset, "--epochs", str(a.epochs), "--batch-size",
-            str(a.batch_size), "--no-progress", "--out-dir", str(run_dir), *a.extra]
+            str(a.batch_size), "--no-progress", "--out-dir", str(run_dir), "--overwrite",
+            *a.extra]
     spec = f"ms={a.step_ms:g}" + (f",rank=1,factor={k:g}" if k != 1 else "")
     cmd = worker_command("hadpsgd.run", args, a.nprocs)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,

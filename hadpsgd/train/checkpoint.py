@@ -19,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -66,7 +68,8 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
     """Write ``state`` as the checkpoint directory ``path``, crash-safely.
 
     Args:
-        state: What to save (``torch.save``-able).
+        state: What to save: plain data only (:func:`plain_data_problem`), which
+            ``torch.load(weights_only=True)`` reads back without running any code.
         path: The checkpoint directory (see :func:`checkpoint_path`).
         keep: Keep only the newest ``keep`` checkpoints afterwards (0 keeps all).
         meta: Extra manifest fields (world size, algorithm, ...), readable without loading.
@@ -76,6 +79,10 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
     Returns:
         ``path``.
     """
+    problem = plain_data_problem(state)
+    if problem is not None:  # a bug of ours: the checkpoint would not load back
+        raise TypeError(f"checkpoint state must be plain data (see plain_data_problem): "
+                        f"{problem}")
     path = Path(path)
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +129,42 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
     if keep > 0:
         prune(parent, keep)
     return path
+
+
+def _first_line(err: BaseException) -> str:
+    """The first non-empty line of ``err``'s message (torch's are paragraphs)."""
+    return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+
+
+_PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def plain_data_problem(obj: Any, where: str = "state") -> str | None:
+    """Where ``obj`` holds something ``torch.load(weights_only=True)`` would refuse, or None.
+
+    Plain data is tensors, numbers, strings, None, dtypes and devices, in dicts, lists and
+    tuples (a named tuple or a dataclass is not: write it as a dict).
+    """
+    if isinstance(obj, torch.Tensor):
+        return None if type(obj) is torch.Tensor or isinstance(obj, torch.nn.Parameter) \
+            else f"{where} is a {type(obj).__name__}"
+    if isinstance(obj, _PLAIN):
+        return None
+    if type(obj) in (dict, OrderedDict):
+        for key, value in obj.items():
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                return f"{where} has a key of type {type(key).__name__}"
+            problem = plain_data_problem(value, f"{where}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    if type(obj) in (list, tuple):
+        for i, value in enumerate(obj):
+            problem = plain_data_problem(value, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -236,9 +279,13 @@ def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
         path: The checkpoint directory.
         verify: Check the manifest's checksums first.
 
+    Only plain data is unpickled (``weights_only=True``): a checkpoint that holds any other
+    object is refused, and nothing it names is imported or called.
+
     Raises:
         FileNotFoundError: If ``path`` does not exist, naming it.
-        CheckpointError: If it is incomplete, corrupted or not a hadpsgd checkpoint.
+        CheckpointError: If it is incomplete, corrupted, not a hadpsgd checkpoint, or holds
+            objects beyond plain data.
     """
     path = Path(path)
     if not path.exists():
@@ -249,7 +296,16 @@ def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
     if verify:
         verify_checkpoint(path)
     try:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        # weights_only: the unpickler builds tensors, numbers, strings and containers and
+        # nothing else, so a checkpoint from elsewhere cannot run code on every rank.
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors, numbers, strings and "
+            f"containers, and loading it could run code ({_first_line(err)}). hadpsgd writes "
+            "only such plain data; if you trust where this file came from, load it yourself "
+            "with torch.load(..., weights_only=False), keep its plain parts and save them again "
+            "with hadpsgd.train.checkpoint.save_checkpoint") from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
         raise CheckpointError(f"checkpoint {path} could not be read ({err})") from err
     if not isinstance(state, dict) or "model" not in state or "progress" not in state:

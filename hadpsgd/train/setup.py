@@ -15,14 +15,14 @@ import torch
 from torch import nn
 
 from hadpsgd import algorithms
-from hadpsgd.cli import to_dict
+from hadpsgd.cli import ConfigError, to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
 from hadpsgd.models import build_model
 from hadpsgd.models.presets import per_layer_lstm
-from hadpsgd.train import provenance
+from hadpsgd.train import provenance, rundir
 from hadpsgd.train.loop import LoopOptions, Trainer
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.schedule import LRSchedule
@@ -64,6 +64,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     Raises:
         FeatureFileError, ConfigError, ValueError: For bad input, before anything is written.
     """
+    check_out_dir(cfg, topo)
     train_set, heldout_set = load_data(cfg, topo)
     # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
     # ranks keeps single-process runs reproducible too.
@@ -174,6 +175,24 @@ def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
                 raise nonfinite_error(ff, problem)
 
 
+def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
+    """Refuse a fresh start in a directory that holds a run, before anything is written.
+
+    Rank 0 looks; every rank gets its verdict, so all stop together (exit 2).
+
+    Raises:
+        ConfigError: Naming the directory, what it holds, and ``--resume auto`` /
+            another ``--out-dir`` / ``--overwrite``.
+    """
+    problem = None
+    if topo.rank == 0 and cfg.train.out_dir is not None:
+        problem = rundir.start_problem(Path(cfg.train.out_dir), cfg.train.resume,
+                                       cfg.train.overwrite)
+    problem = topo.bcast_object(problem, root=0)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
     """Create the run directory and save the resolved config with this start's provenance.
 
@@ -183,6 +202,11 @@ def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
     if topo.rank == 0:
         out = Path(cfg.train.out_dir or f"runs/{cfg.train.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
         out.mkdir(parents=True, exist_ok=True)
+        if cfg.train.overwrite:
+            removed = rundir.clear_run(out)
+            if removed:
+                print(f"[hadpsgd] --overwrite: deleted {', '.join(removed)} of the run in "
+                      f"{out}", flush=True)
         resolved = to_dict(cfg)
         resolved["train"]["out_dir"] = str(out)
         resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,

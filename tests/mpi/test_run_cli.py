@@ -66,6 +66,36 @@ def test_resume_with_other_world_size_is_refused(tiny_data, tmp_path):
     assert res.returncode != 0 and "-np 2" in res.stderr
 
 
+def _snapshot(out) -> dict:
+    """Every file under ``out`` with its bytes (what a refused start must leave alone)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_fresh_start_never_mixes_with_the_run_in_its_directory(tiny_data, tmp_path):
+    # The user's path of issue 25: a run of 4 steps, then a fresh one of 2 in the same
+    # directory. The second must stop (exit 2) before writing anything, naming both ways on.
+    out = tmp_path / "r"
+    common = ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+              str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out), "--no-progress",
+              "--log-every", "1"]
+    assert_ok(run_mpi(2, [*common, "--max-steps", "4"]))
+    before = _snapshot(out)
+    res = run_mpi(2, [*common, "--max-steps", "2"], timeout=120)
+    assert res.returncode == 2, res.output[-3000:]
+    assert "already holds a run" in res.stderr and "--resume auto" in res.stderr
+    assert "--overwrite" in res.stderr and "up to step 4" in res.stderr
+    assert _snapshot(out) == before  # nothing written, nothing moved
+    # --overwrite starts over: only the new run's records and checkpoints remain.
+    res = run_mpi(2, [*common, "--max-steps", "2", "--overwrite"])
+    assert_ok(res)
+    steps = [m["step"] for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "train"]
+    assert steps and max(steps) == 2
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000002"]
+    # ...and --resume auto continues it, as before.
+    assert_ok(run_mpi(2, [*common, "--max-steps", "3", "--resume", "auto"]))
+
+
 def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
     """``srun`` without MPI support starts N processes that are each a world of one."""
     import os

@@ -136,3 +136,63 @@ def test_crash_at_each_phase_leaves_a_valid_checkpoint(tmp_path: Path, phase: st
     _save(tmp_path, 30, keep=5)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".step")]
     assert os.listdir(checkpoint_path(tmp_path, 30))
+
+
+class _Trap:
+    """Unpickling this would call ``open(marker, "w")``: code run by merely loading a file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _replace_state(ckpt, obj) -> None:
+    """Put ``obj`` as the checkpoint's state with a matching manifest (checksums pass)."""
+    import hashlib
+    import json
+
+    torch.save(obj, ckpt / "state.pt")
+    data = (ckpt / "state.pt").read_bytes()
+    manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+    manifest["files"]["state.pt"] = {"bytes": len(data),
+                                     "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    from hadpsgd.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+    ckpt = save_checkpoint({"model": {"w": torch.ones(2)}, "progress": {"global_step": 1}},
+                           tmp_path / "checkpoints" / "step-00000001")
+    marker = tmp_path / "pwned"
+    _replace_state(ckpt, {"model": {"w": torch.ones(2)}, "progress": {},
+                          "extra": _Trap(str(marker))})
+    with pytest.raises(CheckpointError, match="could run code") as err:
+        load_checkpoint(ckpt)
+    assert str(ckpt) in str(err.value) and "weights_only=False" in str(err.value)
+    assert not marker.exists()  # refused before anything it names was called
+
+
+def test_only_plain_data_is_saved(tmp_path):
+    from dataclasses import dataclass
+
+    from hadpsgd.train.checkpoint import load_checkpoint, plain_data_problem, save_checkpoint
+
+    @dataclass
+    class Pos:
+        step: int
+
+    assert plain_data_problem({"a": [torch.ones(1), (1, 2.0, "x", None)], 3: torch.float32}) \
+        is None
+    assert "state['pos']" in plain_data_problem({"pos": Pos(1)})
+    with pytest.raises(TypeError, match="plain data"):
+        save_checkpoint({"model": {}, "progress": {}, "pos": Pos(1)}, tmp_path / "step-00000001")
+    assert not (tmp_path / "step-00000001").exists()
+    # What the trainer writes (tensors, numbers, strings, containers) loads back as it was.
+    state = {"model": {"w": torch.arange(3.0)}, "progress": {"global_step": 7},
+             "rng": torch.get_rng_state(), "history": [{"loss": 1.5}]}
+    loaded = load_checkpoint(save_checkpoint(state, tmp_path / "c" / "step-00000007"))
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"])
+    assert loaded["progress"] == {"global_step": 7} and torch.equal(loaded["rng"], state["rng"])

@@ -1,0 +1,95 @@
+"""A run directory holds one run: a fresh start never writes into another run's directory.
+
+Two runs in one ``--out-dir`` mix their ``metrics.jsonl`` records, move ``checkpoints/latest``
+between them, and a later ``--resume auto`` (or ``--keep-checkpoints`` pruning) acts on the
+wrong one. So a start without ``--resume`` in a directory that already holds a run stops
+before anything is written, naming what is there and the two ways on; ``--overwrite`` deletes
+the old run's files first.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+RUN_FILES = ("config.json", "metrics.jsonl")
+"""Files of a run directory that hadpsgd writes (besides the two folders below)."""
+RUN_DIRS = ("checkpoints", "tb")
+"""Folders of a run directory that hadpsgd writes: checkpoints and TensorBoard events."""
+
+
+def _last_step(metrics: Path) -> int | None:
+    """The largest ``step`` of the records in ``metrics`` (None if none is readable)."""
+    last = None
+    try:
+        with metrics.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(step, int):
+                    last = step if last is None else max(last, step)
+    except OSError:
+        return None
+    return last
+
+
+def existing_run(out: Path) -> str | None:
+    """What of a run ``out`` already holds, in a few words, or None if it holds none."""
+    out = Path(out)
+    if not out.is_dir():
+        return None
+    found = []
+    for name in RUN_FILES:
+        if (out / name).is_file():
+            step = _last_step(out / name) if name == "metrics.jsonl" else None
+            found.append(name + (f" (up to step {step})" if step is not None else ""))
+    for name in RUN_DIRS:
+        folder = out / name
+        if folder.is_dir() and any(folder.iterdir()):
+            steps = sorted(p.name for p in folder.glob("step-*")) if name == "checkpoints" else []
+            found.append(f"{name}/" + (f" ({steps[0]} .. {steps[-1]})" if steps else ""))
+    return ", ".join(found) if found else None
+
+
+def start_problem(out: Path, resume: str | None, overwrite: bool) -> str | None:
+    """Why a run may not start in ``out`` as asked, or None (then it may).
+
+    Args:
+        out: The run directory (``--out-dir``).
+        resume: ``--resume`` (None for a fresh start).
+        overwrite: ``--overwrite``: a fresh start may delete the run that is there.
+    """
+    if resume is not None or overwrite:
+        return None
+    held = existing_run(out)
+    if held is None:
+        return None
+    return (f"--out-dir {out} already holds a run ({held}); a new run there would mix its "
+            f"records and checkpoints with it. Continue that run with --resume auto "
+            f"--out-dir {out}, or start a new one with another --out-dir (or --overwrite to "
+            "delete the old run's files and start over)")
+
+
+def clear_run(out: Path) -> list[str]:
+    """Delete the files and folders of a run that hadpsgd wrote in ``out``; returns their names.
+
+    Only hadpsgd's own names are touched (:data:`RUN_FILES`, :data:`RUN_DIRS`): anything else
+    a user keeps in the directory stays.
+    """
+    out = Path(out)
+    removed = []
+    for name in RUN_FILES:
+        if (out / name).is_file():
+            (out / name).unlink()
+            removed.append(name)
+    for name in RUN_DIRS:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+            removed.append(f"{name}/")
+    return removed
+
+
+__all__ = ["clear_run", "existing_run", "start_problem"]

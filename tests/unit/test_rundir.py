@@ -1,0 +1,45 @@
+"""What a run directory holds, and when a new run may start in it."""
+
+import json
+
+import pytest
+
+from hadpsgd.config import parse_config
+from hadpsgd.train.rundir import clear_run, existing_run, start_problem
+
+
+def test_an_empty_or_foreign_directory_holds_no_run(tmp_path):
+    assert existing_run(tmp_path / "missing") is None
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "checkpoints").mkdir()  # empty: nothing to lose
+    assert existing_run(tmp_path) is None
+    assert start_problem(tmp_path, None, False) is None
+
+
+def test_a_run_is_named_with_its_last_step_and_checkpoints(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"kind": "train", "step": s}) for s in (5, 10)) + "\nbroken\n")
+    for step in (5, 10):
+        (tmp_path / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+    held = existing_run(tmp_path)
+    assert held == ("metrics.jsonl (up to step 10), checkpoints/ (step-00000005 .. "
+                    "step-00000010)")
+    msg = start_problem(tmp_path, None, False)
+    assert msg is not None and "--resume auto" in msg and "--overwrite" in msg
+    assert start_problem(tmp_path, "auto", False) is None  # continuing it is the point
+    assert start_problem(tmp_path, None, True) is None
+
+
+def test_overwrite_deletes_only_what_hadpsgd_wrote(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert clear_run(tmp_path) == ["config.json", "metrics.jsonl", "checkpoints/"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_overwrite_and_resume_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--out-dir", "x", "--resume", "auto", "--overwrite"])
+    assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
