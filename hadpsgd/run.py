@@ -20,7 +20,7 @@ from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
 from hadpsgd.models import count_parameters
 from hadpsgd.train import Trainer
-from hadpsgd.train.checkpoint import CheckpointError
+from hadpsgd.train.checkpoint import CheckpointError, CheckpointWriteError
 from hadpsgd.train.loop import NonFiniteError
 from hadpsgd.train.resume import resume
 from hadpsgd.train.setup import build_trainer
@@ -122,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteError as err:
         return _fail(err, topo, EXIT_DIVERGED, traceback_too=False)
     except comm.CommTimeoutError as err:  # the message names the peer and what it was doing
+        return _fail(err, topo, EXIT_FAILED, traceback_too=False)
+    except CheckpointWriteError as err:  # names the directory, the space needed and the fix
         return _fail(err, topo, EXIT_FAILED, traceback_too=False)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
         return _fail(err, topo, EXIT_FAILED, traceback_too=True)

@@ -16,6 +16,7 @@ and skips, by name, any checkpoint that is truncated or corrupted.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -38,6 +39,44 @@ _NAME = re.compile(r"^step-(\d{8,})$")
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names it and why."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (full disk, no permission); the previous ones stand."""
+
+
+def _state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (about the size of its checkpoint)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _no_space(parent: Path, path: Path, state: Any) -> str:
+    """The message of a checkpoint that does not fit: where, how much, and the way on."""
+    free = shutil.disk_usage(parent).free
+    return (f"no space left in {parent} for checkpoint {path.name}: it needs about "
+            f"{_mib(_state_bytes(state))} and {_mib(free)} are free. The previous checkpoints "
+            "are intact: free space (or lower --keep-checkpoints, or point --out-dir "
+            "elsewhere), then continue with --resume auto")
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err`` (itself, or one it was raised from or while handling)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
 
 
 def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
@@ -86,6 +125,9 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
     path = Path(path)
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(parent).free < _state_bytes(state):
+        # Refused before a byte is written: the previous checkpoints stay as they are.
+        raise CheckpointWriteError(_no_space(parent, path, state))
     tmp = parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -116,6 +158,17 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
         else:
             os.replace(tmp, path)
         _fsync_dir(parent)
+    except (OSError, RuntimeError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = _os_error(err)  # torch.save reports a failed write as a RuntimeError
+        if cause is None:
+            raise
+        if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CheckpointWriteError(_no_space(parent, path, state)) from None
+        raise CheckpointWriteError(f"checkpoint {path.name} could not be written in {parent} "
+                                   f"({cause.strerror or cause}); the previous checkpoints "
+                                   "are intact: fix that, then continue with --resume auto"
+                                   ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -123,9 +176,17 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
         on_phase("ckpt-rename")
     pointer = parent / "latest"
     tmp_pointer = parent / f".latest.tmp-{os.getpid()}"
-    _write_synced(tmp_pointer, path.name.encode() + b"\n")
-    os.replace(tmp_pointer, pointer)
-    _fsync_dir(parent)
+    try:
+        _write_synced(tmp_pointer, path.name.encode() + b"\n")
+        os.replace(tmp_pointer, pointer)
+        _fsync_dir(parent)
+    except OSError as err:
+        # The checkpoint itself is complete (``latest`` is informative: --resume auto finds
+        # the newest valid checkpoint by name and checksum).
+        tmp_pointer.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"checkpoint {path} is complete but {pointer} could not be "
+                                   f"updated ({err.strerror or err}); --resume auto will find "
+                                   "the checkpoint: fix that, then continue") from None
     if keep > 0:
         prune(parent, keep)
     return path

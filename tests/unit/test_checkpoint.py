@@ -196,3 +196,35 @@ def test_only_plain_data_is_saved(tmp_path):
     loaded = load_checkpoint(save_checkpoint(state, tmp_path / "c" / "step-00000007"))
     assert torch.equal(loaded["model"]["w"], state["model"]["w"])
     assert loaded["progress"] == {"global_step": 7} and torch.equal(loaded["rng"], state["rng"])
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_full_disk_keeps_the_previous_checkpoint_and_names_the_space(tmp_path, monkeypatch,
+                                                                       wrapped):
+    import errno
+
+    from hadpsgd.train import checkpoint as ck
+
+    ckpt_dir = tmp_path / "checkpoints"
+    first = ck.save_checkpoint({"model": {"w": torch.ones(4)}, "progress": {"global_step": 1}},
+                               ckpt_dir / "step-00000001")
+
+    def full(*args, **kw):
+        if not wrapped:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        try:  # what torch.save does: the zip writer's RuntimeError, raised while handling
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos") from None
+
+    monkeypatch.setattr(ck.torch, "save", full)
+    with pytest.raises(ck.CheckpointWriteError) as err:
+        ck.save_checkpoint({"model": {"w": torch.ones(2**18)}, "progress": {"global_step": 2}},
+                           ckpt_dir / "step-00000002")
+    msg = str(err.value)
+    assert str(ckpt_dir) in msg and "step-00000002" in msg and "1.0 MiB" in msg
+    assert "--resume auto" in msg and "free" in msg
+    # Nothing partial is left, the pointer did not move, the previous checkpoint is valid.
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-00000001"]
+    assert (ckpt_dir / "latest").read_text().strip() == "step-00000001"
+    assert ck.latest_checkpoint(ckpt_dir) == first
