@@ -333,7 +333,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     owners: dict[str, list[str]] = AlgoConfig.__owners__  # type: ignore[attr-defined]
     if path is not None:
         try:
-            from_file = read_config_file(path, _option_names(RunConfig))
+            from_file = read_config_file(path, _option_types(RunConfig))
         except ConfigError as err:
             parser.error(str(err))
         algo = getattr(ns, "algo", from_file.get("algo", TrainConfig.algo))
@@ -359,13 +359,13 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     return cfg
 
 
-def _option_names(cls: type) -> list[str]:
-    """Every option's field name, through the nested sections."""
+def _option_types(cls: type) -> dict[str, Any]:
+    """Every option's field name and type, through the nested sections."""
     hints = get_type_hints(cls)
-    names: list[str] = []
+    types_: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            names += _option_names(hints[f.name])
+            types_.update(_option_types(hints[f.name]))
         else:
-            names.append(f.name)
-    return names
+            types_[f.name] = hints[f.name]
+    return types_

@@ -9,9 +9,11 @@ over the file; the file wins over the defaults and over an algorithm's recipe.
 from __future__ import annotations
 
 import json
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from hadpsgd.cli import ConfigError
 
@@ -21,15 +23,52 @@ SKIPPED = ("world", "provenance")
 """Top-level keys of ``config.json`` that record the run rather than configure it."""
 
 
-def read_config_file(path: str, options: Iterable[str]) -> dict[str, Any]:
+def _kind(tp: Any) -> tuple[Any, bool]:
+    """``tp`` without ``| None``, and whether None is allowed."""
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def checked_value(where: str, value: Any, tp: Any) -> Any:
+    """``value`` for an option of type ``tp``, or a ConfigError naming ``where``.
+
+    JSON has no int/float distinction for whole numbers, so an integer is a valid float;
+    nothing else is converted (``"four"`` is no integer, ``2.5`` no step count).
+    """
+    base, optional = _kind(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where} must not be null")
+    if get_origin(base) is Literal:
+        if value in get_args(base):
+            return value
+        raise ConfigError(f"{where} must be one of {', '.join(map(repr, get_args(base)))}, "
+                          f"got {value!r}")
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}.get(base)
+    if ok is None or ok(value):
+        return float(value) if base is float else value
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    raise ConfigError(f"{where} must be {names[base]}, got {json.dumps(value)}")
+
+
+def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
     """The options in the JSON file ``path``, flattened to ``{field name: value}``.
 
     Args:
         path: The file.
-        options: Every option's field name (``sync_period``, ``lr``, ...).
+        options: Every option's field name (``sync_period``, ``lr``, ...); given as a mapping
+            to its type, every value is checked against it (:func:`checked_value`).
 
     Raises:
-        ConfigError: For a missing or malformed file, or a key that is no option, naming it.
+        ConfigError: For a missing or malformed file, a key that is no option, or a value of
+            the wrong type, naming it.
     """
     where = Path(path)
     try:
@@ -57,6 +96,10 @@ def read_config_file(path: str, options: Iterable[str]) -> dict[str, Any]:
             if name not in known:
                 raise ConfigError(f"--config {path}: {key}.{name} is no option of "
                                   "python -m hadpsgd.run (see --print-config for the keys)")
+            if isinstance(options, Mapping):
+                where = f"--config {path}: {key}.{name}" if key != name else (
+                    f"--config {path}: {name}")
+                val = checked_value(where, val, options[name])
             flat[name] = val
     return flat
 

@@ -35,6 +35,26 @@ def _find(trainer: Trainer, cfg: RunConfig, topo: Topology) -> str | None:
     return topo.bcast_object(path, root=0)
 
 
+def _check_model(path: str, state: dict[str, Any], cfg: RunConfig, trainer: Trainer) -> None:
+    """Refuse a checkpoint of another model (preset, or data of other dimensions), by name.
+
+    Raises:
+        ConfigError: Naming the checkpoint, what it was written for and the flag to pass.
+    """
+    saved = state.get("config", {}).get("model", {}).get("preset")
+    if saved is not None and saved != cfg.model.preset:
+        raise ConfigError(f"checkpoint {path} holds a --preset {saved} model, not the "
+                          f"--preset {cfg.model.preset} this run builds: resume with --preset "
+                          f"{saved}, or start a new run in another --out-dir")
+    mine = trainer.algo.model.state_dict()
+    for name, tensor in state.get("model", {}).items():
+        if name in mine and tuple(mine[name].shape) != tuple(tensor.shape):
+            raise ConfigError(f"checkpoint {path} does not fit this model: {name} is "
+                              f"{tuple(tensor.shape)} there and {tuple(mine[name].shape)} "
+                              "here (other features or classes in --train); resume with the "
+                              "data it was trained on, or start a new run")
+
+
 def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
     """Load the checkpoint named by ``--resume`` into ``trainer`` (every rank alike).
 
@@ -49,6 +69,7 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
                    "fresh")
         return
     state = load_checkpoint(path, verify=False)  # rank 0 verified the checksums
+    _check_model(path, state, cfg, trainer)
     old_world, old_algo = state.get("world_size"), state.get("algo", {}).get("name")
     changed = []
     if old_world != topo.size:

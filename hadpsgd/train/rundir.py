@@ -10,6 +10,7 @@ the old run's files first.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -73,6 +74,27 @@ def start_problem(out: Path, resume: str | None, overwrite: bool) -> str | None:
             "delete the old run's files and start over)")
 
 
+def writable_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be the run directory (a file, not writable), or None.
+
+    Makes the directory if it is missing (an empty directory is all it leaves behind), and
+    writes and removes one probe file: permissions alone do not tell (root, read-only
+    mounts, quotas).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return f"--out-dir {out} is a file, not a directory; choose another --out-dir"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".hadpsgd-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return (f"--out-dir {out} cannot be written ({err.strerror or err}); choose another "
+                "--out-dir or fix its permissions")
+    return None
+
+
 def clear_run(out: Path) -> list[str]:
     """Delete the files and folders of a run that hadpsgd wrote in ``out``; returns their names.
 
@@ -92,4 +114,4 @@ def clear_run(out: Path) -> list[str]:
     return removed
 
 
-__all__ = ["clear_run", "existing_run", "start_problem"]
+__all__ = ["clear_run", "existing_run", "start_problem", "writable_problem"]

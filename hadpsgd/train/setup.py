@@ -176,7 +176,7 @@ def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
 
 
 def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
-    """Refuse a fresh start in a directory that holds a run, before anything is written.
+    """Refuse a fresh start where a run is, or a directory that cannot be written, first.
 
     Rank 0 looks; every rank gets its verdict, so all stop together (exit 2).
 
@@ -186,8 +186,9 @@ def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
     """
     problem = None
     if topo.rank == 0 and cfg.train.out_dir is not None:
-        problem = rundir.start_problem(Path(cfg.train.out_dir), cfg.train.resume,
-                                       cfg.train.overwrite)
+        out = Path(cfg.train.out_dir)
+        problem = rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
+        problem = problem or rundir.writable_problem(out)
     problem = topo.bcast_object(problem, root=0)
     if problem is not None:
         raise ConfigError(problem)

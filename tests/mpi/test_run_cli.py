@@ -96,6 +96,16 @@ def test_a_fresh_start_never_mixes_with_the_run_in_its_directory(tiny_data, tmp_
     assert_ok(run_mpi(2, [*common, "--max-steps", "3", "--resume", "auto"]))
 
 
+def test_a_checkpoint_of_another_preset_is_refused_by_name(tiny_data, tmp_path):
+    out = tmp_path / "r"
+    common = ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+              str(tiny_data[1]), "--out-dir", str(out), "--max-steps", "2", "--no-progress"]
+    assert_ok(run_mpi(2, [*common, "--preset", "tiny"]))
+    res = run_mpi(2, [*common, "--preset", "small", "--resume", "auto"], timeout=120)
+    assert res.returncode == 2, res.output[-3000:]
+    assert "holds a --preset tiny model" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
     """``srun`` without MPI support starts N processes that are each a world of one."""
     import os

@@ -67,3 +67,29 @@ def test_print_config_prints_the_resolved_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["optim"]["optimizer"] == "adam" and out["optim"]["beta1"] == 0.5
     assert out["train"]["algo"] == "bmuf" and out["optim"]["lr"] == 0.004
+
+
+@pytest.mark.parametrize(("section", "body", "message"), [
+    ("train", {"epochs": "four"}, 'train.epochs must be an integer, got "four"'),
+    ("train", {"max_steps": 2.5}, "train.max_steps must be an integer, got 2.5"),
+    ("train", {"tensorboard": "yes"}, 'train.tensorboard must be true or false, got "yes"'),
+    ("optim", {"lr": "0.1"}, 'optim.lr must be a number, got "0.1"'),
+    ("train", {"epochs": None}, "train.epochs must not be null"),
+])
+def test_a_value_of_the_wrong_type_is_named(tmp_path, capsys, section, body, message):
+    from hadpsgd.config import parse_config
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({section: body}))
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--config", str(path)])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_whole_numbers_are_valid_floats_and_null_is_valid_where_optional(tmp_path):
+    from hadpsgd.config import parse_config
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"optim": {"lr": 1}, "train": {"resume": None}}))
+    cfg = parse_config(["--config", str(path)])
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float) and cfg.train.resume is None

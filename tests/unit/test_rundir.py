@@ -43,3 +43,13 @@ def test_overwrite_and_resume_together_are_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_config(["--out-dir", "x", "--resume", "auto", "--overwrite"])
     assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
+
+
+def test_an_out_dir_that_is_a_file_or_cannot_be_made_is_named(tmp_path):
+    from hadpsgd.train.rundir import writable_problem
+
+    (tmp_path / "afile").write_text("x")
+    assert "is a file" in writable_problem(tmp_path / "afile")
+    assert "cannot be written" in writable_problem(tmp_path / "afile" / "sub")
+    assert writable_problem(tmp_path / "new" / "run") is None
+    assert list((tmp_path / "new" / "run").iterdir()) == []  # the probe is gone
