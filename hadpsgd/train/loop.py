@@ -339,10 +339,13 @@ class Trainer:
             if ((log or step % self.opts.control_every == 0)
                     and self.agree(loss, progress if log else None)):
                 break
+            if self._done():
+                # The run's last step: run() finishes the algorithm, evaluates and writes the
+                # final checkpoint. A --checkpoint-every checkpoint here would come before
+                # that and make run() believe the end was already written (no evaluation).
+                break
             if self.opts.checkpoint_every and step % self.opts.checkpoint_every == 0:
                 self.checkpoint()
-            if self._done():
-                break
         progress.close()
 
     def _evaluate(self) -> EvalResult:

@@ -106,6 +106,26 @@ def test_a_checkpoint_of_another_preset_is_refused_by_name(tiny_data, tmp_path):
     assert "holds a --preset tiny model" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("algo", [["--algo", "ssgd"],
+                                  ["--algo", "bmuf", "--ranks-per-node", "1",
+                                   "--sync-period", "3", "--bmuf-overlap"]])
+def test_a_run_ending_on_a_checkpoint_boundary_evaluates_and_finishes(algo, tiny_data,
+                                                                       tmp_path):
+    # --max-steps a multiple of --checkpoint-every, inside an epoch: the periodic checkpoint
+    # used to be taken first, so the run skipped its closing evaluation (and BMUF its closing
+    # sync) and crashed printing the summary of an empty history.
+    out = tmp_path / "r"
+    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                      str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out),
+                      "--batch-size", "4", "--max-steps", "6", "--checkpoint-every", "2",
+                      "--no-progress", *algo])
+    assert_ok(res)
+    assert "done in" in res.stdout
+    evals = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [6]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000006"
+
+
 def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
     """``srun`` without MPI support starts N processes that are each a world of one."""
     import os
