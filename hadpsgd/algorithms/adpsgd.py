@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import WIRES, CommTimeoutError, Topology
 from hadpsgd.comm.overlap import Scope
 
+_GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
+"""A super-learner's leader's verdicts on its gossip in flight (see ``_bound_staleness``)."""
+
 
 @dataclass
 class ADPSGDOptions(AlgoOptions):
@@ -34,8 +38,8 @@ class ADPSGDOptions(AlgoOptions):
     """ADPSGD: learners per super-learner (consecutive ranks; 1 = flat ADPSGD); default: the
     nodes (or --ranks-per-node)."""
     max_staleness: int = 0
-    """ADPSGD: a learner more than this many local steps past its last completed exchange
-    waits for the next one (0: never wait)."""
+    """ADPSGD: a learner more than this many local steps past the snapshot of its exchange in
+    flight waits for that exchange and applies it before stepping on (0: never wait)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
     (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
@@ -76,8 +80,10 @@ class ADPSGD(Algorithm):
         optimizer: Any ``torch.optim`` optimizer.
         topo: The topology; its nodes are the super-learners.
         max_grad_norm: Clip the node-averaged gradient to this global L2 norm; 0 disables.
-        max_staleness: If > 0, a learner whose last completed exchange is more than this many
-            local steps old waits for the next one (bounded by the deadline).
+        max_staleness: If > 0, a learner more than this many local steps past the snapshot
+            of its exchange in flight waits for that exchange and applies its delta, so no
+            delta is applied more than ``max_staleness`` steps stale (bounded by the
+            deadline). A super-learner waits as one: its leader decides.
         gossip_jitter: Random sleep (seconds, upper bound) before each exchange; for tests.
         wire: Format of the gossip payload: ``fp32`` (as is), ``bf16`` or ``int8``, with
             error feedback (see :class:`~hadpsgd.algorithms.gossip.GossipThread`).
@@ -107,7 +113,9 @@ class ADPSGD(Algorithm):
         self.lock = threading.Lock()
         self.leader = topo.local_rank == 0
         self._flag = torch.zeros(1, dtype=torch.float64)
-        self._stale_flag = torch.zeros(1, dtype=torch.float64)
+        self._verdict = torch.zeros(1, dtype=torch.float64)
+        self.stale_waits = 0
+        """Steps at which this learner waited for gossip in flight (``max_staleness``)."""
         self._delta_buf = torch.zeros_like(self.flat)
         self.consensus_distance = float("nan")
         self._average: torch.Tensor | None = None
@@ -180,39 +188,71 @@ class ADPSGD(Algorithm):
             if self.thread is not None:
                 self.thread.applied()
 
-    def _too_stale(self) -> bool:
-        """Whether the super-learner is past ``max_staleness`` (the leader's view, agreed).
+    def _staleness_verdict(self, deadline: float) -> int:
+        """The leader's verdict on the super-learner's gossip in flight, agreed node-wide.
 
-        Only the leader gossips, so only it knows; with several members it tells them in a
-        one-element host reduction, and they all loop in :meth:`_bound_staleness` together.
+        Only the leader gossips, so only it knows how stale the exchange in flight is, and
+        only its clock and its thread decide: the members learn the verdict in a one-element
+        host reduction (they add 0), so every member leaves the wait, or fails, at the same
+        iteration and no member is left alone in a collective.
+
+        Args:
+            deadline: ``time.monotonic()`` past which the leader gives up waiting.
+
+        Returns:
+            ``_GO``, ``_WAIT``, ``_THREAD_FAILED`` or ``_TIMED_OUT``.
         """
-        stale = (self.thread is not None
-                 and self.steps - self.thread.last_exchange_step > self.max_staleness)
+        verdict = _GO
+        t = self.thread
+        if t is not None:
+            # In the thread's own count of steps, not self.steps: that one is restored from
+            # a checkpoint, the thread's starts at 0 in every process.
+            if t.error is not None:
+                verdict = _THREAD_FAILED
+            elif t.staleness_in_flight() > self.max_staleness:
+                verdict = _TIMED_OUT if time.monotonic() > deadline else _WAIT
         if self.topo.local_size == 1:
-            return stale
-        self._stale_flag.fill_(1.0 if stale else 0.0)
-        self.topo.intra_allreduce_(self._stale_flag, op="sum")
-        return float(self._stale_flag) > 0.0
+            return verdict
+        self._verdict.fill_(float(verdict))
+        self.topo.intra_allreduce_(self._verdict, op="sum")
+        return int(self._verdict)
 
     def _bound_staleness(self) -> None:
-        """Wait, applying deltas as they come, while the super-learner is too stale.
+        """Wait, applying the delta when it comes, while the gossip in flight is too stale.
 
-        Every member runs this loop, not just the leader: each round applies a delta by
-        node-wide collectives (:meth:`_apply_gossip`) that every member must join. (Only the
-        leader looping deadlocked H-ADPSGD with ``--max-staleness``.)
+        What a learner waits for is an exchange already under way (its snapshot taken, its
+        partner committed), never a partner still to be found: a committed exchange completes
+        without either main thread, whereas a partner's main thread may be parked in a global
+        meeting, or closed, waiting for this very learner. Every member of a super-learner
+        runs this loop, not just the leader: each round applies the delta by node-wide
+        collectives (:meth:`_apply_gossip`) that every member must join. (The leader looping
+        alone deadlocked H-ADPSGD with ``--max-staleness``.)
+
+        Raises:
+            CommTimeoutError: No delta arrived within the deadline (``HADPSGD_TIMEOUT``); on
+                a member, also when the leader's gossip thread failed (the leader raises).
+            RuntimeError: On the leader, its gossip thread failed (not by a deadline).
         """
         if not self.max_staleness or self.topo.num_nodes == 1:
             return
-        import time
-
         deadline = time.monotonic() + self.topo.timeout
-        while self._too_stale():
-            self._check_thread()
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(f"rank {self.topo.rank}: no gossip exchange completed "
-                                       f"within {self.topo.timeout:g} s (max_staleness)")
+        waited = False
+        while (verdict := self._staleness_verdict(deadline)) == _WAIT:
+            waited = True
             time.sleep(1e-3)
             self._apply_gossip()
+        if waited:
+            self.stale_waits += 1
+        if verdict == _THREAD_FAILED:
+            self._check_thread()  # the leader raises its thread's own error
+            raise CommTimeoutError(f"rank {self.topo.rank}: the gossip thread of super-learner "
+                                   f"{self.topo.node}'s leader (local rank 0) failed; see its "
+                                   "error")
+        if verdict == _TIMED_OUT:
+            raise CommTimeoutError(
+                f"rank {self.topo.rank}: super-learner {self.topo.node}'s gossip exchange in "
+                f"flight did not complete within {self.topo.timeout:g} s (HADPSGD_TIMEOUT, "
+                f"max_staleness {self.max_staleness})")
 
     # ------------------------------------------------------------------ agreement
     def sync(self) -> None:
@@ -266,11 +306,15 @@ class ADPSGD(Algorithm):
         and flags; only a super-learner's leader gossips, the others report 0).
         """
         t = self.thread
+        # The thread's own step count: self.steps is restored from a checkpoint, the thread's
+        # (and its exchange counts) start at 0 in every process.
         out = {
-            "exchanges_per_step": (t.exchanges / self.steps) if t and self.steps else 0.0,
-            "staleness": float(self.steps - t.last_exchange_step) if t else 0.0,
+            "exchanges_per_step": (t.exchanges / t.steps) if t and t.steps else 0.0,
+            "staleness": float(t.steps - t.last_exchange_step) if t else 0.0,
             "wire_bytes": float(t.bytes_sent) if t else 0.0,
         }
+        if self.max_staleness:
+            out["stale_waits"] = float(self.stale_waits)
         if self.consensus_distance == self.consensus_distance:  # measured (not NaN) yet
             out["consensus_distance"] = self.consensus_distance
         return out

@@ -106,8 +106,27 @@ class GossipThread(threading.Thread):
         self.skipped_nonfinite = 0
         self.rounds = 0
         self.last_exchange_step = 0
+        self.pending_since: int | None = None
+        """The main thread's step count when the snapshot of the exchange now in flight was
+        taken, until the main thread has applied its delta (None: no gossip pending). A
+        committed exchange completes without the partner's main thread, so this is what a
+        learner may safely wait for (``max_staleness``)."""
 
     # ------------------------------------------------------------------ main-thread side
+    @property
+    def steps(self) -> int:
+        """Main-thread steps notified to this thread so far.
+
+        This process's count, not the run's: it starts at 0 after a resume, and so do
+        :attr:`pending_since` and :attr:`last_exchange_step`, which it is compared with.
+        """
+        return self._steps
+
+    def staleness_in_flight(self) -> int:
+        """Main-thread steps taken since the snapshot of the gossip not yet applied (0: none)."""
+        since = self.pending_since  # read once: the thread may clear or set it meanwhile
+        return 0 if since is None else self._steps - since
+
     def notify_step(self) -> None:
         """The main thread finished a step (lets the next round start)."""
         with self._cond:
@@ -127,6 +146,9 @@ class GossipThread(threading.Thread):
         with self._cond:
             self._delta = None
             self._taken = False
+            # Cleared before the next round may start (it waits on this condition), so a
+            # new snapshot's step is never overwritten.
+            self.pending_since = None
             self._cond.notify_all()
 
     def close(self) -> torch.Tensor | None:
@@ -142,6 +164,7 @@ class GossipThread(threading.Thread):
             pending = None if self._taken or self._delta is None else self._delta.clone()
             self._delta = None
             self._taken = False
+            self.pending_since = None  # the main thread steps no more: nothing to bound
             self._cond.notify_all()
         return pending
 
@@ -206,6 +229,7 @@ class GossipThread(threading.Thread):
         delta = self._swap(p) if self.wire == "fp32" else self._swap_compressed(p)
         if delta is None:
             self.skipped_nonfinite += 1
+            self.pending_since = None  # both partners skip the round: nothing to apply
             return
         self.exchanges += 1
         if not apply_now:
@@ -219,6 +243,7 @@ class GossipThread(threading.Thread):
             delta = delta.to(self.flat.device)
             with self.lock:
                 self.flat.add_(delta)
+            self.pending_since = None
 
     def _send_recv(self, p: int) -> None:
         what = (f"gossip exchange between super-learner {self.node} and {p} (rank "
@@ -232,6 +257,7 @@ class GossipThread(threading.Thread):
         n = self.flat.numel()
         with self.lock:
             self._send[:n].copy_(self.flat)
+            self.pending_since = self._steps
         # One sum: NaN and Inf propagate through it (a scan of every element costs far more).
         self._send[n] = 1.0 if math.isfinite(float(self._send[:n].sum())) else 0.0
         self._send_recv(p)
@@ -247,6 +273,7 @@ class GossipThread(threading.Thread):
         x = self._snap
         with self.lock:
             x.copy_(self.flat)
+            self.pending_since = self._steps
         x.add_(self._error)
         self._send[:m] = encode(x, self.wire)
         self._send[m] = 1 if math.isfinite(float(x.sum())) else 0

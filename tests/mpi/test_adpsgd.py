@@ -52,26 +52,40 @@ def test_gossip_conserves_mass(n, per_node, tmp_path):
 
 @pytest.mark.parametrize(("n", "per_node"), [(4, 2), (8, 2)])
 def test_bounded_staleness_in_super_learners(n, per_node, tmp_path):
-    # H-ADPSGD with --max-staleness: a leader that runs too far ahead of its gossip waits,
-    # and its super-learner's members wait with it (they join every agreement and every
-    # delta broadcast), so nobody deadlocks; the sum of replicas is still conserved, the
-    # members stay bit-identical and no leader ever ends a step past the bound. Gossip rounds
-    # of up to 50 ms against 10 ms steps: the leaders do run past the bound and wait.
+    # H-ADPSGD with --max-staleness 1 on 2 and 4 super-learners of 2: a leader whose gossip
+    # in flight is more than one step old waits for it, and its super-learner's members wait
+    # with it (they join every verdict and every delta broadcast), so nobody deadlocks, also
+    # not at the end, when a neighbour has closed (4 super-learners: the ring has a far side).
+    # The waits only delay deltas, so the sum of replicas is still what Eqs. 6-7 give, the
+    # members stay bit-identical, no leader ends a step with older gossip in flight, and the
+    # bound was really hit: a partner's up-to-50 ms delay before it sends keeps an exchange
+    # in flight for up to 5 of the 10 ms steps.
     assert_ok(_run("conserve", n, per_node, tmp_path, steps=30, staleness=1, jitter=0.05))
     recs = _records(tmp_path, n)
     _assert_conserved(recs)
     assert all(x["identical"] for x in recs)
     assert max(x["max_staleness_seen"] for x in recs) <= 1
+    assert sum(x["stale_waits"] for x in recs) > 0
 
 
 def test_bounded_staleness_through_the_main_command(tiny_data, tmp_path):
-    res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size", "2",
-                      "--max-staleness", "2", "--train", str(tiny_data[0]), "--heldout",
-                      str(tiny_data[1]), "--preset", "tiny", "--max-steps", "40",
-                      "--batch-size", "4", "--out-dir", str(tmp_path / "run"),
-                      "--no-progress"], env={"HADPSGD_TIMEOUT": "30"})
-    assert_ok(res)
-    assert "done in" in res.stdout
+    # The user's path, H-ADPSGD 2x2 with --max-staleness 2 (it deadlocked: only the leaders
+    # waited), then resumed: the bound counts this process's steps, not the restored step
+    # count (it compared the two and waited for good after any resume).
+    def train(steps: str) -> None:
+        res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size", "2",
+                          "--max-staleness", "2", "--train", str(tiny_data[0]), "--heldout",
+                          str(tiny_data[1]), "--preset", "tiny", "--max-steps", steps,
+                          "--batch-size", "4", "--out-dir", str(tmp_path / "run"),
+                          "--resume", "auto", "--no-progress"], env={"HADPSGD_TIMEOUT": "30"})
+        assert_ok(res)
+        assert "done in" in res.stdout
+
+    train("40")
+    train("50")
+    trains = [m for m in read_metrics(tmp_path / "run" / "metrics.jsonl")
+              if m["kind"] == "train"]
+    assert trains[-1]["step"] == 50 and "stale_waits" in trains[-1]
 
 
 def test_int8_gossip_conserves_the_sum_of_replicas(tmp_path):

@@ -10,7 +10,8 @@ dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within 
 Each rank writes OUTDIR/rank<r>.json with what the test checks. ``ADPSGD_TEST_WIRE`` sets
 the gossip's wire format (default fp32), ``ADPSGD_TEST_STALENESS`` its ``max_staleness``
 (default 0: unbounded), ``ADPSGD_TEST_JITTER`` the gossip's random delay (default 4 ms);
-each leader records the largest staleness it ended a step with.
+each leader records the largest staleness of its gossip in flight it ended a step with (the
+steps since the snapshot of a delta not yet applied) and the steps at which it waited.
 """
 
 import hashlib
@@ -51,8 +52,9 @@ try:
         algo.step()
         algo.grads.zero_()
         if algo.thread is not None:
+            # It can only shrink until the next step (a new snapshot is 0 steps old).
             record["max_staleness_seen"] = max(record["max_staleness_seen"],
-                                               algo.steps - algo.thread.last_exchange_step)
+                                               algo.thread.staleness_in_flight())
         if mode == "conserve" and topo.local_size > 1:
             digest = hashlib.sha256(algo.flat.cpu().numpy().tobytes()).hexdigest()
             record["identical"] &= len(set(topo.intra.allgather(digest))) == 1
@@ -91,5 +93,6 @@ record["steps"] = steps
 record["exchanges"] = algo.thread.exchanges if algo.thread else 0
 record["rounds"] = algo.thread.rounds if algo.thread else 0
 record["wire_bytes"] = algo.metrics()["wire_bytes"]
+record["stale_waits"] = algo.stale_waits
 (out / f"rank{r}.json").write_text(json.dumps(record))
 print(f"OK rank {r} exchanges={record['exchanges']}", flush=True)
