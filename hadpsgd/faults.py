@@ -17,7 +17,8 @@ Keys:
     at: Where: ``step`` (default: in the training loop, before the step), ``gossip`` (in the
         gossip thread; the default for ``raise-gossip``), ``ckpt-data`` (a checkpoint's data
         file is written), ``ckpt-manifest`` (its manifest is written), ``ckpt-rename`` (it
-        has been renamed into place, before the ``latest`` pointer moves).
+        has been renamed into place, before the ``latest`` pointer moves), ``ckpt-wait`` (a
+        rank other than 0, the writer, while rank 0 writes the checkpoint).
     count: How many consecutive steps a ``nan`` fault lasts (default 1).
 
 Each fault fires at most once per process (``nan`` for ``count`` steps). Before it fires it
@@ -38,7 +39,7 @@ from hadpsgd.env import EnvError
 
 ENV = env.FAULT
 KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "signal")
-POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename")
+POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait")
 
 
 class InjectedFault(RuntimeError):

@@ -44,6 +44,18 @@ def test_kill_during_checkpoint_write_then_resume(phase, reference, tiny_data, t
     assert_same_run(reference, tmp_path)
 
 
+def test_kill_of_another_rank_while_rank_0_writes_then_resume(reference, tiny_data,
+                                                              tmp_path):
+    # Rank 1 dies while rank 0 writes the step-20 checkpoint; the launcher then ends rank 0
+    # wherever its write is. Either the step-20 checkpoint is complete or the step-10 one
+    # stands: never a partial one, and the resumed run equals the uninterrupted one.
+    res = kill_then_resume(2, tiny_data, tmp_path, *ARGS,
+                           fault="kind=kill,rank=1,step=20,at=ckpt-wait")
+    assert any(f"resumed from {tmp_path / 'checkpoints' / f'step-{s:08d}'}" in res.stdout
+               for s in (10, 20)), res.stdout
+    assert_same_run(reference, tmp_path)
+
+
 def test_corrupted_newest_checkpoint_is_named_and_skipped(reference, tiny_data, tmp_path):
     res = train(2, tiny_data, tmp_path, *ARGS, env={"HADPSGD_FAULT": "kind=kill,rank=1,step=24"},
                 ok=False)
