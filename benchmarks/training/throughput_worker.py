@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -173,6 +174,10 @@ def main() -> None:
         import torch.distributed as dist
 
         sec = float(ddp.comm.allreduce(sec, op=ddp.mpi.MAX))
+        # The DDP module's reducer holds the process group: drop it first, or gloo's threads
+        # may be torn down at interpreter exit while still running (std::terminate, abort).
+        del step, model, opt
+        gc.collect()
         dist.destroy_process_group()
         ddp.comm.Barrier()
         if rank == 0:

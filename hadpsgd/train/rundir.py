@@ -77,21 +77,26 @@ def start_problem(out: Path, resume: str | None, overwrite: bool) -> str | None:
 def writable_problem(out: Path) -> str | None:
     """Why ``out`` cannot be the run directory (a file, not writable), or None.
 
-    Makes the directory if it is missing (an empty directory is all it leaves behind), and
-    writes and removes one probe file: permissions alone do not tell (root, read-only
-    mounts, quotas).
+    Nothing is left behind: a missing directory is not made here (bad input found later must
+    leave no trace), its nearest existing ancestor is probed instead, with one file written
+    and removed, since permissions alone do not tell (root, read-only mounts, quotas).
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         return f"--out-dir {out} is a file, not a directory; choose another --out-dir"
+    target = out
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    if not target.is_dir():
+        return (f"--out-dir {out} cannot be made: {target} is a file, not a directory; "
+                "choose another --out-dir")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".hadpsgd-probe-{os.getpid()}"
+        probe = target / f".hadpsgd-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        return (f"--out-dir {out} cannot be written ({err.strerror or err}); choose another "
-                "--out-dir or fix its permissions")
+        return (f"--out-dir {out} cannot be written ({err.strerror or err} in {target}); "
+                "choose another --out-dir or fix its permissions")
     return None
 
 
