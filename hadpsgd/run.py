@@ -1,8 +1,7 @@
 """``python -m hadpsgd.run``: parse the configuration, build the parts, run the loop.
 
 Launch one process per learner, e.g. ``mpirun -np 4 python -m hadpsgd.run --algo ssgd`` or
-``python -m hadpsgd.launch -n 4 -- --algo ssgd``. Exit codes: :data:`EXIT_OK`,
-:data:`EXIT_FAILED`, :data:`EXIT_USER_ERROR`, :data:`EXIT_DIVERGED`, ``EXIT_STOPPED`` (75).
+``python -m hadpsgd.launch -n 4 -- --algo ssgd``. Exit codes: :mod:`hadpsgd.exit_codes`.
 """
 
 from __future__ import annotations
@@ -18,26 +17,17 @@ from hadpsgd import algorithms, comm, env
 from hadpsgd.cli import ConfigError
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
+from hadpsgd.exit_codes import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
 from hadpsgd.models import count_parameters
 from hadpsgd.train import Trainer
 from hadpsgd.train.checkpoint import CheckpointError, CheckpointWriteError
 from hadpsgd.train.loop import NonFiniteError
 from hadpsgd.train.resume import resume
 from hadpsgd.train.setup import build_trainer
-from hadpsgd.train.stop import EXIT_STOPPED, FLAG
+from hadpsgd.train.stop import FLAG
 
 __all__ = ["EXIT_DIVERGED", "EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "EXIT_USER_ERROR", "main",
            "parse_config"]
-
-EXIT_OK = 0
-"""Trained to the end."""
-EXIT_FAILED = 1
-"""A failure while training (a peer's deadline, or a bug: then with its traceback)."""
-EXIT_USER_ERROR = 2
-"""Bad flag, file, layout or checkpoint, found before training: nothing was trained."""
-EXIT_DIVERGED = 4
-"""More than ``--max-nonfinite`` non-finite steps: the run diverged and stopped. (3 is the
-watchdog's: a blocking collective that timed out inside MPI, see ``comm.deadline``.)"""
 
 # Errors a user causes, found while setting up (before the first step): one line, exit 2.
 USER_ERRORS = (ConfigError, FeatureFileError, FileNotFoundError, comm.TopologyError,

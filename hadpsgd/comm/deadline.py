@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hadpsgd import env
+from hadpsgd.exit_codes import EXIT_TIMED_OUT
 
 DEFAULT_TIMEOUT_S = env.DEFAULT_TIMEOUT_S
 """Deadline in seconds when ``HADPSGD_TIMEOUT`` is not set."""
@@ -231,7 +232,7 @@ class Watchdog:
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
             # the blocked call can never return an error to the caller.
             time.sleep(1.0)
-            self.control.Abort(3)
+            self.control.Abort(EXIT_TIMED_OUT)
 
     def wait(self, request: Any, what: str, group: list[int] | None = None) -> None:
         """Wait for ``request`` (an MPI request), raising :class:`CommTimeoutError` at the deadline.

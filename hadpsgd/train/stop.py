@@ -12,9 +12,7 @@ import signal
 import sys
 from types import FrameType
 
-EXIT_STOPPED = 75
-"""Exit code after a requested stop with a checkpoint written (``EX_TEMPFAIL``: run again with
-``--resume auto`` to continue)."""
+from hadpsgd.exit_codes import EXIT_STOPPED  # noqa: F401 - re-exported for callers
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 """SIGUSR1 is what Slurm's ``--signal`` and ``python -m hadpsgd.launch`` send: Open MPI's

@@ -7,19 +7,22 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hadpsgd"
 
 # layer -> the hadpsgd layers it may import (docs/design.md, "Layers and what each may import")
 ALLOWED = {
+    "exit_codes": set(),
     "env": set(),
     "cli": set(),
     "models": set(),
     "launch": set(),
-    "comm": {"env"},
+    "comm": {"env", "exit_codes"},
     "data": {"env"},
     "faults": {"env"},
     "algorithms": {"cli", "comm", "faults"},
     "config_file": {"cli"},
-    "env_check": {"env", "comm"},
+    "env_check": {"env", "comm", "exit_codes"},
     "config": {"cli", "config_file", "models", "algorithms"},
-    "train": {"env", "cli", "models", "comm", "data", "faults", "algorithms", "config"},
-    "run": {"env", "cli", "models", "comm", "data", "faults", "algorithms", "config", "train"},
+    "train": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
+              "config"},
+    "run": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
+            "config", "train"},
 }
 
 
