@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hadpsgd import algorithms, comm, env
+from hadpsgd.assembly import build_trainer, resume
 from hadpsgd.cli import ConfigError
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
@@ -22,8 +23,6 @@ from hadpsgd.models import count_parameters
 from hadpsgd.train import Trainer
 from hadpsgd.train.checkpoint import CheckpointError, CheckpointWriteError
 from hadpsgd.train.loop import NonFiniteError
-from hadpsgd.train.resume import resume
-from hadpsgd.train.setup import build_trainer
 from hadpsgd.train.stop import FLAG
 
 __all__ = ["EXIT_DIVERGED", "EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "EXIT_USER_ERROR", "main",

@@ -165,13 +165,6 @@ class Algorithm:
         return cls.Options(**{f.name: getattr(algo_cfg, f.name)
                               for f in dataclasses.fields(cls.Options)})
 
-    @classmethod
-    def options_from(cls, cfg: Any) -> dict[str, Any]:
-        """The constructor keywords of this algorithm, read from a ``RunConfig``."""
-        return {**cls.options_of(cfg.algo).algorithm_kwargs(),
-                "max_grad_norm": cfg.optim.max_grad_norm, "overlap": cfg.comm.overlap,
-                "grad_bucket_mb": cfg.comm.grad_bucket_mb}
-
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  topo: Topology, max_grad_norm: float = 0.0, overlap: bool | str = "auto",
                  grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB) -> None:

@@ -4,7 +4,7 @@
 themselves are too large to check there. :func:`scan_frames` reads a frame range in bounded
 blocks so that a NaN/Inf value or an unreadable (damaged) part of the file is found before
 training instead of hours into it. Splitting a file's frames over learners is the caller's
-business (see ``hadpsgd.train.setup.validate_data``).
+business (see ``hadpsgd.assembly.data.validate_data``).
 """
 
 from __future__ import annotations

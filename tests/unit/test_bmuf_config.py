@@ -10,6 +10,7 @@ import torch
 
 from hadpsgd.algorithms import BMUF, get
 from hadpsgd.algorithms.bmuf_moments import BlockMoments, corrected_coefficients
+from hadpsgd.assembly import algorithm_kwargs
 from hadpsgd.cli import add_arguments, field_docs
 from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
 from hadpsgd.run import parse_config
@@ -36,7 +37,7 @@ def test_flags_reach_the_constructor():
                         "--block-lr", "0.8", "--no-nesterov", "--adam-moments", "average",
                         "--bmuf-warmup-steps", "3", "--optimizer", "adam", "--beta1", "0.5",
                         "--max-grad-norm", "2"])
-    assert BMUF.options_from(cfg) == {
+    assert algorithm_kwargs(cfg) == {
         "sync_period": 4, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
         "adam_moments": "average", "warmup_steps": 3, "warmup_moments": "keep",
         "max_grad_norm": 2.0, "overlap": "auto", "grad_bucket_mb": 25.0,
@@ -45,7 +46,7 @@ def test_flags_reach_the_constructor():
 
 
 def test_defaults():
-    opts = BMUF.options_from(parse_config(["--algo", "bmuf"]))
+    opts = algorithm_kwargs(parse_config(["--algo", "bmuf"]))
     assert opts == {"sync_period": 8, "block_momentum": None, "block_lr": 1.0,
                     "nesterov": True, "adam_moments": "corrected", "warmup_steps": 0,
                     "warmup_moments": "keep", "max_grad_norm": 0.0, "overlap": "auto",

@@ -161,11 +161,12 @@ def test_device_and_host_encode_alike():
 
 def test_adpsgd_wire_option():
     from hadpsgd.algorithms import ADPSGD
+    from hadpsgd.assembly import algorithm_kwargs
     from hadpsgd.cli import ConfigError
     from hadpsgd.config import parse_config
 
-    assert ADPSGD.options_from(parse_config(["--algo", "adpsgd"]))["wire"] == "fp32"
+    assert algorithm_kwargs(parse_config(["--algo", "adpsgd"]))["wire"] == "fp32"
     cfg = parse_config(["--algo", "adpsgd", "--wire", "int8"])
-    assert ADPSGD.options_from(cfg)["wire"] == "int8"
+    assert algorithm_kwargs(cfg)["wire"] == "int8"
     with pytest.raises(ConfigError, match="--wire must be one of fp32, bf16, int8"):
         ADPSGD.Options(wire="int4")

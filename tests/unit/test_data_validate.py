@@ -14,9 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
+from hadpsgd.assembly.data import _scan_share, check_steps, validate_data
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError, write_features
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
-from hadpsgd.train.setup import _scan_share, check_steps, validate_data
 
 D, C = 6, 5
 LENGTHS = [5, 0, 7, 4, 9, 3]  # includes an empty utterance

@@ -19,10 +19,12 @@ ALLOWED = {
     "config_file": {"cli"},
     "env_check": {"env", "comm", "exit_codes"},
     "config": {"cli", "config_file", "models", "algorithms"},
-    "train": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
-              "config"},
+    # The loop takes built parts and knows no flags: neither cli nor config.
+    "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms"},
+    "assembly": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
+                 "config", "train"},
     "run": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
-            "config", "train"},
+            "config", "train", "assembly"},
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hadpsgd.train import provenance
+from hadpsgd.assembly import provenance
 
 
 class TwoHosts:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from hadpsgd.assembly.rundir import clear_run, existing_run, start_problem
 from hadpsgd.config import parse_config
-from hadpsgd.train.rundir import clear_run, existing_run, start_problem
 
 
 def test_an_empty_or_foreign_directory_holds_no_run(tmp_path):
@@ -46,7 +46,7 @@ def test_overwrite_and_resume_together_are_refused(capsys):
 
 
 def test_an_out_dir_that_is_a_file_or_cannot_be_made_is_named(tmp_path):
-    from hadpsgd.train.rundir import writable_problem
+    from hadpsgd.assembly.rundir import writable_problem
 
     (tmp_path / "afile").write_text("x")
     assert "is a file" in writable_problem(tmp_path / "afile")

@@ -1,31 +1,18 @@
-"""Build the parts of a run from its configuration: data, model, algorithm, loop.
+"""The data of a run, checked before anything is built: files, sizes, every frame finite.
 
-Everything a user can get wrong (flags, files, layout) is checked here, before a model or an
-output directory exists; :func:`build_trainer` is the whole assembly ``run.py`` calls.
+Everything a user can get wrong about ``--train`` / ``--heldout`` is found here, on every
+rank alike, before a model or an output directory exists.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from hadpsgd import algorithms
-from hadpsgd.cli import ConfigError, to_dict
 from hadpsgd.comm import Topology
-from hadpsgd.config import OptimConfig, RunConfig
+from hadpsgd.config import RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
-from hadpsgd.models import build_model
-from hadpsgd.models.presets import per_layer_lstm
-from hadpsgd.train import provenance, rundir
-from hadpsgd.train.loop import LoopOptions, Trainer
-from hadpsgd.train.metrics import MetricsWriter
-from hadpsgd.train.schedule import LRSchedule
 
 
 def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDataset]:
@@ -47,41 +34,6 @@ def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDatase
     check_steps(train_set, cfg.train.batch_size, topo.size)
     validate_data([train_set.file, heldout_set.file], topo)
     return train_set, heldout_set
-
-
-def loop_options(cfg: RunConfig) -> LoopOptions:
-    """The loop's view of the configuration: each field from the section that holds it."""
-    values = {}
-    for f in dataclasses.fields(LoopOptions):
-        section = cfg.train if hasattr(cfg.train, f.name) else cfg.data
-        values[f.name] = getattr(section, f.name)
-    return LoopOptions(**values)
-
-
-def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
-    """Data, model, optimizer, algorithm, run directory, metrics and LR recipe, in a Trainer.
-
-    Raises:
-        FeatureFileError, ConfigError, ValueError: For bad input, before anything is written.
-    """
-    check_out_dir(cfg, topo)
-    train_set, heldout_set = load_data(cfg, topo)
-    # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
-    # ranks keeps single-process runs reproducible too.
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model.preset, train_set.file.feat_dim, train_set.file.num_classes,
-                        per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
-                        ).to(topo.device)
-    algo_cls = algorithms.get(cfg.train.algo)
-    algo = algo_cls(model, build_optimizer(cfg.optim, model), topo, **algo_cls.options_from(cfg))
-    out_dir = make_out_dir(cfg, topo)
-    metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
-    # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
-    schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,
-                          algo.update_batch(cfg.train.batch_size),
-                          cfg.optim.warmup_epochs, cfg.optim.anneal)
-    return Trainer(algo, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
-                   metrics, config=to_dict(cfg))
 
 
 def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
@@ -173,61 +125,3 @@ def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
                 raise FeatureFileError(problem)
             if problem is not None:
                 raise nonfinite_error(ff, problem)
-
-
-def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
-    """Refuse a fresh start where a run is, or a directory that cannot be written, first.
-
-    Rank 0 looks; every rank gets its verdict, so all stop together (exit 2).
-
-    Raises:
-        ConfigError: Naming the directory, what it holds, and ``--resume auto`` /
-            another ``--out-dir`` / ``--overwrite``.
-    """
-    problem = None
-    if topo.rank == 0 and cfg.train.out_dir is not None:
-        out = Path(cfg.train.out_dir)
-        problem = rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
-        problem = problem or rundir.writable_problem(out)
-    problem = topo.bcast_object(problem, root=0)
-    if problem is not None:
-        raise ConfigError(problem)
-
-
-def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
-    """Create the run directory and save the resolved config with this start's provenance.
-
-    Rank 0 picks the default name and writes.
-    """
-    out = None
-    if topo.rank == 0:
-        out = Path(cfg.train.out_dir or f"runs/{cfg.train.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-        out.mkdir(parents=True, exist_ok=True)
-        if cfg.train.overwrite:
-            removed = rundir.clear_run(out)
-            if removed:
-                print(f"[hadpsgd] --overwrite: deleted {', '.join(removed)} of the run in "
-                      f"{out}", flush=True)
-        resolved = to_dict(cfg)
-        resolved["train"]["out_dir"] = str(out)
-        resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
-                             "node_sizes": topo.node_sizes, "device": str(topo.device)}
-        provenance.write_config(out / "config.json", resolved,
-                                provenance.entry(topo, cfg.train.resume))
-        out = str(out)
-    return Path(topo.bcast_object(out, root=0))
-
-
-def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The local optimizer named by ``cfg.optimizer`` (its rate is set by the schedule)."""
-    params = model.parameters()
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                 weight_decay=cfg.weight_decay)
-    raise ValueError(f"--optimizer {cfg.optimizer!r} is unknown; choose sgd, adam or adamw")
