@@ -107,10 +107,10 @@ class Runner:
 
     # ------------------------------------------------------------------ the checks
     def machine(self) -> None:
-        """``python -m hadpsgd.env`` on one rank: the MPI library, CUDA-awareness, NCCL."""
+        """``python -m hadpsgd.comm`` on one rank: the MPI library, CUDA-awareness, NCCL."""
         start = time.monotonic()
-        code, out = self.sh(self.mpirun(1, ["-m", "hadpsgd.env"]), 120)
-        check = Check("machine check (python -m hadpsgd.env)",
+        code, out = self.sh(self.mpirun(1, ["-m", "hadpsgd.comm"]), 120)
+        check = Check("machine check (python -m hadpsgd.comm)",
                       "pass" if code == 0 else "fail", detail=f"exit {code}")
         check.lines = [x for x in out.splitlines() if x.strip()][-30:]
         self.record(check, start)

@@ -64,7 +64,7 @@ def run_worker(module: str, args: Sequence[str], nprocs: int | None, timeout: fl
     ``nprocs=None`` runs one plain process (no mpirun): the single-process baselines.
 
     Args:
-        module: The worker, e.g. ``benchmarks.training.straggler_worker``.
+        module: The worker, e.g. ``benchmarks.training.bmuf_worker``.
         args: Its command line.
         nprocs: Ranks, or ``None`` for one process without MPI.
         timeout: Seconds the job may take.

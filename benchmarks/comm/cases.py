@@ -18,7 +18,7 @@ import torch
 from benchmarks._common.timing import nothing
 from hadpsgd.comm import Topology
 from hadpsgd.comm.flat import zeros as flat_zeros
-from hadpsgd.comm.hierarchical import Path as ReducePath
+from hadpsgd.comm.hierarchical import ReducePath
 
 Buffer = Any
 """A float32 torch tensor (CPU or CUDA) or NumPy array (all accept ``buf[...] = v``, ``==``)."""

@@ -3,7 +3,7 @@
 - :mod:`.throughput` (``python benchmarks/train_throughput.py``): frames/s of hadpsgd SSGD
   against torch DDP and a plain loop, worker :mod:`.throughput_worker`;
 - :mod:`.straggler` (``python benchmarks/straggler.py``): ADPSGD against SSGD with one slow
-  rank, worker :mod:`.straggler_worker`;
+  rank, run through ``python -m hadpsgd.run`` (no worker of its own);
 - :mod:`.bmuf` (``python benchmarks/bmuf.py``): BMUF at several sync periods against
   local-only and SSGD, worker :mod:`.bmuf_worker`.
 

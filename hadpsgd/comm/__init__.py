@@ -4,7 +4,8 @@
 + MPI between nodes), ``broadcast_``, the gossip pair ``exchange`` and their deadlines.
 """
 
-from hadpsgd.comm.compressed import WIRES, CompressedMean, decode, encode, payload_bytes
+from hadpsgd.comm.codec import WIRES, decode, encode, payload_bytes
+from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
 from hadpsgd.comm.flat import FlatBuffer, cudnn_weight_groups

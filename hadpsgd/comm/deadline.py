@@ -125,8 +125,8 @@ class Watchdog:
         self.seq = 0
         """Operations waited on so far; peers compare it to spot who is behind."""
         self.activity = "starting up"
-        """What this rank is doing outside guarded calls (set by the training loop); sent to
-        a stuck peer that asks."""
+        """What this rank is doing outside guarded calls (set through ``Topology.doing`` or
+        ``Topology.now_doing``); sent to a stuck peer that asks."""
         self._active: tuple[str, list[int] | None, float, int] | None = None
         self._monitor: threading.Thread | None = None
         self._lock = threading.Lock()

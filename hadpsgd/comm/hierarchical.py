@@ -35,7 +35,8 @@ from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager, wait_device
 
 HierAlgo = Literal["auto", "shard", "leader"]
-Path = Literal["auto", "flat", "hier"]
+ReducePath = Literal["auto", "flat", "hier"]
+"""How a world sum goes: hierarchical (``hier``), one flat MPI allreduce, or ``auto``."""
 
 
 class Route(NamedTuple):
@@ -78,8 +79,8 @@ def device_direct(dtype: torch.dtype, host_backend: str, cuda_aware: bool) -> bo
     return cuda_aware and dtype in MPI_NATIVE and host_backend == "mpi"
 
 
-Scope = Literal["auto", "flat", "hier", "intra", "inter"]
-"""What a direct sum spans: a :data:`Path` of the world sum, the node, or across nodes."""
+ReduceScope = Literal["auto", "flat", "hier", "intra", "inter"]
+"""What a direct sum spans: a :data:`ReducePath` of the world sum, the node, or across nodes."""
 
 class Reducer:
     """Sums flat tensors over the world, a node, or across nodes.
@@ -205,7 +206,7 @@ class Reducer:
                 return Direct(self.inter, None, self.inter_ranks, True)
         return None
 
-    def direct_sum_(self, t: torch.Tensor, scope: Scope = "flat") -> bool:
+    def direct_sum_(self, t: torch.Tensor, scope: ReduceScope = "flat") -> bool:
         """Sum ``t`` over ``scope`` in one guarded MPI allreduce, if that is its whole route.
 
         That is a contiguous host tensor of an MPI type (not requiring grad), no larger than
@@ -276,7 +277,7 @@ class Reducer:
         return buf[:numel]
 
     # ------------------------------------------------------------------ sums
-    def world_sum_(self, t: torch.Tensor, path: Path = "auto") -> None:
+    def world_sum_(self, t: torch.Tensor, path: ReducePath = "auto") -> None:
         """Sum the 1-D ``t`` over all learners in place."""
         if self._staged(t, lambda h: self.world_sum_(h, path)):
             return
@@ -366,4 +367,5 @@ class Reducer:
                 intra.bcast_(b, root=0)
 
 
-__all__ = ["HierAlgo", "Path", "Reducer", "Route", "Scope", "device_direct", "route"]
+__all__ = ["HierAlgo", "ReducePath", "ReduceScope", "Reducer", "Route", "device_direct",
+           "route"]

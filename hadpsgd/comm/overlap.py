@@ -30,8 +30,9 @@ import torch
 
 from hadpsgd.comm.deadline import CommTimeoutError
 
-Scope = str | None
-"""Which learners a step's gradients are averaged over: ``world``, ``node`` or None (none)."""
+GradScope = str | None
+"""Which learners a step's gradients are averaged over: ``world``, ``node`` or None (none);
+not :data:`hadpsgd.comm.hierarchical.ReduceScope`, which is what one sum spans."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class BucketReducer:
     """
 
     def __init__(self, plan: BucketPlan, buffers: dict[torch.dtype, torch.Tensor],
-                 reduce: Callable[[torch.Tensor, str], None], scope: Callable[[], Scope],
+                 reduce: Callable[[torch.Tensor, str], None], scope: Callable[[], GradScope],
                  local_sum: Callable[[torch.Tensor], torch.Tensor], background: bool,
                  timeout: float) -> None:
         self.plan = plan
@@ -121,7 +122,7 @@ class BucketReducer:
         self._pending = [len(b.params) for b in plan.buckets]  # parameters not yet ready
         self._ready = [False] * len(plan)
         self._next = 0  # the next bucket to reduce (index order on every rank)
-        self._scope: Scope = None
+        self._scope: GradScope = None
         self._local: list[torch.Tensor | None] = [None] * len(plan)
         self._error: BaseException | None = None
         self._stopped = False
@@ -238,4 +239,4 @@ class BucketReducer:
             self._thread.join(timeout=2.0)
 
 
-__all__ = ["Bucket", "BucketPlan", "BucketReducer", "Scope"]
+__all__ = ["Bucket", "BucketPlan", "BucketReducer", "GradScope"]

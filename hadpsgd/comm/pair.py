@@ -20,12 +20,11 @@ from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager, wait_device
 
 
-class Pending:
-    """A non-blocking agreement in flight (a barrier, or a maximum over the channel)."""
+class PairRequest:
+    """A non-blocking agreement over a :class:`PairChannel` in flight (a barrier)."""
 
-    def __init__(self, request: Any, result: np.ndarray | None = None) -> None:
+    def __init__(self, request: Any) -> None:
         self._request = request
-        self._result = result
         self._done = False
 
     def done(self) -> bool:
@@ -33,12 +32,6 @@ class Pending:
         if not self._done:
             self._done = bool(self._request.Test())
         return self._done
-
-    @property
-    def value(self) -> int:
-        """The agreed maximum (only for :meth:`PairChannel.start_max`, once done)."""
-        assert self._result is not None and self._done
-        return int(self._result[0])
 
 
 class PairChannel:
@@ -104,17 +97,9 @@ class PairChannel:
         """Shared counters over this channel's ranks (collective over the channel)."""
         return SharedCounter(self.comm.Dup(), self.watchdog, slots)
 
-    def start_barrier(self) -> Pending:
+    def start_barrier(self) -> PairRequest:
         """Begin a non-blocking barrier over the channel."""
-        return Pending(self.comm.Ibarrier())
-
-    def start_max(self, value: int) -> Pending:
-        """Begin a non-blocking maximum of ``value`` over the channel."""
-        from mpi4py import MPI
-
-        out = np.zeros(1, dtype=np.int64)
-        return Pending(self.comm.Iallreduce(np.array([value], dtype=np.int64), out,
-                                            op=MPI.MAX), out)
+        return PairRequest(self.comm.Ibarrier())
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:

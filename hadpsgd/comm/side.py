@@ -12,7 +12,7 @@ Inside a node every learner holds the same tensor (a super-learner is synchronou
 learner per node (the BMUF-Adam paper's layout) the mean is one non-blocking MPI allreduce
 (fp32) or a :class:`~hadpsgd.comm.compressed.CompressedMean`. With several, local rank ``j``
 carries the ``j``-th slice across the nodes and the node gathers the slices over its own
-duplicate of the node's communicator (a compressed mean in ``split`` form, whatever the
+duplicate of the node's communicator (a compressed mean over both duplicates, whatever the
 wire), so each byte crosses a node's link once. Every learner ends with the same bits.
 
 Jobs run in submission order, one at a time, so the collectives match across ranks. Without
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from hadpsgd.comm.compressed import CompressedMean, check_wire, payload_bytes
+from hadpsgd.comm.codec import check_wire, payload_bytes
+from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog
 from hadpsgd.comm.mpi import MPI_NATIVE, mpi
 
@@ -149,10 +150,9 @@ class SideChannel:
         comp = self._compressors.get(key)
         if comp is None:
             comp = self._compressors[key] = CompressedMean(
-                None, t.numel(), t.dtype, t.device, self.wire, comm=self.inter,
-                watchdog=self.watchdog, inter_ranks=self.inter_ranks, intra=self.intra,
-                node_ranks=self.node_ranks)
-            comp.polled = self.background
+                self.inter, self.watchdog, self.inter_ranks, t.numel(), t.dtype, t.device,
+                self.wire, intra=self.intra, node_ranks=self.node_ranks,
+                polled=self.background)
         return comp
 
     # ------------------------------------------------------------------ jobs

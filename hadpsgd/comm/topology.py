@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from hadpsgd.comm.backends import IntraBackend
-from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
-from hadpsgd.comm.hierarchical import Path, Reducer, Route
+from hadpsgd.comm.hierarchical import ReducePath, Reducer, Route
 from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
 from hadpsgd.comm.objects import allgather_object, bcast_object, gather_object
 from hadpsgd.comm.pair import PairChannel
@@ -127,6 +128,26 @@ class Topology:
         """The path ``tensor`` takes in :meth:`allreduce_` and its relatives."""
         return self.reducer.route(tensor)
 
+    # ------------------------------------------------------------------ activity
+    @contextlib.contextmanager
+    def doing(self, what: str) -> Iterator[None]:
+        """Say ``what`` this rank is doing for the length of a ``with`` block.
+
+        A peer whose collective times out asks the others what they are doing; a rank that
+        is alive but outside communication (a checkpoint write, a slow batch) answers with
+        this. The previous activity is back on exit, so blocks nest.
+        """
+        before = self.watchdog.activity
+        self.watchdog.activity = what
+        try:
+            yield
+        finally:
+            self.watchdog.activity = before
+
+    def now_doing(self, what: str) -> None:
+        """Say ``what`` this rank is doing from now on (where no ``with`` block fits)."""
+        self.watchdog.activity = what
+
     # ------------------------------------------------------------------ collectives
     def _reduce(self, tensor: torch.Tensor, op: ReduceOp, fn: Any, count: int) -> torch.Tensor:
         if op not in ("avg", "sum"):
@@ -142,7 +163,7 @@ class Topology:
         return tensor
 
     def allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg",
-                   path: Path = "auto") -> torch.Tensor:
+                   path: ReducePath = "auto") -> torch.Tensor:
         """Reduce ``tensor`` in place over all learners (``avg`` or ``sum``) and return it.
 
         Args:
@@ -265,17 +286,6 @@ class Topology:
                            wire, background and self.thread_multiple,
                            intra=self.intra.Dup() if self.local_size > 1 else None,
                            node_ranks=self.node_ranks)
-
-    def compressed_mean(self, numel: int, dtype: torch.dtype, device: torch.device | str,
-                        wire: str, split_node: bool = False) -> CompressedMean:
-        """A cross-node mean of ``numel`` values sent in ``wire`` format with error feedback.
-
-        Collective over the world (every rank calls it): it duplicates the inter-node
-        communicator (and the node's, with ``split_node``) and gets its own watchdog, so its
-        :meth:`~hadpsgd.comm.compressed.CompressedMean.mean_` may run in a background thread.
-        """
-        return CompressedMean(self, numel, dtype, torch.device(device), wire,
-                              split_node=split_node)
 
     def shared_counter(self, slots: int) -> SharedCounter:
         """Counters every learner updates one-sidedly (collective: every rank calls it)."""

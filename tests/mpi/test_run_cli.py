@@ -145,19 +145,6 @@ def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
     assert not (tmp_path / "o").exists()  # nothing trained, nothing written
 
 
-def test_env_check_reports_the_machine(tmp_path):
-    """``python -m hadpsgd.env`` under mpirun: the MPI library, thread level, CUDA-awareness,
-    the ranks per host; a bad HADPSGD_* value is a problem (exit 1)."""
-    res = run_mpi(2, ["-m", "hadpsgd.env"])
-    assert res.returncode == 0, res.output[-2000:]
-    for phrase in ("[hadpsgd.env] MPI library:", "MPI world: 2 rank(s), thread level",
-                   "CUDA-aware MPI:", "torch:", "2 rank(s), GPUs visible per rank"):
-        assert phrase in res.stdout, res.stdout
-    res = run_mpi(2, ["-m", "hadpsgd.env"], env={"HADPSGD_TIMEOUT": "soon"})
-    assert res.returncode != 0
-    assert "problem: HADPSGD_TIMEOUT='soon' is not a number" in res.stdout
-
-
 def test_loader_workers_after_mpi_init_give_the_same_run(tiny_data, tmp_path):
     """``--num-workers 2`` starts its workers after MPI init (spawned, not forked): the run
     completes on every rank and reads exactly the batches the in-process loader reads."""

@@ -2,11 +2,13 @@
 
 Fake communicators stand in for MPI: they record the calls a reduction makes, so the direct
 path (``Reducer.direct_sum_``) is checked to make exactly the call of the general path, under
-the watchdog's guard, and only where that is the general path's whole work.
+the watchdog's guard, and only where that is the general path's whole work. The watchdog's
+activity, as ``Topology.doing`` sets it, is checked here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -18,6 +20,7 @@ from hadpsgd.comm import deadline
 from hadpsgd.comm.backends import IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import Reducer
+from hadpsgd.comm.topology import Topology
 
 IN_PLACE, SUM = "IN_PLACE", "SUM"
 
@@ -216,6 +219,28 @@ def test_guard_marks_the_call_and_clears_it(no_mpi):
         assert wd._monitor is monitor  # one monitor thread, started once
     finally:
         wd.stop()
+
+
+def test_doing_tells_peers_what_this_rank_does_and_nests(no_mpi):
+    wd = Watchdog(FakeControl(), 100.0, thread_multiple=False)
+    need = [f.name for f in dataclasses.fields(Topology)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    topo = Topology(**{**dict.fromkeys(need), "watchdog": wd})  # doing() needs no more
+    assert wd.doing() == "starting up"
+    with topo.doing("writing checkpoint 3"):
+        assert wd.doing() == "writing checkpoint 3"
+        with topo.doing("evaluating held-out"):
+            assert wd.doing() == "evaluating held-out"
+        assert wd.doing() == "writing checkpoint 3"
+        with pytest.raises(KeyError), topo.doing("loading a batch"):
+            raise KeyError("boom")
+        assert wd.doing() == "writing checkpoint 3"  # restored on an error too
+    assert wd.doing() == "starting up"
+    topo.now_doing("in training step 7")
+    assert wd.doing() == "in training step 7"
+    with topo.doing("evaluating held-out"):
+        pass
+    assert wd.doing() == "in training step 7"
 
 
 def test_guarded_call_past_the_deadline_is_named_and_aborts(no_mpi, capfd):

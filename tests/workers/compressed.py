@@ -1,4 +1,4 @@
-"""Worker: the compressed cross-node mean (``Topology.compressed_mean``) under real mpirun.
+"""Worker: the compressed cross-node mean (``comm.CompressedMean``) under real mpirun.
 
 Every learner of node i holds the same tensor x_i (a super-learner). For every wire, with the
 whole tensor per learner and (with several learners per node) split across the node:
@@ -22,6 +22,7 @@ import threading
 import torch
 
 from hadpsgd import comm
+from hadpsgd.comm.compressed import MEAN_BUCKET_ELEMS
 
 topo = comm.init(device="cpu")
 r, nodes, per_node = topo.rank, topo.num_nodes, topo.local_size
@@ -70,6 +71,18 @@ def server_residual(states: list[dict], slices: int) -> torch.Tensor:
     return out
 
 
+def compressed_mean(dtype: torch.dtype, wire: str, split: bool,
+                    bucket: int = MEAN_BUCKET_ELEMS) -> comm.CompressedMean:
+    """A mean on private duplicates of the topology's communicators, with its own watchdog
+    (collective: every rank makes it), as a background thread needs."""
+    topo.require_equal_nodes("a compressed cross-node mean")
+    watchdog = comm.Watchdog(topo.comm.Dup(), topo.timeout, topo.thread_multiple)
+    return comm.CompressedMean(topo.inter.Dup(), watchdog, topo.inter_ranks, N, dtype, "cpu",
+                               wire, intra=topo.intra.Dup() if split else None,
+                               node_ranks=topo.node_ranks if split else None,
+                               bucket_elems=bucket)
+
+
 def mean(k: int, dtype: torch.dtype) -> torch.Tensor:
     ref = data(0, k, dtype).clone()
     for i in range(1, nodes):
@@ -82,8 +95,7 @@ for split in ([False, True] if per_node > 1 else [False]):
     slices = per_node if split else 1
     for wire in comm.WIRES:
         tag = f"{wire} split={split}"
-        cm = comm.CompressedMean(topo, N, torch.float32, torch.device("cpu"), wire,
-                                 split_node=split, bucket_elems=BUCKET)
+        cm = compressed_mean(torch.float32, wire, split, BUCKET)
         t = data(topo.node, 0, torch.float32)
         cm.mean_(t)
         check(f"identical {tag}", same_everywhere(t))
@@ -112,8 +124,7 @@ for split in ([False, True] if per_node > 1 else [False]):
     # Error feedback over K rounds, in float64 (the rounding of the arithmetic is negligible).
     for wire in ("bf16", "int8"):
         tag = f"{wire} split={split}"
-        cm = comm.CompressedMean(topo, N, torch.float64, torch.device("cpu"), wire,
-                                 split_node=split, bucket_elems=BUCKET)
+        cm = compressed_mean(torch.float64, wire, split, BUCKET)
         out_sum = torch.zeros(N, dtype=torch.float64)
         mean_sum = torch.zeros(N, dtype=torch.float64)
         for k in range(4):
@@ -128,8 +139,7 @@ for split in ([False, True] if per_node > 1 else [False]):
         total = out_sum + worker_mean + server_residual(leaders, slices)
         check(f"telescopes {tag}", float((total - mean_sum).abs().max()) < 1e-9)
         # Exact resume: a fresh one with the saved state continues bit for bit.
-        again = comm.CompressedMean(topo, N, torch.float64, torch.device("cpu"), wire,
-                                    split_node=split, bucket_elems=BUCKET)
+        again = compressed_mean(torch.float64, wire, split, BUCKET)
         again.load_state_dict(state)
         a, b = data(topo.node, 9, torch.float64), data(topo.node, 9, torch.float64)
         check(f"resume {tag}", torch.equal(cm.mean_(a), again.mean_(b)))
@@ -149,7 +159,7 @@ for split in ([False, True] if per_node > 1 else [False]):
 
 # In a background thread, beside the main thread's own collectives (MPI_THREAD_MULTIPLE).
 if topo.thread_multiple:
-    cm = topo.compressed_mean(N, torch.float32, "cpu", "int8")
+    cm = compressed_mean(torch.float32, "int8", split=False)
     results: list[torch.Tensor] = []
     worker = threading.Thread(target=lambda: results.extend(
         cm.mean_(data(topo.node, k, torch.float32)) for k in range(3)))
