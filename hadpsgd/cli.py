@@ -45,8 +45,28 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def flag(name: str) -> str:
-    """The command-line flag of a field name (``batch_size`` -> ``--batch-size``)."""
+def option_name(f: dataclasses.Field) -> str:
+    """A field's name in the run's one namespace of options (argparse, ``config.json``).
+
+    The field's own name, unless its metadata gives a ``flag`` (without the dashes): a field
+    whose name is too generic for the flags of every algorithm together keeps it in its own
+    code (``warmup_steps``) and takes the flag's spelling there (``bmuf_warmup_steps``).
+    """
+    return f.metadata.get("flag", f.name).replace("-", "_")
+
+
+def flag(name: str, owner: Any = None) -> str:
+    """The command-line flag of a field name (``batch_size`` -> ``--batch-size``).
+
+    Args:
+        name: The field's name.
+        owner: The dataclass (or an instance) that declares it, whose metadata may give the
+            field another flag (see :func:`option_name`).
+    """
+    if owner is not None:
+        for f in dataclasses.fields(owner):
+            if f.name == name:
+                name = option_name(f)
     return "--" + name.replace("_", "-")
 
 
@@ -87,15 +107,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         base, optional = _unwrap_optional(tp)
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = docs.get(f.name, "")
+        dest = option_name(f)
         if base is bool:
-            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+            group.add_argument(flag(dest), dest=dest, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
             continue
         choices = _choices(f, base)
         conv = str if get_origin(base) is Literal else base
         metavar = None if choices else ("N" if base is int else "X" if base is float else "STR")
         group.add_argument(
-            flag(f.name), dest=f.name, type=conv, choices=choices, metavar=metavar,
+            flag(dest), dest=dest, type=conv, choices=choices, metavar=metavar,
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default}{', optional' if optional else ''})",
         )
@@ -109,8 +130,8 @@ def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = from_namespace(tp, ns)  # type: ignore[arg-type]
-        elif hasattr(ns, f.name):
-            kwargs[f.name] = getattr(ns, f.name)
+        elif hasattr(ns, option_name(f)):
+            kwargs[f.name] = getattr(ns, option_name(f))
     return cls(**kwargs)
 
 

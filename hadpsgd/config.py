@@ -15,7 +15,15 @@ from typing import Any, Literal, get_type_hints
 
 from hadpsgd import algorithms
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB
-from hadpsgd.cli import ConfigError, add_arguments, field_docs, flag, from_namespace, to_dict
+from hadpsgd.cli import (
+    ConfigError,
+    add_arguments,
+    field_docs,
+    flag,
+    from_namespace,
+    option_name,
+    to_dict,
+)
 from hadpsgd.config_file import merge, read_config_file
 
 __all__ = ["AlgoConfig", "CommConfig", "ConfigError", "DataConfig", "ModelConfig",
@@ -215,8 +223,11 @@ def _algo_config() -> type:
 
     Each algorithm defines and validates its options in its own module (``Options``); this
     class only gathers them, so adding an algorithm or an option touches that module alone.
+    Its fields are named as the run's flags and ``config.json`` name them
+    (:func:`hadpsgd.cli.option_name`: ``bmuf_warmup_steps`` for BMUF's ``warmup_steps``).
     ``--help`` shows one group per algorithm. An option shared by several algorithms must be
-    declared alike in each.
+    declared alike in each. The chosen algorithm validates its own, once
+    (:meth:`RunConfig.algo_options`).
     """
     fields: dict[str, tuple[str, Any, dataclasses.Field]] = {}
     docs: dict[str, str] = {}
@@ -225,23 +236,20 @@ def _algo_config() -> type:
     for spec in algorithms.specs():
         hints = get_type_hints(spec.options)
         for f in dataclasses.fields(spec.options):
-            owners.setdefault(f.name, []).append(spec.name)
-            if f.name in fields:
+            name = option_name(f)
+            owners.setdefault(name, []).append(spec.name)
+            if name in fields:
                 continue
             default = (field(default=f.default, metadata=f.metadata)
                        if f.default is not dataclasses.MISSING
                        else field(default_factory=f.default_factory, metadata=f.metadata))
-            fields[f.name] = (f.name, hints[f.name], default)
-            docs[f.name] = field_docs(spec.options).get(f.name, "")
-            groups[f.name] = f"--algo {spec.name}: {spec.description}"
-
-    def post_init(self: Any) -> None:
-        for spec in algorithms.specs():  # each algorithm validates its own options
-            spec.cls.options_of(self)
+            fields[name] = (name, hints[f.name], default)
+            docs[name] = field_docs(spec.options).get(f.name, "")
+            groups[name] = f"--algo {spec.name}: {spec.description}"
 
     return dataclasses.make_dataclass(
         "AlgoConfig", list(fields.values()),
-        namespace={"__post_init__": post_init, "__field_docs__": docs,
+        namespace={"__field_docs__": docs,
                    "__field_groups__": groups, "__owners__": owners,
                    "__doc__": "Options of the distributed algorithms (from the registry).",
                    "__module__": __name__})
@@ -301,6 +309,18 @@ class RunConfig:
     """Algorithm options."""
     comm: CommConfig = field(default_factory=CommConfig)
     """Communication options."""
+
+    def __post_init__(self) -> None:
+        # Built and validated here, once: the assembly hands this very object to the
+        # algorithm, and run.main asks it for the layout (ADPSGD's super-learners).
+        self._algo_options = algorithms.spec(self.train.algo).options.from_section(self.algo)
+
+    def algo_options(self) -> algorithms.AlgoOptions:
+        """The options of ``--algo``'s algorithm, picked from :attr:`algo` and validated.
+
+        Raises nothing: a bad value was a :class:`ConfigError` when this was constructed.
+        """
+        return self._algo_options
 
 
 def _foreign_options(ns: argparse.Namespace, algo: str) -> list[str]:

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from hadpsgd import algorithms, comm, env
+from hadpsgd import comm, env
 from hadpsgd.assembly import build_trainer, resume
 from hadpsgd.cli import ConfigError
 from hadpsgd.config import RunConfig, parse_config
@@ -92,7 +92,7 @@ def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: boo
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code (see the module docstring)."""
     cfg = parse_config(argv)
-    options = algorithms.get(cfg.train.algo).options_of(cfg.algo)
+    options = cfg.algo_options()
     try:
         # The algorithm may group ranks into super-learners (ADPSGD's --super-learner-size).
         topo = comm.init(options.ranks_per_node() or cfg.comm.ranks_per_node, cfg.comm.device,

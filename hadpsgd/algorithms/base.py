@@ -1,140 +1,37 @@
-"""The base class every training algorithm derives from, and the name registry behind ``--algo``."""
+"""The base class every training algorithm derives from: the step template and its verdict."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradSync
-from hadpsgd.cli import ConfigError, flag
+from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradCheck, GradSync
+from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.comm import FlatBuffer, Topology, cudnn_weight_groups
-from hadpsgd.comm.overlap import Scope
-
-
-@dataclass
-class AlgoOptions:
-    """Base of an algorithm's command-line options (a dataclass beside the algorithm).
-
-    Field names are the flags (``sync_period`` -> ``--sync-period``), field docstrings their
-    help, ``__post_init__`` their validation (raising :class:`hadpsgd.cli.ConfigError` that
-    names the flag). The run configuration and the sweep tool read them from the registry.
-    """
-
-    def check_choices(self) -> None:
-        """Refuse a field outside the ``choices`` its metadata declares, naming the flag.
-
-        The generated CLI already restricts such flags; this catches ``--config`` files and
-        direct construction. Call it from ``__post_init__``.
-
-        Raises:
-            ConfigError: For the first such field.
-        """
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices is not None and value not in choices:
-                raise ConfigError(f"{flag(f.name)} must be one of {', '.join(choices)}, got "
-                                  f"{value!r}")
-
-    def algorithm_kwargs(self) -> dict[str, Any]:
-        """The constructor keywords these options stand for (default: the fields as they are)."""
-        return dataclasses.asdict(self)
-
-    def ranks_per_node(self) -> int | None:
-        """Learners per super-learner this algorithm asks for (None: the nodes as they are)."""
-        return None
-
-    # One line for --help: the defaults recipe() sets (empty if none). A comment, not a
-    # docstring, so that the generated CLI does not take it for an option.
-    recipe_help: ClassVar[str] = ""
-
-    @classmethod
-    def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults this algorithm gives to options the user did not set.
-
-        Args:
-            given: The options set on the command line (flag names with ``_``).
-
-        Returns:
-            Option name -> value, only for options absent from ``given``; shared options
-            (``optimizer``, ``beta1``) as well as the algorithm's own.
-        """
-        return {}
+from hadpsgd.comm.overlap import GradScope
 
 
 @dataclass(frozen=True)
-class AlgoSpec:
-    """A registry entry: what ``--algo NAME`` builds and which options it reads."""
+class StepResult:
+    """What one :meth:`Algorithm.step` found and did: the verdict the training loop reads."""
 
-    name: str
-    description: str
-    """One line for ``--help`` and the docs."""
-    cls: type[Algorithm]
-    options: type[AlgoOptions]
-
-
-_REGISTRY: dict[str, AlgoSpec] = {}
-A = TypeVar("A", bound="type[Algorithm]")
-
-
-def register(name: str, description: str | None = None) -> Callable[[A], A]:
-    """Class decorator that makes an algorithm available as ``build(name, ...)`` / ``--algo``.
-
-    The entry carries the class's ``Options`` dataclass and a one-line description (default:
-    the first line of the class docstring).
-    """
-
-    def deco(cls: A) -> A:
-        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
-            raise ValueError(f"algorithm name {name!r} is already registered")
-        line = description or (cls.__doc__ or name).strip().split("\n")[0]
-        _REGISTRY[name] = AlgoSpec(name, line, cls, cls.Options)
-        cls.name = name
-        return cls
-
-    return deco
-
-
-def names() -> list[str]:
-    """Registered algorithm names, sorted."""
-    return sorted(_REGISTRY)
-
-
-def specs() -> list[AlgoSpec]:
-    """Every registry entry, sorted by name."""
-    return [_REGISTRY[n] for n in names()]
-
-
-def spec(name: str) -> AlgoSpec:
-    """The registry entry of ``name``.
-
-    Raises:
-        ValueError: If ``name`` is unknown; the message lists the registered names.
-    """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown algorithm {name!r}; registered: {', '.join(names())}"
-        ) from None
-
-
-def get(name: str) -> type[Algorithm]:
-    """The class registered under ``name`` (see :func:`spec`)."""
-    return spec(name).cls
-
-
-def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
-          **options: Any) -> Algorithm:
-    """Construct the algorithm registered under ``name`` (see :func:`get`)."""
-    return get(name)(model, optimizer, topo, **options)
+    loss: float
+    """The loss given to the step, as a float (NaN if none was given)."""
+    finite: bool
+    """Whether the reduced gradient was finite (every learner that shares it agrees)."""
+    local_finite: bool
+    """Whether this learner's own gradient was finite before any reduction: a False here
+    names the origin of a NaN that the reduction spread to its peers."""
+    norm: float
+    """The reduced gradient's global L2 norm (NaN unless clipping asked for it)."""
+    skipped: bool
+    """Whether no update was applied (the reduced gradient was not finite)."""
 
 
 class Algorithm:
@@ -147,10 +44,17 @@ class Algorithm:
         model: The local replica.
         optimizer: An ordinary optimizer over ``model``'s parameters.
         topo: The communication topology from :func:`hadpsgd.comm.init`.
+        options: This algorithm's :attr:`Options`, built and validated (by the run
+            configuration); or leave it out and give them as keywords (``option_values``).
         max_grad_norm: Clip the (synchronised) gradient to this global L2 norm; 0 disables.
         overlap: Reduce gradient buckets during backward (see :class:`GradSync`): True or
             ``on``, False or ``off``, or ``auto`` (on when the model is on a GPU).
         grad_bucket_mb: Gradient bucket size in MiB.
+        option_values: The options by name (``sync_period=8``), when ``options`` is not given.
+
+    Raises:
+        TypeError: For a keyword that is no option of this algorithm.
+        hadpsgd.cli.ConfigError: For an option out of range, naming its flag.
     """
 
     name: str = "base"
@@ -159,15 +63,18 @@ class Algorithm:
     divergence_hint: str = ""
     """This algorithm's advice when its run diverges (a sentence, or empty)."""
 
-    @classmethod
-    def options_of(cls, algo_cfg: Any) -> AlgoOptions:
-        """This algorithm's options, picked from a run configuration's ``algo`` section."""
-        return cls.Options(**{f.name: getattr(algo_cfg, f.name)
-                              for f in dataclasses.fields(cls.Options)})
+    needs_equal_nodes = False
+    """Whether the super-learners must be of equal size (BMUF's block average)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 topo: Topology, max_grad_norm: float = 0.0, overlap: bool | str = "auto",
-                 grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology, *,
+                 options: AlgoOptions | None = None, max_grad_norm: float = 0.0,
+                 overlap: bool | str = "auto", grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
+                 **option_values: Any) -> None:
+        # Every rank raises alike, before the first collective, so nobody is left waiting.
+        self.options = self.Options.resolve(options, option_values)
+        """This algorithm's validated options (built once, here or by the configuration)."""
+        if self.needs_equal_nodes:
+            topo.require_equal_nodes(self.name)
         if max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {max_grad_norm}")
         self.max_grad_norm = max_grad_norm
@@ -178,11 +85,6 @@ class Algorithm:
         """Steps taken by this learner (including skipped non-finite ones)."""
         self.skipped_steps = 0
         """Steps whose synchronised gradient was not finite, so no update was applied."""
-        self.local_nonfinite = False
-        """Whether this learner's own gradient (before any reduction) was non-finite in the
-        last step: it names the origin of a NaN that the reduction spreads to its peers."""
-        self.last_loss = float("nan")
-        """The loss given to the last :meth:`step`, as a float (NaN if none was)."""
         self._closed = False
         params = [p for p in model.parameters() if p.requires_grad]
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -199,7 +101,6 @@ class Algorithm:
         self.gradsync = GradSync(params, topo, self.grad_scope, bucket_mb=grad_bucket_mb,
                                  overlap=overlap)
         self.grads = self.gradsync.flat
-        self._check = None
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
 
@@ -211,7 +112,7 @@ class Algorithm:
     """Whether :meth:`evaluation_parameters` differs from the local replica (BMUF), so that a
     checkpoint must store both."""
 
-    def step(self, loss: torch.Tensor | None = None) -> None:
+    def step(self, loss: torch.Tensor | None = None) -> StepResult:
         """Apply this step's gradients: the template every algorithm follows.
 
         Reduce the gradients as the algorithm says (:meth:`reduce_grads`: the buckets that
@@ -223,18 +124,22 @@ class Algorithm:
         block sync, gossip).
 
         Args:
-            loss: The step's loss; given, it is read in the same synchronisation and left
-                in :attr:`last_loss` (so the training loop needs no second one).
+            loss: The step's loss; given, it is read in the same synchronisation (so the
+                training loop needs no second one).
+
+        Returns:
+            The step's verdict: its loss, the finiteness of this learner's and of the reduced
+            gradient, the norm, and whether the update was skipped.
         """
         self.reduce_grads()
-        self._check = self.gradsync.check(norm=self.max_grad_norm > 0, loss=loss)
-        self.local_nonfinite = not self._check.local_finite
-        self.last_loss = self._check.loss
-        self.apply_update()
+        check = self.gradsync.check(norm=self.max_grad_norm > 0, loss=loss)
+        applied = self.apply_update(check)
         self.steps += 1
         self.after_step()
+        return StepResult(loss=check.loss, finite=check.finite, local_finite=check.local_finite,
+                          norm=check.norm, skipped=not applied)
 
-    def grad_scope(self) -> Scope:
+    def grad_scope(self) -> GradScope:
         """Over which learners this step's gradients are averaged: ``world``, ``node`` or None.
 
         Asked once per step, when its first gradient bucket is reduced (during backward when
@@ -246,26 +151,22 @@ class Algorithm:
         """Finish averaging the gradient buffers over :meth:`grad_scope`'s learners."""
         self.gradsync.finish()
 
-    def apply_update(self) -> None:
-        """Take the (clipped) optimizer step unless the reduced gradient is non-finite."""
-        self.apply_grads()
-
     def after_step(self) -> None:  # noqa: B027 - SSGD has nothing to do between steps
         """The algorithm's work after a counted step (block sync, gossip); none by default."""
 
-    def apply_grads(self) -> bool:
+    def apply_update(self, check: GradCheck) -> bool:
         """Clip and take the optimizer step, unless the (synchronised) gradient is non-finite.
 
         Every learner that applies the same reduced gradient reaches the same verdict, so
         they skip the step together without another message; the step still counts, which
         keeps periodic collectives (BMUF's block sync, the loop's control points) aligned.
 
+        Args:
+            check: The step's finiteness and norm (:meth:`GradSync.check`).
+
         Returns:
             Whether the update was applied.
         """
-        check = self._check if self._check is not None else self.gradsync.check(
-            norm=self.max_grad_norm > 0)
-        self._check = None
         if not check.finite:
             self.skipped_steps += 1
             return False

@@ -22,7 +22,7 @@ import time
 import torch
 
 from hadpsgd import faults
-from hadpsgd.comm.compressed import decode, encode, payload_bytes
+from hadpsgd.comm.codec import decode, encode, payload_bytes
 from hadpsgd.comm.pair import PairChannel
 
 BUSY, READY, LOCKED, CLOSED, MATCHED = 0, 1, 2, 3, 16

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hadpsgd.comm import FlatBuffer, Topology
-from hadpsgd.comm.overlap import BucketPlan, BucketReducer, Scope
+from hadpsgd.comm.overlap import BucketPlan, BucketReducer, GradScope
 
 DEFAULT_GRAD_BUCKET_MB = 25.0
 """Bucket size of the overlapped gradient reduction (DDP's default ``bucket_cap_mb``)."""
@@ -68,7 +68,7 @@ class GradSync:
     """
 
     def __init__(self, params: list[nn.Parameter], topo: Topology,
-                 scope: Callable[[], Scope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
+                 scope: Callable[[], GradScope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
                  overlap: bool | str = "auto") -> None:
         if bucket_mb <= 0:
             raise ValueError(f"grad bucket size must be > 0 MiB, got {bucket_mb}")
@@ -102,7 +102,7 @@ class GradSync:
         """Whether buckets are reduced during backward."""
         return self.reducer.background
 
-    def _scope(self) -> Scope:
+    def _scope(self) -> GradScope:
         # A scope of one learner reduces nothing: no reduction, no separate local sums.
         scope = self._scope_of_step()
         if (scope == "world" and self.topo.size == 1) or (scope == "node"

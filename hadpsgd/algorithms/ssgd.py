@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hadpsgd.algorithms.base import Algorithm, register
-from hadpsgd.comm.overlap import Scope
+from hadpsgd.algorithms.base import Algorithm
+from hadpsgd.algorithms.registry import register
+from hadpsgd.comm.overlap import GradScope
 
 
 @register("ssgd", "synchronous SGD: one gradient allreduce over all learners every step")
@@ -17,6 +18,6 @@ class SSGD(Algorithm):
     arguments: those of :class:`Algorithm`.
     """
 
-    def grad_scope(self) -> Scope:
+    def grad_scope(self) -> GradScope:
         """Every step averages over all learners."""
         return "world"

@@ -124,12 +124,15 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer
 def build_algorithm(cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                     topo: Topology) -> Algorithm:
     """The algorithm ``--algo`` names, with its own options and the shared ones."""
-    return algorithms.build(cfg.train.algo, model, optimizer, topo,
-                            **algorithm_kwargs(cfg))
+    return algorithms.build(cfg.train.algo, model, optimizer, topo, **algorithm_kwargs(cfg))
 
 
 def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """The constructor keywords of ``--algo``'s algorithm, read from a ``RunConfig``."""
-    options = algorithms.get(cfg.train.algo).options_of(cfg.algo)
-    return {**options.algorithm_kwargs(), "max_grad_norm": cfg.optim.max_grad_norm,
+    """The constructor keywords of ``--algo``'s algorithm, read from a ``RunConfig``.
+
+    Its own options are the object the configuration built and validated
+    (:meth:`RunConfig.algo_options`), handed on as it is; the shared ones come from the
+    optimizer and communication sections.
+    """
+    return {"options": cfg.algo_options(), "max_grad_norm": cfg.optim.max_grad_norm,
             "overlap": cfg.comm.overlap, "grad_bucket_mb": cfg.comm.grad_bucket_mb}

@@ -1,11 +1,12 @@
 """BMUF under real mpirun against a NumPy reference of the paper's equations (bmuf-adam).
 
-The reference below is written from the paper (Eq. 1-9 for the filter, Eq. 13 and 16-17 for
-the moments, Algorithm 1 for Adam's step k), with NumPy versions of torch's SGD-momentum and
-Adam updates; it does not import hadpsgd. Workers (``tests/workers/bmuf_ref.py``) run every
-configuration of ``tests/workers/bmuf_common.py`` for 5 blocks and a partial one on float64
-models and dump every rank's state before and after the closing ``finish()`` (after checking
-that ``sync()``, which evaluation and checkpoints call, changes nothing).
+The reference (``tests/bmuf_reference.py``, shared with ``test_bmuf_stream.py``) is written
+from the paper (Eq. 1-9 for the filter, Eq. 13 and 16-17 for the moments, Algorithm 1 for
+Adam's step k), with NumPy versions of torch's SGD-momentum and Adam updates; it does not
+import hadpsgd. Here it runs blocking, with one fragment. Workers (``tests/workers/bmuf_ref.py``)
+run every configuration of ``tests/workers/bmuf_common.py`` for 5 blocks and a partial one on
+float64 models and dump every rank's state before and after the closing ``finish()`` (after
+checking that ``sync()``, which evaluation and checkpoints call, changes nothing).
 """
 
 from __future__ import annotations
@@ -15,157 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.bmuf_reference import Opt, loss_grad, reference
 from tests.conftest import assert_ok, run_worker
-from tests.workers.bmuf_common import MAIN, SINGLE, group_batch, init_params, unflatten
+from tests.workers.bmuf_common import MAIN, SINGLE, group_batch, init_params
 
 pytestmark = pytest.mark.mpi
 RTOL, ATOL = 1e-5, 1e-9
-
-
-# ---------------------------------------------------------------------- NumPy reference
-def loss_grad(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Gradient of mean((tanh(x W1^T + b1) W2^T + b2 - y)^2) w.r.t. the flat parameters."""
-    w1, b1, w2, b2 = unflatten(theta)
-    h = np.tanh(x @ w1.T + b1)
-    d_out = 2.0 * (h @ w2.T + b2 - y) / y.size
-    d_z = (d_out @ w2) * (1.0 - h * h)
-    return np.concatenate([(d_z.T @ x).ravel(), d_z.sum(0), (d_out.T @ h).ravel(),
-                           d_out.sum(0)])
-
-
-class NpSGD:
-    """torch.optim.SGD: g += wd*p; buf = mu*buf + g (buf = g at first); p -= lr*(g+mu*buf|buf)."""
-
-    def __init__(self, c: dict, n: int) -> None:
-        self.c, self.buf = c, None
-        self.moments = {"m": c["momentum"]} if c["momentum"] else {}
-
-    def step(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
-        c = self.c
-        g = g + c["wd"] * p
-        if c["momentum"]:
-            self.buf = g.copy() if self.buf is None else c["momentum"] * self.buf + g
-            g = g + c["momentum"] * self.buf if c["sgd_nesterov"] else self.buf
-        return p - c["lr"] * g
-
-    def get(self, key: str) -> np.ndarray:
-        return self.buf
-
-    def set(self, key: str, value: np.ndarray) -> None:
-        self.buf = value.copy()
-
-
-class NpAdam:
-    """torch.optim.Adam / AdamW (eps 1e-8), Algorithm 1 lines 3-8, with a fractional step k."""
-
-    def __init__(self, c: dict, n: int) -> None:
-        self.c, self.m, self.v, self.k = c, np.zeros(n), np.zeros(n), 0.0
-        self.moments = {"m": c["b1"], "v": c["b2"]}
-
-    def step(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
-        c, b1, b2 = self.c, self.c["b1"], self.c["b2"]
-        self.k += 1
-        if c["opt"] == "adamw":
-            p = p * (1 - c["lr"] * c["wd"])
-        else:
-            g = g + c["wd"] * p
-        self.m = b1 * self.m + (1 - b1) * g
-        self.v = b2 * self.v + (1 - b2) * g * g
-        m_hat, v_hat = self.m / (1 - b1 ** self.k), self.v / (1 - b2 ** self.k)
-        return p - c["lr"] * m_hat / (np.sqrt(v_hat) + 1e-8)
-
-    def get(self, key: str) -> np.ndarray:
-        return getattr(self, key)
-
-    def set(self, key: str, value: np.ndarray) -> None:
-        setattr(self, key, value.copy())
-
-
-def make_np_opt(c: dict, n: int) -> NpSGD | NpAdam:
-    return NpSGD(c, n) if c["opt"] == "sgd" else NpAdam(c, n)
-
-
-def reference(c: dict, n_super: int, per_super: int) -> dict[str, dict[str, np.ndarray]]:
-    """BMUF (docs/design.md / paper Eq. 1-9, 13, 16-17) over ``n_super`` super-learners.
-
-    Super-learner ``j`` is fed the concatenated batches of virtual learners
-    ``j*per_super .. (j+1)*per_super-1``. Returns per-super-learner states before and after
-    the closing forced sync of the partial last block.
-    """
-    n = init_params().size
-    eta = 1 - 1 / n_super if c["eta"] is None else c["eta"]
-    zeta, tau = c["zeta"], c["tau"]
-    opts = [make_np_opt(c, n) for _ in range(n_super)]
-    local = [init_params() for _ in range(n_super)]
-
-    def grad(j: int, t: int) -> np.ndarray:
-        return loss_grad(local[j], *group_batch(j * per_super, per_super, t))
-
-    for t in range(1, c["warmup"] + 1):  # synchronous SGD over all learners
-        g = np.mean([grad(j, t) for j in range(n_super)], axis=0)
-        local = [o.step(p, g) for o, p in zip(opts, local, strict=True)]
-    if c["warmup"] and c["warmup_moments"] == "reset":  # a fresh optimizer when BMUF starts
-        opts = [make_np_opt(c, n) for _ in range(n_super)]
-    theta, start, delta, rho = local[0].copy(), local[0].copy(), np.zeros(n), 0.0
-    m_init = {k: (opts[0].get(k) if opts[0].get(k) is not None else np.zeros(n)).copy()
-              for k in opts[0].moments}
-    box = {"theta": theta, "start": start, "delta": delta, "rho": rho, "m_init": m_init}
-
-    def block_sync(steps: int) -> None:
-        theta_bar = np.mean(local, axis=0)
-        box["delta"] = eta * box["delta"] + zeta * (theta_bar - box["start"])      # Eq. 1
-        box["theta"] = box["theta"] + box["delta"]                                 # Eq. 2
-        box["start"] = (box["theta"] + eta * box["delta"] if c["nesterov"]         # Eq. 7
-                        else box["theta"].copy())                                  # Eq. 5
-        local[:] = [box["start"].copy() for _ in local]
-        rho_prev = box["rho"]
-        box["rho"] = eta * box["rho"] + steps                                      # Eq. 4
-        # The start point lies eta * rho mini-batches beyond theta_bar: Nesterov's
-        # theta_bar + eta * Delta_n (Eq. 9) adds eta * rho_n, the classical
-        # theta_bar + eta * Delta_{n-1} (Eq. 6) adds eta * rho_{n-1}.
-        er = eta * (box["rho"] if c["nesterov"] else rho_prev)
-        for key, beta in opts[0].moments.items():
-            bar = np.mean([o.get(key) for o in opts], axis=0)                      # Eq. 13
-            if c["moments"] == "average":
-                new = bar
-            elif c["moments"] == "corrected":
-                prev = box["m_init"][key]
-                e_g = (bar - beta ** steps * prev) / (1 - beta ** steps)          # Eq. 17
-                new = beta ** (steps + er) * prev + (1 - beta ** (steps + er)) * e_g  # Eq. 16
-                box["m_init"][key] = new
-            elif c["moments"] == "reset":
-                new = np.zeros(n)
-            else:
-                continue
-            for o in opts:
-                o.set(key, new)
-        if c["opt"] != "sgd":
-            for o in opts:
-                if c["moments"] == "corrected":
-                    o.k += er                                    # Algorithm 1, line 16
-                elif c["moments"] == "reset":
-                    o.k = 0.0
-
-    in_block = 0
-    for t in range(c["warmup"] + 1, c["steps"] + 1):
-        local[:] = [o.step(local[j], grad(j, t)) for j, o in enumerate(opts)]
-        in_block += 1
-        if in_block == tau:
-            block_sync(in_block)
-            in_block = 0
-
-    def snap() -> dict[str, np.ndarray]:
-        out = {"local": np.stack(local), "global": box["theta"].copy()}
-        for key in opts[0].moments:
-            out[key] = np.stack([o.get(key) for o in opts])
-        if c["opt"] != "sgd":
-            out["k"] = np.array([o.k for o in opts])
-        return out
-
-    before = snap()
-    assert in_block > 0, "the configuration must end with a partial block"
-    block_sync(in_block)
-    return {"before": before, "after": snap()}
 
 
 # ---------------------------------------------------------------------- worker launches
@@ -203,7 +59,10 @@ def _check_against_reference(got: dict, ref: dict, c: dict, ranks_per_super: int
         for key in ["local", "m"] + (["v", "k"] if c["opt"] != "sgd" else []):
             if key not in r:
                 continue
-            _close(got[f"{phase}_{key}"], r[key][rows], f"{c['name']} {phase} {key}")
+            have = got[f"{phase}_{key}"]
+            if key == "k":  # the worker dumps one k per rank; the reference one per element
+                have = np.repeat(have[:, None], r[key].shape[1], axis=1)
+            _close(have, r[key][rows], f"{c['name']} {phase} {key}")
         for g in got[f"{phase}_global"]:
             _close(g, r["global"], f"{c['name']} {phase} global")
     # the comparison is not vacuous: the model moved and the super-learners differ mid-block
@@ -257,7 +116,7 @@ def test_eta0_zeta1_tau1_sgd_equals_ssgd(runs, layout):
 @pytest.mark.parametrize(("layout", "n"), [("flat2", 2), ("flat4", 4)])
 def test_eta0_zeta1_is_periodic_model_averaging(runs, name, layout, n):
     c = next(x for x in MAIN if x["name"] == name)
-    opts = [make_np_opt(c, init_params().size) for _ in range(n)]
+    opts = [Opt(c, init_params().size) for _ in range(n)]
     local = [init_params() for _ in range(n)]
     for t in range(1, c["steps"] + 1):
         local = [o.step(p, loss_grad(p, *group_batch(j, 1, t)))

@@ -4,19 +4,24 @@ moment strategies on a real optimizer state, and the algorithm on a one-learner 
 import argparse
 import copy
 import dataclasses
+import json
+import re
 
 import pytest
 import torch
 
-from hadpsgd.algorithms import BMUF, get
-from hadpsgd.algorithms.bmuf_moments import BlockMoments, corrected_coefficients
-from hadpsgd.assembly import algorithm_kwargs
-from hadpsgd.cli import add_arguments, field_docs
+from hadpsgd.algorithms import BMUF, BMUFOptions, get
+from hadpsgd.algorithms.bmuf.moments import BlockMoments, corrected_coefficients
+from hadpsgd.assembly import build_algorithm
+from hadpsgd.assembly.build import build_optimizer
+from hadpsgd.cli import add_arguments, field_docs, to_dict
 from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
 from hadpsgd.run import parse_config
 
-BMUF_FIELDS = ["sync_period", "block_momentum", "block_lr", "nesterov", "adam_moments",
-               "bmuf_warmup_steps", "bmuf_warmup_moments"]
+BMUF_FLAGS = ["sync_period", "block_momentum", "block_lr", "nesterov", "adam_moments",
+              "bmuf_warmup_steps", "bmuf_warmup_moments", "bmuf_overlap", "bmuf_fragments",
+              "wire"]
+"""BMUF's options as the run's flags and config.json name them."""
 
 
 def test_registered_and_flags_documented():
@@ -26,32 +31,60 @@ def test_registered_and_flags_documented():
     help_text = p.format_help()
     docs = field_docs(AlgoConfig)
     names = {f.name for f in dataclasses.fields(AlgoConfig)}
-    for name in BMUF_FIELDS:
+    for name in BMUF_FLAGS:
         assert name in names and docs.get(name), name
         assert "--" + name.replace("_", "-") in help_text
-    assert "--no-nesterov" in help_text
+    assert "--no-nesterov" in help_text and "--no-bmuf-overlap" in help_text
 
 
-def test_flags_reach_the_constructor():
-    cfg = parse_config(["--algo", "bmuf", "--sync-period", "4", "--block-momentum", "0.5",
+def _built(argv: list[str]) -> tuple[RunConfig, BMUF]:
+    """``argv`` parsed and its algorithm built by the assembly, on one learner."""
+    cfg = parse_config(argv)
+    model = torch.nn.Linear(3, 2)
+    return cfg, build_algorithm(cfg, model, build_optimizer(cfg.optim, model), OneLearner())
+
+
+def test_flags_reach_the_algorithm():
+    cfg, algo = _built(["--algo", "bmuf", "--sync-period", "4", "--block-momentum", "0.5",
                         "--block-lr", "0.8", "--no-nesterov", "--adam-moments", "average",
-                        "--bmuf-warmup-steps", "3", "--optimizer", "adam", "--beta1", "0.5",
+                        "--bmuf-warmup-steps", "3", "--bmuf-warmup-moments", "reset",
+                        "--bmuf-fragments", "2", "--optimizer", "adam", "--beta1", "0.5",
                         "--max-grad-norm", "2"])
-    assert algorithm_kwargs(cfg) == {
-        "sync_period": 4, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
-        "adam_moments": "average", "warmup_steps": 3, "warmup_moments": "keep",
-        "max_grad_norm": 2.0, "overlap": "auto", "grad_bucket_mb": 25.0,
-        "block_overlap": False, "fragments": 1, "wire": "fp32"}
+    assert algo.options is cfg.algo_options()  # the configuration's object, not a rebuild
+    assert algo.options == BMUFOptions(
+        sync_period=4, block_momentum=0.5, block_lr=0.8, nesterov=False,
+        adam_moments="average", warmup_steps=3, warmup_moments="reset", fragments=2)
+    assert (algo.eta, algo.filter.zeta, algo.filter.nesterov) == (0.5, 0.8, False)
+    assert algo.moments.strategy == "average" and algo.max_grad_norm == 2.0
+    assert len(algo.fragments) == 2 and [f.first_block for f in algo.fragments] == [2, 4]
+    _run(algo, algo.model, range(2))
+    assert not algo.started  # three steps of synchronous warm-up
+    _run(algo, algo.model, range(2, 6))
+    assert algo.started and algo.num_syncs == 0 and algo.fragments[0].num_syncs == 1
+    _run(algo, algo.model, range(6, 7))
+    assert algo.num_syncs == 1  # then blocks of four, the first fragment's first one of two
     assert cfg.optim.optimizer == "adam" and cfg.optim.beta1 == 0.5
 
 
-def test_defaults():
-    opts = algorithm_kwargs(parse_config(["--algo", "bmuf"]))
-    assert opts == {"sync_period": 8, "block_momentum": None, "block_lr": 1.0,
-                    "nesterov": True, "adam_moments": "corrected", "warmup_steps": 0,
-                    "warmup_moments": "keep", "max_grad_norm": 0.0, "overlap": "auto",
-                    "grad_bucket_mb": 25.0, "block_overlap": False, "fragments": 1,
-                    "wire": "fp32"}
+def test_default_recipe():
+    cfg, algo = _built(["--algo", "bmuf"])
+    assert algo.options == BMUFOptions()  # every option at its default
+    assert (cfg.optim.optimizer, cfg.optim.beta1) == ("adam", 0.5)  # BMUF-Adam's recipe
+    assert algo.started and algo.eta == 0.0  # one super-learner: eta = 1 - 1/1
+    assert algo.moments.strategy == "corrected" and algo.options.sync_period == 8
+    assert len(algo.fragments) == 1 and algo.exchange.side is None  # blocking fp32: no side
+
+
+def test_options_object_or_keywords():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    options = BMUFOptions(sync_period=3, warmup_steps=2)
+    assert BMUF(model, opt, OneLearner(), options=options).options is options
+    assert BMUF(model, opt, OneLearner(), sync_period=3).options == BMUFOptions(sync_period=3)
+    with pytest.raises(TypeError, match="not both"):
+        BMUF(model, opt, OneLearner(), options=options, sync_period=3)
+    with pytest.raises(TypeError, match="bmuf_warmup_steps"):  # the flag's name is no keyword
+        BMUF(model, opt, OneLearner(), bmuf_warmup_steps=3)
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
@@ -59,12 +92,15 @@ def test_defaults():
     ({"block_momentum": 1.0}, "--block-momentum"),
     ({"block_momentum": -0.1}, "--block-momentum"),
     ({"block_lr": 0.0}, "--block-lr"),
-    ({"bmuf_warmup_steps": -1}, "--bmuf-warmup-steps"),
+    ({"warmup_steps": -1}, "--bmuf-warmup-steps"),
+    ({"warmup_moments": "later"}, "--bmuf-warmup-moments"),
+    ({"fragments": 0}, "--bmuf-fragments"),
+    ({"fragments": 9}, "--bmuf-fragments 9 is more than --sync-period 8"),
     ({"adam_moments": "median"}, "--adam-moments"),
 ])
 def test_validation_names_the_flag(kwargs, needle):
-    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
-        AlgoConfig(**kwargs)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        BMUFOptions(**kwargs)
 
 
 def test_bad_choice_exits(capsys):
@@ -74,6 +110,22 @@ def test_bad_choice_exits(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--algo", "bmuf", "--block-momentum", "1.5"])
     assert "--block-momentum must be in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--algo", "bmuf", "--bmuf-fragments", "9"])
+    assert "--bmuf-fragments 9 is more than --sync-period 8" in capsys.readouterr().err
+
+
+def test_config_file_keys_are_the_flags(tmp_path):
+    """A run's config.json (old ones alike) names BMUF's options as its flags do."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"train": {"algo": "bmuf"}, "algo": {
+        "bmuf_warmup_steps": 5, "bmuf_overlap": True, "bmuf_fragments": 2,
+        "bmuf_warmup_moments": "reset", "max_staleness": 3}}))
+    cfg = parse_config(["--config", str(path)])
+    assert cfg.algo_options() == BMUFOptions(warmup_steps=5, block_overlap=True, fragments=2,
+                                             warmup_moments="reset")
+    again = json.loads(json.dumps(to_dict(cfg)))["algo"]
+    assert again["bmuf_warmup_steps"] == 5 and again["bmuf_overlap"] is True
 
 
 @pytest.mark.parametrize("kwargs", [{"sync_period": 0}, {"block_momentum": 1.0},
@@ -193,7 +245,8 @@ def test_mid_block_state_dict_round_trip_and_evaluation_swap():
     _run(algo2, model2, range(9, 14))
     for a, b in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert torch.equal(algo.global_model[torch.float32], algo2.global_model[torch.float32])
+    assert torch.equal(algo.filter.global_model[torch.float32],
+                       algo2.filter.global_model[torch.float32])
     assert float(opt.state[model.weight]["step"]) == float(opt2.state[model2.weight]["step"])
 
 
@@ -220,3 +273,24 @@ def test_help_states_the_recipe(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--algo bmuf defaults to the BMUF-Adam paper's recipe" in out
     assert "--bmuf-warmup-moments" in out and "--max-loss-ratio" in out
+
+
+def test_checkpoint_saves_options_by_their_names_and_old_ones_resume():
+    model, _, algo = _make(0, warmup_steps=1)
+    _run(algo, model, range(5))
+    state = copy.deepcopy(algo.state_dict())
+    saved = state["bmuf"]["options"]
+    assert saved == {**dataclasses.asdict(algo.options), "block_momentum": 0.5}
+    # A checkpoint written before the options had one name each ("overlap") resumes alike.
+    old = {k: v for k, v in saved.items() if k not in ("block_overlap",)}
+    state["bmuf"]["options"] = {**old, "overlap": False}
+    model2, _, algo2 = _make(1, warmup_steps=1)
+    model2.load_state_dict(model.state_dict())
+    algo2.load_state_dict(state)
+    _run(algo, model, range(5, 9))
+    _run(algo2, model2, range(5, 9))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(),
+                                                 strict=True))
+    state["bmuf"]["options"]["fragments"] = 2  # what is in flight needs its layout
+    with pytest.raises(ValueError, match="resume with --bmuf-fragments 2"):
+        _make(2, warmup_steps=1)[2].load_state_dict(state)

@@ -1,4 +1,4 @@
-"""The compressed wire formats (``hadpsgd.comm.compressed``): sizes, rounding, error feedback.
+"""The compressed wire formats (``hadpsgd.comm.codec``): sizes, rounding, error feedback.
 
 The bounds come from the formats' definitions, not from the code: int8 rounds ``x / scale``
 to the nearest integer with ``scale = absmax / 127`` per chunk of 1024 values (so a value is
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hadpsgd.comm import WIRES, decode, encode, payload_bytes
-from hadpsgd.comm.compressed import INT8_CHUNK
+from hadpsgd.comm.codec import INT8_CHUNK
 
 SIZES = [0, 1, 5, INT8_CHUNK - 1, INT8_CHUNK, INT8_CHUNK + 1, 3 * INT8_CHUNK + 17]
 
@@ -165,8 +165,8 @@ def test_adpsgd_wire_option():
     from hadpsgd.cli import ConfigError
     from hadpsgd.config import parse_config
 
-    assert algorithm_kwargs(parse_config(["--algo", "adpsgd"]))["wire"] == "fp32"
+    assert algorithm_kwargs(parse_config(["--algo", "adpsgd"]))["options"].wire == "fp32"
     cfg = parse_config(["--algo", "adpsgd", "--wire", "int8"])
-    assert algorithm_kwargs(cfg)["wire"] == "int8"
+    assert algorithm_kwargs(cfg)["options"].wire == "int8"
     with pytest.raises(ConfigError, match="--wire must be one of fp32, bf16, int8"):
         ADPSGD.Options(wire="int4")

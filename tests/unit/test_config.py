@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from hadpsgd.cli import add_arguments, field_docs, from_dict, from_namespace, to_dict
+from hadpsgd.cli import (
+    add_arguments,
+    field_docs,
+    from_dict,
+    from_namespace,
+    option_name,
+    to_dict,
+)
 from hadpsgd.config import (
     CommConfig,
     ConfigError,
@@ -88,9 +95,10 @@ def test_algorithm_options_come_from_the_registry():
     for spec in algorithms.specs():
         assert spec.description and spec.cls.name == spec.name
         assert issubclass(spec.options, algorithms.AlgoOptions)
-        declared |= {f.name for f in dataclasses.fields(spec.options)}
+        own = {f.name: option_name(f) for f in dataclasses.fields(spec.options)}
+        declared |= set(own.values())
         for name, doc in field_docs(spec.options).items():  # documented where declared
-            assert doc and field_docs(AlgoConfig)[name] == doc
+            assert doc and field_docs(AlgoConfig)[own[name]] == doc
     assert gathered == declared
     help_text = _parser().format_help()
     assert "--algo bmuf:" in help_text and "--algo adpsgd:" in help_text
@@ -107,7 +115,8 @@ def test_option_of_another_algorithm_is_refused(capsys):
     cfg = parse_config(["--algo", "adpsgd", "--super-learner-size", "2"])
     from hadpsgd.algorithms import ADPSGD
 
-    assert ADPSGD.options_of(cfg.algo).ranks_per_node() == 2
+    assert isinstance(cfg.algo_options(), ADPSGD.Options)
+    assert cfg.algo_options().ranks_per_node() == 2
 
 
 def test_abbreviated_flags_are_refused(capsys):

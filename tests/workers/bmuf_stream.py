@@ -22,8 +22,9 @@ from hadpsgd.algorithms import BMUF
 torch.set_default_dtype(torch.float64)
 topo = comm.init()
 out_dir = Path(sys.argv[1])
-KEYS = {"sgd": ["momentum_buffer"], "adam": ["exp_avg", "exp_avg_sq"],
-        "adamw": ["exp_avg", "exp_avg_sq"]}
+KEYS = {"sgd": {"m": "momentum_buffer"}, "adam": {"m": "exp_avg", "v": "exp_avg_sq"},
+        "adamw": {"m": "exp_avg", "v": "exp_avg_sq"}}
+"""The moment buffers, by the reference's names (``tests/bmuf_reference.py``)."""
 
 
 def make(c: dict, theta: np.ndarray) -> tuple[torch.nn.Module, torch.optim.Optimizer, BMUF]:
@@ -69,8 +70,8 @@ def state(c: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, key: str)
 
 def snapshot(c: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, algo: BMUF) -> dict:
     snap = {"local": flat(model)}
-    for key in KEYS[c["opt"]]:
-        snap[key] = state(c, model, opt, key)
+    for name, key in KEYS[c["opt"]].items():
+        snap[name] = state(c, model, opt, key)
     if c["opt"] != "sgd":
         snap["k"] = state(c, model, opt, "step")
     with algo.evaluation_parameters() as m:
@@ -119,7 +120,7 @@ def run(c: dict) -> dict[str, np.ndarray]:
     res["node_ok"] = np.array(all(g[1] == h[1] for g in gathered for h in gathered
                                   if g[0] == h[0]))
     res["frag_bounds"] = np.array([f.spans[torch.float64] for f in algo.fragments])
-    res["background"] = np.array(algo.side is not None and algo.side.background)
+    res["background"] = np.array(algo.exchange.side is not None and algo.exchange.side.background)
     res["wire_bytes"] = np.array(algo.metrics()["wire_bytes"])
     res["num_syncs"] = np.array(algo.num_syncs)
     algo.close()

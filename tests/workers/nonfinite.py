@@ -3,7 +3,8 @@
 Usage: nonfinite.py ALGO. Rank 1's gradient is NaN at step 2 (0-based). Checks, on every
 rank: the learners that share a reduction (all of them for ssgd; the super-learner for bmuf
 and adpsgd) skip that step together and stay bit-identical; only rank 1 is marked as the
-origin; the parameters stay finite.
+origin; the parameters stay finite; each step's ``StepResult`` (loss, finiteness, skipped)
+says so on every rank.
 """
 
 import hashlib
@@ -38,11 +39,13 @@ for step in range(5):
     if step == 2 and topo.rank == 1:
         loss = loss * float("nan")
     loss.backward()
-    algo.step()
+    result = algo.step(loss.detach())
     algo.zero_grad()
-    origin = topo.allgather_object(algo.local_nonfinite)
+    origin = topo.allgather_object(not result.local_finite)
     if step == 2 and origin != [r == 1 for r in range(topo.size)]:
         failures.append(f"step {step}: origins {origin}")
+    if math.isfinite(result.loss) != (step != 2 or topo.rank != 1):
+        failures.append(f"step {step}: loss {result.loss}")
     skipped = topo.allgather_object(algo.skipped_steps)
     # Who shares rank 1's reduction: everyone (ssgd), or rank 1's node (bmuf, adpsgd).
     sharing = (list(range(topo.size)) if algo_name == "ssgd"
@@ -50,6 +53,10 @@ for step in range(5):
     want = [int(step >= 2 and r in sharing) for r in range(topo.size)]
     if skipped != want:
         failures.append(f"step {step}: skipped {skipped}, expected {want}")
+    # The step's own verdict: this step skipped (and its reduced gradient non-finite) alike.
+    now = step == 2 and topo.rank in sharing
+    if (result.skipped, result.finite) != (now, not now):
+        failures.append(f"step {step}: verdict {result}")
     digests = topo.allgather_object(digest())
     groups = [sharing] if algo_name == "ssgd" else [
         [r for r in range(topo.size) if nodes[r] == n] for n in range(topo.num_nodes)]

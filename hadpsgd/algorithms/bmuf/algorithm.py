@@ -16,6 +16,7 @@ with ``theta_init_0 = theta_0`` the initial (broadcast, or warmed-up) model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -23,13 +24,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from hadpsgd.algorithms import bmuf_filter
-from hadpsgd.algorithms.base import Algorithm, register
-from hadpsgd.algorithms.bmuf_filter import Fragment, Pending
-from hadpsgd.algorithms.bmuf_moments import BlockMoments, Layout
-from hadpsgd.algorithms.bmuf_options import BMUFOptions
+from hadpsgd.algorithms.base import Algorithm
+from hadpsgd.algorithms.bmuf.exchange import BlockExchange
+from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
+from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
+from hadpsgd.algorithms.bmuf.options import BMUFOptions
+from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import Topology
-from hadpsgd.comm.overlap import Scope
+from hadpsgd.comm.overlap import GradScope
 
 
 @register("bmuf", "blockwise model-update filtering with block momentum every tau steps, "
@@ -47,78 +49,45 @@ class BMUF(Algorithm):
         optimizer: Any ``torch.optim`` optimizer over ``model``'s parameters (SGD with or
             without momentum, Adam, AdamW, ...).
         topo: The communication topology; nodes must be of equal size.
-        sync_period: Local steps per block (tau).
-        block_momentum: eta in [0, 1); None means ``1 - 1/N`` for ``N = topo.num_nodes``.
-        block_lr: zeta > 0.
-        nesterov: Nesterov block momentum (default) or classical.
-        adam_moments: ``corrected`` (Eq. 18), ``average`` (Eq. 13), ``local`` or ``reset``;
-            see :mod:`hadpsgd.algorithms.bmuf_moments`.
-        warmup_steps: Steps of synchronous SGD over all learners before BMUF starts (from the
-            warmed model, with ``Delta = 0``).
-        warmup_moments: ``keep`` the warmed moment buffers (and Adam's ``k``) when BMUF starts,
-            or ``reset`` them to a fresh optimizer's.
-        block_overlap: Average each block in the background and apply it one block later,
-            re-based (see :mod:`hadpsgd.algorithms.bmuf_filter`).
-        fragments: Sync the model in this many staggered fragments.
-        wire: ``fp32``, ``bf16`` or ``int8`` (block progress, with error feedback).
-        max_grad_norm: Clip the node-averaged gradient to this L2 norm; 0 disables.
+        options: :class:`BMUFOptions` (their fields say what each does), or as keywords:
+            ``sync_period`` (tau), ``block_momentum`` (eta in [0, 1); None means ``1 - 1/N``
+            for ``N = topo.num_nodes``), ``block_lr`` (zeta), ``nesterov``, ``adam_moments``
+            (see :mod:`hadpsgd.algorithms.bmuf.moments`), ``warmup_steps``,
+            ``warmup_moments``, ``block_overlap`` (see :mod:`hadpsgd.algorithms.bmuf.filter`),
+            ``fragments``, ``wire``; and the shared ones of :class:`Algorithm`
+            (``max_grad_norm``: of the node-averaged gradient).
 
     Raises:
-        ValueError: For an option out of range.
+        hadpsgd.cli.ConfigError: For an option out of range (a ``ValueError``).
         hadpsgd.comm.TopologyError: If the nodes are of unequal size.
     """
 
     separate_eval_model = True
+    needs_equal_nodes = True
     Options = BMUFOptions
+    options: BMUFOptions
     divergence_hint = ("BMUF's block momentum amplifies each block's update about N times; "
                        "use the BMUF-Adam recipe (the default: no --optimizer and "
                        "--adam-moments), --adam-moments reset with SGD, or a smaller "
                        "--block-momentum. ")
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
-                 sync_period: int = 8, block_momentum: float | None = None,
-                 block_lr: float = 1.0, nesterov: bool = True, adam_moments: str = "corrected",
-                 warmup_steps: int = 0, warmup_moments: str = "keep", block_overlap: bool = False,
-                 fragments: int = 1, wire: str = "fp32", max_grad_norm: float = 0.0,
-                 **common: Any) -> None:
-        # Every rank raises alike, before the first collective, so nobody is left waiting.
-        BMUFOptions(sync_period=sync_period, block_momentum=block_momentum,
-                    block_lr=block_lr, nesterov=nesterov, adam_moments=adam_moments,
-                    bmuf_warmup_steps=warmup_steps, bmuf_warmup_moments=warmup_moments,
-                    bmuf_overlap=block_overlap, bmuf_fragments=fragments, wire=wire)
-        topo.require_equal_nodes("bmuf")
-        super().__init__(model, optimizer, topo, max_grad_norm=max_grad_norm, **common)
-        if fragments > len(self.params.params):
-            raise ValueError(f"--bmuf-fragments {fragments} is more than the model's "
-                             f"{len(self.params.params)} parameter tensors; use at most that many")
-        self.sync_period = sync_period
-        self.block_momentum = (1.0 - 1.0 / topo.num_nodes if block_momentum is None
-                               else float(block_momentum))
-        self.block_lr = float(block_lr)
-        self.nesterov = nesterov
-        self.warmup_steps = warmup_steps
-        self.warmup_moments = warmup_moments
-        self.block_overlap = block_overlap
-        self.num_fragments = fragments
-        self.wire = wire
+                 **options: Any) -> None:
+        super().__init__(model, optimizer, topo, **options)
+        opts = self.options
+        self.eta = 1.0 - 1.0 / topo.num_nodes if opts.block_momentum is None else float(
+            opts.block_momentum)
+        """The block momentum in use: ``block_momentum``, or ``1 - 1/N`` for N super-learners."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
-        self.global_model: dict[torch.dtype, torch.Tensor] = {}
-        """theta_n per dtype (flat, in the layout of ``self.params``)."""
-        self.start_point: dict[torch.dtype, torch.Tensor] = {}
-        """theta_init_n per dtype."""
-        self.delta: dict[torch.dtype, torch.Tensor] = {}
-        """Delta_n per dtype."""
-        self.wire_bytes = 0
-        """Payload bytes this rank sent across nodes in block syncs (fp32 without a side
-        channel: a ring allreduce's share of the hierarchical reduction)."""
-        self.moments = BlockMoments(optimizer, adam_moments, self._layout())
-        self.moments.floor_second_moment = wire != "fp32"
-        self.fragments: list[Fragment] = bmuf_filter.split(
-            self.moments.layout, list(self.params.params), fragments, sync_period)
-        # A private channel for background or compressed means (collective: every rank).
-        self.side = (topo.side_channel(wire, background=block_overlap)
-                     if block_overlap or wire != "fp32" else None)
+        self.moments = BlockMoments(optimizer, opts.adam_moments, self._layout())
+        self.moments.floor_second_moment = opts.wire != "fp32"
+        self.filter = BlockFilter(self.params.buffers, self.moments, self.eta,
+                                  float(opts.block_lr), opts.nesterov, opts.wire != "fp32")
+        self.fragments: list[Fragment] = split(self.moments.layout, list(self.params.params),
+                                               opts.fragments, opts.sync_period)
+        self.exchange = BlockExchange(topo, opts.wire, opts.block_overlap,
+                                      segments=1 + len(self.moments.sent_keys))
         if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
             warnings.warn(
                 f"bmuf with a single super-learner (all {topo.size} learners on one node) is "
@@ -126,7 +95,7 @@ class BMUF(Algorithm):
                 "set --ranks-per-node 1 for one worker per rank (per GPU, as in the BMUF-Adam "
                 "paper) or --ranks-per-node K for workers of K ranks.",
                 RuntimeWarning, stacklevel=2)
-        if warmup_steps == 0:
+        if opts.warmup_steps == 0:
             self._start()
 
     # ------------------------------------------------------------------ counters
@@ -144,6 +113,11 @@ class BMUF(Algorithm):
     def rho(self) -> float:
         """rho_n = eta * rho_{n-1} + tau: mini-batches equivalent to Delta_n (Eq. 4)."""
         return self.fragments[-1].rho
+
+    @property
+    def wire_bytes(self) -> int:
+        """Payload bytes this rank sent across nodes in block syncs."""
+        return self.exchange.bytes_sent
 
     # ------------------------------------------------------------------ helpers
     def _layout(self) -> Layout:
@@ -165,12 +139,9 @@ class BMUF(Algorithm):
         self.wait_in_flight()
         if reset_moments:
             self.moments.reset_optimizer()
-        for dtype, buf in self.params.buffers.items():
-            self.global_model[dtype] = buf.clone()
-            self.start_point[dtype] = buf.clone()
-            self.delta[dtype] = torch.zeros_like(buf)
+        self.filter.start()
         for frag in self.fragments:
-            frag.rho, frag.block_steps, frag.num_syncs, frag.pending = 0.0, 0, 0, None
+            frag.restart()
         self.moments.start()
         self.started = True
 
@@ -181,12 +152,10 @@ class BMUF(Algorithm):
         this thread (so the collectives stay matched); benchmarks time it.
         """
         for frag in self.fragments:
-            if frag.pending is not None and frag.pending.job is not None:
-                self.side.wait(frag.pending.job)  # type: ignore[union-attr]
-                frag.pending.job = None
+            self.exchange.wait(frag.average)
 
     # ------------------------------------------------------------------ steps
-    def grad_scope(self) -> Scope:
+    def grad_scope(self) -> GradScope:
         """The node mean (the super-learner) once BMUF runs; all learners' during warm-up."""
         if not self.started:
             return "world"  # warm-up: plain synchronous SGD over every learner
@@ -195,14 +164,12 @@ class BMUF(Algorithm):
     def after_step(self) -> None:
         """End the warm-up when due; a fragment's block sync when its block ends."""
         if not self.started:
-            if self.steps >= self.warmup_steps:
-                self._start(reset_moments=self.warmup_moments == "reset")
+            if self.steps >= self.options.warmup_steps:
+                self._start(reset_moments=self.options.warmup_moments == "reset")
             return
         for frag in self.fragments:
-            frag.block_steps += 1
-            if frag.pending is not None:
-                frag.pending.since += 1
-            if frag.due(self.sync_period):
+            frag.count_step()
+            if frag.due(self.options.sync_period):
                 self._sync_fragment(frag)
 
     def sync(self) -> None:
@@ -226,7 +193,7 @@ class BMUF(Algorithm):
         # could be matched in different orders on different ranks.
         self.wait_in_flight()
         for frag in self.fragments:
-            if frag.pending is not None:
+            if frag.average is not None:
                 self._apply(frag)
             if frag.block_steps > 0:
                 self._sync_fragment(frag, blocking=True)
@@ -239,50 +206,17 @@ class BMUF(Algorithm):
         closing sync of :meth:`finish` ends a short block: ``tau`` is the number of local
         steps actually taken, in rho's recursion and in Eq. 18 alike.
         """
-        if frag.pending is not None:
+        if frag.average is not None:
             self._apply(frag)  # overlapped: the previous block's mean, one block late
-        overlap = self.block_overlap and not blocking and self.topo.num_nodes > 1
-        compressed = self.wire != "fp32"
-        pending = bmuf_filter.launch(frag, self.params.buffers, self.start_point,
-                                     self.moments, compressed, overlap)
-        frag.pending = pending
-        if self.topo.num_nodes > 1:
-            if overlap:
-                pending.job = self.side.submit(  # type: ignore[union-attr]
-                    lambda: self._reduce(frag.index, pending),
-                    f"background block average of fragment {frag.index}")
-            else:
-                self._reduce(frag.index, pending)
+        overlap = self.options.block_overlap and not blocking and self.topo.num_nodes > 1
+        self.exchange.send(frag, self.filter.launch(frag, overlap), background=overlap)
         if not overlap:
             self._apply(frag)
 
-    def _reduce(self, index: int, pending: Pending) -> None:
-        """Average a fragment's packs across super-learners (identical inside each node)."""
-        for dtype, pack in pending.packs.items():
-            if self.side is not None:
-                before = self.side.bytes_sent
-                for key, part in self._wire_parts(index, dtype, pack).items():
-                    self.side.mean_(key, part)
-                self.wire_bytes += self.side.bytes_sent - before
-            else:
-                # Identical inside each node (synchronous super-learner), so the cross-node
-                # average is bit-identical on every learner; so is all arithmetic after it.
-                self.topo.inter_allreduce_(pack, op="avg")
-                n = self.topo.num_nodes
-                self.wire_bytes += (2 * (n - 1) * pack.numel() * pack.element_size()
-                                    // (n * self.topo.local_size))
-
     def _apply(self, frag: Fragment) -> None:
-        pending = frag.pending
-        assert pending is not None
-        if pending.job is not None:
-            self.side.wait(pending.job)  # type: ignore[union-attr]
-            pending.job = None
-        bmuf_filter.apply(frag, pending, {"global_model": self.global_model,
-                                          "start_point": self.start_point, "delta": self.delta},
-                          self.params.buffers, self.moments, self.block_momentum,
-                          self.block_lr, self.nesterov, self.wire != "fp32")
-        frag.pending = None
+        """Filter ``frag``'s average once it has arrived."""
+        self.exchange.wait(frag.average)
+        self.filter.apply(frag)
 
     def metrics(self) -> dict[str, float]:
         """Bytes sent across nodes in block syncs so far (this rank)."""
@@ -310,7 +244,7 @@ class BMUF(Algorithm):
         saved = {dtype: buf.clone() for dtype, buf in self.params.buffers.items()}
         try:
             for dtype, buf in self.params.buffers.items():
-                buf.copy_(self.global_model[dtype])
+                buf.copy_(self.filter.global_model[dtype])
             yield self.model
         finally:
             for dtype, buf in self.params.buffers.items():
@@ -318,12 +252,10 @@ class BMUF(Algorithm):
 
     def close(self) -> None:
         """Wait for a background mean in flight and stop the side channel's thread."""
-        if self.side is not None:
-            try:
-                self.wait_in_flight()
-            finally:
-                self.side.close()
-                self.side = None
+        try:
+            self.wait_in_flight()
+        finally:
+            self.exchange.close()
         super().close()
 
     # ------------------------------------------------------------------ state
@@ -337,26 +269,12 @@ class BMUF(Algorithm):
         """
         self.wait_in_flight()
         state = super().state_dict()
-
-        def flat(d: dict[torch.dtype, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {str(k): v.clone() for k, v in d.items()}
-
         state["bmuf"] = {
             "started": self.started, "block_steps": self.block_steps,
             "num_syncs": self.num_syncs, "rho": self.rho,
-            "global_model": flat(self.global_model), "start_point": flat(self.start_point),
-            "delta": flat(self.delta), "moments": self.moments.state_dict(),
-            "fragments": [bmuf_filter.state_of(f) for f in self.fragments],
-            "pending": {f.index: {"tau": f.pending.tau, "since": f.pending.since,
-                                  "packs": flat(f.pending.packs)}
-                        for f in self.fragments if f.pending is not None},
-            "wire_bytes": self.wire_bytes,
-            "options": {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
-                        "block_lr": self.block_lr, "nesterov": self.nesterov,
-                        "adam_moments": self.moments.strategy,
-                        "warmup_steps": self.warmup_steps,
-                        "warmup_moments": self.warmup_moments, "overlap": self.block_overlap,
-                        "fragments": self.num_fragments, "wire": self.wire},
+            **self.filter.state_dict(self.fragments), "moments": self.moments.state_dict(),
+            "wire_bytes": self.exchange.bytes_sent,
+            "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta},
         }
         return state
 
@@ -371,52 +289,21 @@ class BMUF(Algorithm):
         if not self.started or self.topo.num_nodes == 1:
             return None
         self.wait_in_flight()  # the wire's rounding errors change while a mean is in flight
-        pending = {f.index: [[t.clone() for t in ts] for ts in f.pending.snaps.values()]
-                   for f in self.fragments if f.pending is not None and f.pending.snaps}
+        snaps = self.filter.node_snaps(self.fragments)
         mid_block = any(f.block_steps for f in self.fragments)
-        if not (mid_block or pending or self.side is not None):
+        if not (mid_block or snaps or self.exchange.side is not None):
             return None
         return {"params": {str(d): b.clone() for d, b in self.params.buffers.items()},
-                "optimizer": self.optimizer.state_dict(), "snaps": pending,
-                "wire": self.side.state_dict() if self.side is not None else {}}
+                "optimizer": self.optimizer.state_dict(), "snaps": snaps,
+                "wire": self.exchange.state_dict()}
 
     def load_node_state(self, state: dict[str, Any]) -> None:
         """This super-learner's local model, optimizer state and overlapped/wire state."""
         for dtype, buf in self.params.buffers.items():
             buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
-        for index, snaps in state.get("snaps", {}).items():
-            frag = self.fragments[int(index)]
-            assert frag.pending is not None, "the pending mean is restored first"
-            frag.pending.snaps = {
-                dtype: [t.to(self.params.buffers[dtype].device, dtype) for t in ts]
-                for dtype, ts in zip(frag.spans, snaps, strict=True)}
-        if self.side is not None and state.get("wire"):
-            self.side.load_state_dict(state["wire"], self._wire_keys())
-
-    def _wire_parts(self, index: int, dtype: torch.dtype,
-                    pack: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A pack as the side channel sends it: whole in fp32; compressed, one part per segment.
-
-        The model's progress and each moment's differ in scale by orders of magnitude; a
-        compressed wire scales each part on its own, so no quantisation chunk mixes them.
-        """
-        if self.wire == "fp32":
-            return {f"fragment{index}-{dtype}": pack}
-        segments = 1 + len(self.moments.sent_keys)
-        return {f"fragment{index}-{dtype}-{i}": part
-                for i, part in enumerate(pack.split(pack.numel() // segments))}
-
-    def _wire_keys(self) -> dict[str, torch.Tensor]:
-        """Each compressed tensor's key and shape (as :meth:`_reduce` names them)."""
-        segments = 1 + len(self.moments.sent_keys)
-        out: dict[str, torch.Tensor] = {}
-        for f in self.fragments:
-            for dtype, (lo, hi) in f.spans.items():
-                like = torch.empty(segments * (hi - lo), dtype=dtype,
-                                   device=self.params.buffers[dtype].device)
-                out.update(self._wire_parts(f.index, dtype, like))
-        return out
+        self.filter.load_node_snaps(state.get("snaps", {}), self.fragments)
+        self.exchange.load_state_dict(state.get("wire", {}), self.fragments, self.params.buffers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (load the model's local parameters separately)."""
@@ -424,28 +311,13 @@ class BMUF(Algorithm):
         b = state["bmuf"]
         was = b.get("options", {})
         # What is in flight was packed for one fragment layout and one wire: refuse another.
-        for name, flag_, now in (("fragments", "--bmuf-fragments", self.num_fragments),
-                                 ("wire", "--wire", self.wire)):
-            then = was.get(name, 1 if name == "fragments" else "fp32")
+        for name in ("fragments", "wire"):
+            then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
             if then != now:
-                raise ValueError(f"the checkpoint's BMUF state was written with {flag_} {then} "
-                                 f"(now {now}); resume with {flag_} {then}")
+                flag = self.options.flag(name)
+                raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
+                                 f"(now {now}); resume with {flag} {then}")
         self.started = bool(b["started"])
-        saved = b.get("fragments") or [{"block_steps": b["block_steps"], "rho": b["rho"],
-                                        "num_syncs": b["num_syncs"]}]
-        for frag, s in zip(self.fragments, saved, strict=True):
-            frag.block_steps, frag.rho = int(s["block_steps"]), float(s["rho"])
-            frag.num_syncs, frag.pending = int(s["num_syncs"]), None
-        for index, p in b.get("pending", {}).items():
-            frag = self.fragments[int(index)]
-            frag.pending = Pending(int(p["tau"]), {
-                dtype: p["packs"][str(dtype)].to(self.params.buffers[dtype].device, dtype)
-                for dtype in frag.spans}, since=int(p["since"]))
-        self.wire_bytes = int(b.get("wire_bytes", 0))
-        for name, target in (("global_model", self.global_model),
-                             ("start_point", self.start_point), ("delta", self.delta)):
-            target.clear()
-            for dtype, buf in self.params.buffers.items():
-                if str(dtype) in b[name]:
-                    target[dtype] = b[name][str(dtype)].to(buf.device, buf.dtype).clone()
+        self.filter.load_state_dict(b, self.fragments)
+        self.exchange.bytes_sent = int(b.get("wire_bytes", 0))
         self.moments.load_state_dict(b["moments"])

@@ -88,11 +88,11 @@ class BlockMoments:
         self.layout = layout
         self.keys, self.has_step, self._beta = _moment_betas(optimizer)
         self.init: dict[torch.dtype, list[torch.Tensor]] = {}
+        """``corrected`` only: m_init_{n-1} (and v_init_{n-1}) per dtype, one flat tensor each."""
         self.floor_second_moment = False
         """Restore Adam's invariant ``v >= c * m**2`` after a sync (see :meth:`_floor`): on
         for compressed wires, whose rounding can leave a small ``v`` near zero under a
         non-zero ``m`` (a step of ``m / eps``); exact states never violate it."""
-        """``corrected`` only: m_init_{n-1} (and v_init_{n-1}) per dtype, one flat tensor each."""
 
     @property
     def sent_keys(self) -> list[str]:

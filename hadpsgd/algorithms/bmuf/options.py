@@ -1,4 +1,10 @@
-"""BMUF's options: the flags of ``--algo bmuf``, their help, recipe and validation."""
+"""BMUF's options: the flags of ``--algo bmuf``, their help, recipe and validation.
+
+Each option has one name: the field's, which is also the constructor's keyword, the
+attribute of :attr:`BMUF.options` and the key of the checkpoint's saved options. Where that
+name is too generic for the run's flags of every algorithm together, the field's metadata
+gives the flag (``warmup_steps`` is ``--bmuf-warmup-steps``, see :func:`hadpsgd.cli.flag`).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hadpsgd.algorithms.base import AlgoOptions
-from hadpsgd.algorithms.bmuf_moments import STRATEGIES
-from hadpsgd.cli import ConfigError, flag
-from hadpsgd.comm.compressed import WIRES
+from hadpsgd.algorithms.bmuf.moments import STRATEGIES
+from hadpsgd.algorithms.options import AlgoOptions
+from hadpsgd.cli import ConfigError
+from hadpsgd.comm.codec import WIRES
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 
 
-@dataclass
+@dataclass(frozen=True)
 class BMUFOptions(AlgoOptions):
     """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
 
@@ -34,14 +40,14 @@ class BMUFOptions(AlgoOptions):
     buffer is treated the same way with beta = --momentum. Default: corrected with Adam/AdamW,
     reset with SGD (corrected extrapolates SGD's unnormalised buffer and diverged on real
     speech; see docs/results.md)."""
-    bmuf_warmup_steps: int = 0
+    warmup_steps: int = field(default=0, metadata={"flag": "bmuf-warmup-steps"})
     """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
     warmed model with Delta = 0."""
-    bmuf_overlap: bool = False
+    block_overlap: bool = field(default=False, metadata={"flag": "bmuf-overlap"})
     """BMUF: average each block across super-learners in the background while the next
     block computes, and apply the filter one block later, re-basing the local model and
     moments by the steps taken meanwhile (hides the link; gradients one block stale)."""
-    bmuf_fragments: int = 1
+    fragments: int = field(default=1, metadata={"flag": "bmuf-fragments"})
     """BMUF: sync the model in this many fragments of whole parameters at staggered steps
     of the block (streaming), so each sync carries 1/F of the model (at most --sync-period
     and the number of parameter tensors)."""
@@ -49,7 +55,8 @@ class BMUFOptions(AlgoOptions):
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
     (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
     rounding error into the next exchange (error feedback)."""
-    bmuf_warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS})
+    warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
+                                                          "flag": "bmuf-warmup-moments"})
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
     the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
     leaves this open)."""
@@ -74,27 +81,20 @@ class BMUFOptions(AlgoOptions):
 
     def __post_init__(self) -> None:
         if self.sync_period < 1:
-            raise ConfigError(f"{flag('sync_period')} must be > 0, got {self.sync_period}")
+            raise ConfigError(f"{self.flag('sync_period')} must be > 0, got {self.sync_period}")
         if self.block_momentum is not None and not 0.0 <= self.block_momentum < 1.0:
-            raise ConfigError(f"{flag('block_momentum')} must be in [0, 1) (omit it for "
+            raise ConfigError(f"{self.flag('block_momentum')} must be in [0, 1) (omit it for "
                               f"1 - 1/N), got {self.block_momentum}")
         if self.block_lr <= 0:
-            raise ConfigError(f"{flag('block_lr')} must be > 0, got {self.block_lr}")
-        if self.bmuf_warmup_steps < 0:
-            raise ConfigError(f"{flag('bmuf_warmup_steps')} must be >= 0, got "
-                              f"{self.bmuf_warmup_steps}")
-        if self.bmuf_fragments < 1:
-            raise ConfigError(f"{flag('bmuf_fragments')} must be >= 1, got {self.bmuf_fragments}")
-        if self.bmuf_fragments > self.sync_period:
-            raise ConfigError(f"{flag('bmuf_fragments')} {self.bmuf_fragments} is more than "
-                              f"{flag('sync_period')} {self.sync_period}: the fragments sync at "
-                              "different steps of a block; lower it or lengthen the period")
+            raise ConfigError(f"{self.flag('block_lr')} must be > 0, got {self.block_lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"{self.flag('warmup_steps')} must be >= 0, got "
+                              f"{self.warmup_steps}")
+        if self.fragments < 1:
+            raise ConfigError(f"{self.flag('fragments')} must be >= 1, got {self.fragments}")
+        if self.fragments > self.sync_period:
+            raise ConfigError(f"{self.flag('fragments')} {self.fragments} is more than "
+                              f"{self.flag('sync_period')} {self.sync_period}: the fragments "
+                              "sync at different steps of a block; lower it or lengthen the "
+                              "period")
         self.check_choices()  # --adam-moments, --bmuf-warmup-moments, --wire
-
-    def algorithm_kwargs(self) -> dict[str, Any]:
-        """The constructor's keywords (its warm-up keyword has no ``bmuf_`` prefix)."""
-        return {"sync_period": self.sync_period, "block_momentum": self.block_momentum,
-                "block_lr": self.block_lr, "nesterov": self.nesterov,
-                "adam_moments": self.adam_moments, "warmup_steps": self.bmuf_warmup_steps,
-                "warmup_moments": self.bmuf_warmup_moments, "block_overlap": self.bmuf_overlap,
-                "fragments": self.bmuf_fragments, "wire": self.wire}

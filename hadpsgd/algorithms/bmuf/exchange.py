@@ -1,0 +1,104 @@
+"""How a BMUF fragment's block average crosses the nodes, and the bytes it sends.
+
+Blocking in fp32, a hierarchical allreduce on the training thread's communicators; overlapped
+or compressed, the private side channel (:class:`hadpsgd.comm.side.SideChannel`): in a
+background thread while the next block computes, and with a compressed wire each segment of a
+pack (the model's progress, each sent moment's) scaled on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hadpsgd.algorithms.bmuf.filter import BlockAverage, Flat, Fragment
+from hadpsgd.comm import Topology
+
+
+class BlockExchange:
+    """The cross-node mean of block averages: blocking, in the background, or compressed.
+
+    Args:
+        topo: The topology (the means run across its nodes).
+        wire: ``fp32``, ``bf16`` or ``int8``.
+        background: Run the means in a background thread (``--bmuf-overlap``).
+        segments: Parts of every pack: the model and each sent moment buffer.
+    """
+
+    def __init__(self, topo: Topology, wire: str, background: bool, segments: int) -> None:
+        self.topo, self.wire, self.segments = topo, wire, segments
+        # A private channel for background or compressed means (collective: every rank).
+        self.side = (topo.side_channel(wire, background=background)
+                     if background or wire != "fp32" else None)
+        self.bytes_sent = 0
+        """Payload bytes this rank sent across nodes (fp32 without a side channel: a ring
+        allreduce's share of the hierarchical reduction)."""
+
+    def send(self, frag: Fragment, average: BlockAverage, background: bool) -> None:
+        """Average ``frag``'s packs across super-learners: now, or in the background."""
+        if self.topo.num_nodes == 1:
+            return
+        if background:
+            average.job = self.side.submit(  # type: ignore[union-attr]
+                lambda: self._mean(frag.index, average),
+                f"background block average of fragment {frag.index}")
+        else:
+            self._mean(frag.index, average)
+
+    def wait(self, average: BlockAverage | None) -> None:
+        """Wait until ``average`` (if any) has arrived."""
+        if average is not None and average.job is not None:
+            self.side.wait(average.job)  # type: ignore[union-attr]
+            average.job = None
+
+    def _mean(self, index: int, average: BlockAverage) -> None:
+        """The mean of a fragment's packs (identical inside each node), in place."""
+        for dtype, pack in average.packs.items():
+            if self.side is not None:
+                before = self.side.bytes_sent
+                for key, part in self._parts(index, dtype, pack).items():
+                    self.side.mean_(key, part)
+                self.bytes_sent += self.side.bytes_sent - before
+            else:
+                # Identical inside each node (synchronous super-learner), so the cross-node
+                # average is bit-identical on every learner; so is all arithmetic after it.
+                self.topo.inter_allreduce_(pack, op="avg")
+                n = self.topo.num_nodes
+                self.bytes_sent += (2 * (n - 1) * pack.numel() * pack.element_size()
+                                    // (n * self.topo.local_size))
+
+    def _parts(self, index: int, dtype: torch.dtype,
+               pack: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A pack as the side channel sends it: whole in fp32; compressed, one part per segment.
+
+        The model's progress and each moment's differ in scale by orders of magnitude; a
+        compressed wire scales each part on its own, so no quantisation chunk mixes them.
+        """
+        if self.wire == "fp32":
+            return {f"fragment{index}-{dtype}": pack}
+        return {f"fragment{index}-{dtype}-{i}": part
+                for i, part in enumerate(pack.split(pack.numel() // self.segments))}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wire's rounding errors (per super-learner), or nothing without a side channel."""
+        return self.side.state_dict() if self.side is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any], fragments: list[Fragment],
+                        params: Flat) -> None:
+        """Restore :meth:`state_dict`, for the packs of ``fragments`` of ``params``."""
+        if self.side is None or not state:
+            return
+        keys: dict[str, torch.Tensor] = {}  # each compressed tensor's key and shape
+        for f in fragments:
+            for dtype, (lo, hi) in f.spans.items():
+                like = torch.empty(self.segments * (hi - lo), dtype=dtype,
+                                   device=params[dtype].device)
+                keys.update(self._parts(f.index, dtype, like))
+        self.side.load_state_dict(state, keys)
+
+    def close(self) -> None:
+        """Stop the side channel's thread (after every mean was waited for)."""
+        if self.side is not None:
+            self.side.close()
+            self.side = None

@@ -1,0 +1,94 @@
+"""The base of every algorithm's options: one name per option, its flag, its validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hadpsgd.cli import ConfigError, flag, option_name
+
+
+@dataclass(frozen=True)
+class AlgoOptions:
+    """Base of an algorithm's options (a frozen dataclass beside the algorithm).
+
+    A field's name is the option's one name: the constructor's keyword, the attribute of the
+    algorithm's :attr:`Algorithm.options` and its flag (``sync_period`` -> ``--sync-period``),
+    unless the field's metadata gives the flag another spelling (``{"flag": "bmuf-overlap"}``,
+    for a name too generic among every algorithm's flags). Field docstrings are the help,
+    ``__post_init__`` the validation (raising :class:`hadpsgd.cli.ConfigError` that names the
+    flag). The run configuration and the sweep tool read them from the registry.
+    """
+
+    @classmethod
+    def from_section(cls, section: Any) -> AlgoOptions:
+        """These options, picked from a run configuration's ``algo`` section (and validated).
+
+        The section holds every algorithm's options by their names among the run's flags
+        (:func:`hadpsgd.cli.option_name`).
+        """
+        return cls(**{f.name: getattr(section, option_name(f)) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def resolve(cls, options: AlgoOptions | None, values: Mapping[str, Any]) -> AlgoOptions:
+        """A constructor's options: ``options`` as built and validated, or built from ``values``.
+
+        Raises:
+            TypeError: For both, options of another algorithm, or a keyword that is no option.
+            ConfigError: For a value out of range (naming the flag).
+        """
+        if options is None:
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(values) - names)
+            if unknown:
+                raise TypeError(f"unknown option(s) {', '.join(unknown)}; {cls.__name__} has "
+                                f"{', '.join(sorted(names)) or 'none'}")
+            return cls(**values)
+        if values:
+            raise TypeError(f"give options= or the option keywords {sorted(values)}, not both")
+        if not isinstance(options, cls):
+            raise TypeError(f"expected {cls.__name__}, got {type(options).__name__}")
+        return options
+
+    def flag(self, name: str) -> str:
+        """The command-line flag of option ``name`` (for messages)."""
+        return flag(name, self)
+
+    def check_choices(self) -> None:
+        """Refuse a field outside the ``choices`` its metadata declares, naming the flag.
+
+        The generated CLI already restricts such flags; this catches ``--config`` files and
+        direct construction. Call it from ``__post_init__``.
+
+        Raises:
+            ConfigError: For the first such field.
+        """
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{self.flag(f.name)} must be one of {', '.join(choices)}, got "
+                                  f"{value!r}")
+
+    def ranks_per_node(self) -> int | None:
+        """Learners per super-learner this algorithm asks for (None: the nodes as they are)."""
+        return None
+
+    # One line for --help: the defaults recipe() sets (empty if none). A comment, not a
+    # docstring, so that the generated CLI does not take it for an option.
+    recipe_help: ClassVar[str] = ""
+
+    @classmethod
+    def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults this algorithm gives to options the user did not set.
+
+        Args:
+            given: The options set on the command line (flag names with ``_``).
+
+        Returns:
+            Option name -> value, only for options absent from ``given``; shared options
+            (``optimizer``, ``beta1``) as well as the algorithm's own.
+        """
+        return {}
