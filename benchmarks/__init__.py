@@ -4,13 +4,12 @@
   (``python -m benchmarks.comm``);
 - :mod:`benchmarks.training`: training throughput against DDP, straggler tolerance, BMUF
   (``python -m benchmarks.train_throughput``, ``.straggler``, ``.bmuf``);
-- :mod:`benchmarks.sweep`: grids of real training runs, their results and plots
-  (``python -m benchmarks.sweep``, ``python -m benchmarks.plots``);
-- :mod:`benchmarks.projection`: the alpha-beta cost model, its calibration on this machine and
-  the speedup projection (``python -m benchmarks.project``);
-- :mod:`benchmarks.studies`: the two paper studies (shell scripts and their tables);
 - :mod:`benchmarks._common`: the launcher helper and the timing harness every job uses.
 
-The top-level modules ``train_throughput``, ``straggler``, ``bmuf``, ``plots`` and ``project``
-are entry points only: each runs the ``main`` of its subpackage.
+Each measures hadpsgd against a baseline measured in the same run. The sweeps, the cost model
+and the paper studies are the lab (:mod:`lab`), which imports this package, never the reverse.
+
+The top-level modules ``train_throughput``, ``straggler`` and ``bmuf`` are entry points only:
+each runs the ``main`` of its subpackage. ``plots``, ``project``, ``sweep`` and ``studies`` only
+forward the old commands to :mod:`lab` (``python -m benchmarks.sweep`` runs ``lab.sweep``).
 """

@@ -1,11 +1,11 @@
-"""PNG plots of a sweep directory: ``python -m benchmarks.plots``.
+"""PNG plots of a sweep directory: ``python -m lab.plots``.
 
-See :mod:`benchmarks.sweep.plots` for the options.
+See :mod:`lab.sweep.plots` for the options.
 """
 
 import sys
 
-from benchmarks.sweep.plots import main
+from lab.sweep.plots import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,12 +1,12 @@
-"""The alpha-beta speedup projection: ``python -m benchmarks.project``.
+"""The alpha-beta speedup projection: ``python -m lab.project``.
 
-See :mod:`benchmarks.projection.project` for the options and :mod:`benchmarks.projection` for
+See :mod:`lab.projection.project` for the options and :mod:`lab.projection` for
 the cost model and its calibration.
 """
 
 import sys
 
-from benchmarks.projection.project import main
+from lab.projection.project import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,7 @@ The training step the workers time (forward, frame cross-entropy, backward, upda
 too: :func:`training_step`.
 
 torch is imported only inside the functions that need it, so a driver that imports this
-module (``benchmarks.projection``) stays quick to start.
+module (``lab.projection``) stays quick to start.
 """
 
 from __future__ import annotations

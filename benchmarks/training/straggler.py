@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common.launch import bench_env, emit, worker_command
+from hadpsgd.exit_codes import EXIT_OK, describe
 
 ALGOS = {
     "ssgd": ["--algo", "ssgd"],
@@ -60,8 +61,9 @@ def measure(algo: str, k: float, a: argparse.Namespace, out: Path) -> float:
     cmd = worker_command("hadpsgd.run", args, a.nprocs)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
                           env=bench_env(a.nprocs, {"HADPSGD_EMULATE_STEP": spec}))
-    if done.returncode != 0:
-        raise SystemExit(f"run failed: {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    if done.returncode != EXIT_OK:
+        raise SystemExit(f"run failed ({describe(done.returncode)}): {' '.join(cmd)}\n"
+                         f"{done.stdout}\n{done.stderr}")
     return train_seconds(run_dir / "metrics.jsonl")
 
 

@@ -1,4 +1,4 @@
-"""The speedup projection, ``python -m benchmarks.project``, and what it rests on.
+"""The speedup projection, ``python -m lab.project``, and what it rests on.
 
 - :mod:`.costmodel`: the alpha-beta cost model of the algorithms' communication and its fit;
 - :mod:`.calibrate`: this machine's links from ``benchmarks.comm`` JSON, its compute step timed;

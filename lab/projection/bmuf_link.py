@@ -4,7 +4,7 @@
 local-only training, blocking BMUF and its overlapped / compressed variants over a throttled
 TCP link between two network namespaces. This module fits the model's inter-node link to the
 blocking row (the block sync's time per byte: ``beta``), then predicts every other BMUF row
-with :func:`benchmarks.projection.costmodel.step_time`'s formulas and sets the prediction
+with :func:`lab.projection.costmodel.step_time`'s formulas and sets the prediction
 beside the measurement. Where they agree, the same formulas on the papers' cluster (with its
 compute step, model size and network) say what the variants would buy there.
 """
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.projection.costmodel import INT8_WIRE_RATIO
+from lab.projection.costmodel import INT8_WIRE_RATIO
 
 
 def _variant(mode: str) -> tuple[int, bool, float]:

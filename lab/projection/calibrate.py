@@ -3,7 +3,7 @@
 The comm benchmark's JSON record (``python -m benchmarks.comm ... --json FILE``) has one row per
 op and message size with ``name``, ``op``, ``backend``, ``size_bytes``, ``nranks`` and
 ``time_us`` (the maximum over ranks of the mean time of one op). The links are fitted by
-least squares over the sizes (:func:`benchmarks.projection.costmodel.fit_alpha_beta`):
+least squares over the sizes (:func:`lab.projection.costmodel.fit_alpha_beta`):
 
 - intra-node: the ``intra/<backend>`` rows of the backend the topology used (``--op intra``),
   as ring allreduces over the node's ranks; without them, the ``allreduce/flat`` rows of a
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common.timing import step_times, training_step
-from benchmarks.projection.costmodel import Link, fit_alpha_beta, fit_error, ring_coefficients
+from lab.projection.costmodel import Link, fit_alpha_beta, fit_error, ring_coefficients
 
 
 @dataclass

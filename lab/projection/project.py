@@ -9,7 +9,7 @@ Two clusters:
   ``bench-results/comm*.json``) and its compute step timed here (or ``--compute-s``), nodes of
   ``--ranks-per-node`` learners like it.
 
-The formulas, and what they leave out, are in :mod:`benchmarks.projection.costmodel`: the
+The formulas, and what they leave out, are in :mod:`lab.projection.costmodel`: the
 projections are throughput upper bounds (no stragglers, no data loading, no convergence
 differences). Beside them the table sets the speedups the papers report; those were measured on
 other models and clusters (the BMUF-Adam ones on an OCR model with 4 V100 per node), so compare
@@ -17,9 +17,9 @@ shapes, not decimals.
 
 Usage::
 
-    python -m benchmarks.project                                  # paper + local (measured)
-    python -m benchmarks.project --comm-json bench-results/comm-2x2.json --preset small
-    python -m benchmarks.project --compute-s 0.05 --cluster local --json proj.json
+    python -m lab.project                                  # paper + local (measured)
+    python -m lab.project --comm-json bench-results/comm-2x2.json --preset small
+    python -m lab.project --compute-s 0.05 --cluster local --json proj.json
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common.launch import emit
-from benchmarks.projection import bmuf_link
-from benchmarks.projection.calibrate import (
+from lab.projection import bmuf_link
+from lab.projection.calibrate import (
     calibrate,
     default_comm_files,
     load_comm_records,
     measure_compute,
 )
-from benchmarks.projection.costmodel import ALGOS, Cluster, Link, layout, speedup, step_time
+from lab.projection.costmodel import ALGOS, Cluster, Link, layout, speedup, step_time
 
 # ---------------------------------------------------------------------------- the paper's cluster
 SWB_PARAMS = 43_154_944
@@ -145,9 +145,9 @@ def compare_reported(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m benchmarks.project``."""
+    """The command line of ``python -m lab.project``."""
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.project",
+        prog="python -m lab.project",
         description="Alpha-beta projection of SSGD / BMUF / (H-)ADPSGD speedups over 1-64 "
                     "learners on the papers' cluster and on this machine (calibrated).")
     p.add_argument("--cluster", default="paper,local",
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             record["clusters"][cluster.name] = entry
             print()
     except ValueError as err:
-        print(f"benchmarks.project: error: {err}", file=sys.stderr)
+        print(f"lab.project: error: {err}", file=sys.stderr)
         return 2
     print("# assumptions: " + "; ".join(ASSUMPTIONS))
     emit(record, a.json)

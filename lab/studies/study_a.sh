@@ -5,7 +5,7 @@
 # tau = 8, `corrected` vs `average` moments, beta1 0.9 vs 0.5, against a single-learner Adam
 # baseline with the same per-worker batch, learning rate, schedule, data and epochs.
 #
-#   bash benchmarks/studies/study_a.sh [SWEEP_DIR] [DATA_DIR]
+#   bash lab/studies/study_a.sh [SWEEP_DIR] [DATA_DIR]
 #
 # Rerunning resumes (finished cells are skipped). Pass your own HDF5 files with
 # TRAIN=... HELDOUT=... in the environment instead of the synthetic set.
@@ -26,7 +26,7 @@ pass=(--train "$TRAIN" --heldout "$HELDOUT" --lr "$LR" --base-batch "$BATCH"
       --warmup-epochs 0 --keep-checkpoints 1 --log-every 50)
 
 # Baseline: one learner, Adam, beta1 0.9.
-"$PY" -m benchmarks.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos ssgd --learners 1 \
+"$PY" -m lab.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos ssgd --learners 1 \
   --global-batch "$BATCH" --optimizer adam --beta1 0.9 -- "${pass[@]}"
 
 # BMUF-Adam. The paper warms up on 10 % of the training samples; here that is synchronous
@@ -38,7 +38,7 @@ with h5py.File(sys.argv[1], "r") as f:
     print(len(chunk_starts(f["offsets"][:], 21)))' "$TRAIN")
 for L in 16 32; do
   warm=$(( chunks / (L * BATCH) / 10 ))
-  "$PY" -m benchmarks.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos bmuf --learners "$L" \
+  "$PY" -m lab.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos bmuf --learners "$L" \
     --global-batch $(( L * BATCH )) --ranks-per-node 1 --sync-period 8 \
     --adam-moments corrected,average --beta1 0.9,0.5 \
     -- "${pass[@]}" --bmuf-warmup-steps "$warm"

@@ -7,7 +7,7 @@
 # of 4 (--super-learner-size 4), flat ADPSGD = 16 gossiping learners (--super-learner-size 1).
 # The baseline is one learner at the base batch with the unscaled rate.
 #
-#   bash benchmarks/studies/study_b.sh [SWEEP_DIR] [DATA_DIR]
+#   bash lab/studies/study_b.sh [SWEEP_DIR] [DATA_DIR]
 #
 # Rerunning resumes (finished cells are skipped). Pass your own HDF5 files with
 # TRAIN=... HELDOUT=... in the environment instead of the synthetic set.
@@ -32,10 +32,10 @@ pass=(--train "$TRAIN" --heldout "$HELDOUT" --lr "$LR" --base-batch "$BASE"
       --warmup-epochs "$WARMUP" --keep-checkpoints 1 --log-every 20)
 
 # Baseline: one learner at the base batch.
-"$PY" -m benchmarks.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos ssgd --learners 1 \
+"$PY" -m lab.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos ssgd --learners 1 \
   --global-batch "$BASE" -- "${pass[@]}"
 
 # SSGD, flat ADPSGD and H-ADPSGD on 16 learners, 4 emulated nodes of 4.
-"$PY" -m benchmarks.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos ssgd,adpsgd \
+"$PY" -m lab.sweep --sweep-dir "$SWEEP" "${common[@]}" --algos ssgd,adpsgd \
   --super-learner-size 1,4 --learners 16 --ranks-per-node 4 --global-batch "$BATCHES" \
   -- "${pass[@]}"

@@ -7,8 +7,8 @@ against the baseline's loss within a tolerance (2 %), and the largest batch that
 
 Usage::
 
-    python -m benchmarks.studies.tables a runs/study-a
-    python -m benchmarks.studies.tables b runs/study-b --tolerance 0.02 --json out.json
+    python -m lab.studies.tables a runs/study-a
+    python -m lab.studies.tables b runs/study-b --tolerance 0.02 --json out.json
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sweep.results import STATUS_OK, latest_rows
+from lab.sweep.results import STATUS_OK, latest_rows
 
 TOLERANCE = 0.02
 """Study B: a cell 'holds' when its held-out loss is at most (1 + this) x the baseline's."""
@@ -173,7 +173,7 @@ def markdown_b(res: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: print the study's Markdown table (and optionally write its JSON)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.tables",
+    p = argparse.ArgumentParser(prog="python -m lab.studies.tables",
                                 description="Markdown tables of study A (BMUF-Adam) or "
                                             "study B (batch-size scaling) from a sweep dir.")
     p.add_argument("study", choices=("a", "b"), help="which study")
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         res = study_a(rows) if a.study == "a" else study_b(rows, a.tolerance)
     except StudyError as err:
-        print(f"benchmarks.studies.tables: {a.sweep_dir}: {err}", file=sys.stderr)
+        print(f"lab.studies.tables: {a.sweep_dir}: {err}", file=sys.stderr)
         return 2
     print(markdown_a(res) if a.study == "a" else markdown_b(res))
     if a.json:

@@ -1,8 +1,8 @@
-"""``python -m benchmarks.sweep``: see :mod:`benchmarks.sweep.cli`."""
+"""``python -m lab.sweep``: see :mod:`lab.sweep.cli`."""
 
 import sys
 
-from benchmarks.sweep.cli import main
+from lab.sweep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

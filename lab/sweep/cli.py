@@ -14,10 +14,10 @@ out ones run again (``--no-rerun-failed`` keeps them). ``--print-commands`` prin
 
 Usage::
 
-    python -m benchmarks.sweep --sweep-dir runs/sweep1 --algos ssgd,adpsgd,bmuf \
+    python -m lab.sweep --sweep-dir runs/sweep1 --algos ssgd,adpsgd,bmuf \
         --global-batch 64,256 --learners 4,8 --sync-period 8 --beta1 0.9,0.5 \
         --super-learner-size 1,2 --epochs 4 --preset tiny --ranks-per-node 4 -- --lr 0.1
-    python -m benchmarks.plots runs/sweep1
+    python -m lab.plots runs/sweep1
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common.launch import emit
-from benchmarks.sweep.grid import (
+from hadpsgd.launch import Launcher, find_launcher
+from lab.sweep.grid import (
     DEFAULT_OPTIMIZER,
     Cell,
     GridError,
@@ -41,7 +42,7 @@ from benchmarks.sweep.grid import (
     shell_line,
     unused_options,
 )
-from benchmarks.sweep.results import (
+from lab.sweep.results import (
     FINISHED,
     STATUS_DIVERGED,
     TABLE_HEADER,
@@ -50,8 +51,7 @@ from benchmarks.sweep.results import (
     format_row,
     latest_rows,
 )
-from benchmarks.sweep.runner import cell_dir, collect, local_command, run_cell, write_sbatch
-from hadpsgd.launch import Launcher, find_launcher
+from lab.sweep.runner import cell_dir, collect, local_command, run_cell, write_sbatch
 
 # cell_dir is the runner's, named here too: where a cell of this sweep writes its run.
 __all__ = ["MOMENT_STRATEGIES", "OPTIMIZERS", "build_parser", "cell_dir", "main", "parse",
@@ -78,9 +78,9 @@ def _algo_args(text: str) -> tuple[str, list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m benchmarks.sweep`` (hadpsgd.run arguments after ``--``)."""
+    """The command line of ``python -m lab.sweep`` (hadpsgd.run arguments after ``--``)."""
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.sweep",
+        prog="python -m lab.sweep",
         description="Grid of hadpsgd.run training runs on local MPI ranks, resumable, with a "
                     "results table. Arguments after -- go to every run. Comma lists: each "
                     "value is a grid axis; options an algorithm does not read do not multiply "
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cells = expand(spec)
     except GridError as err:
-        print(f"benchmarks.sweep: error: {err}", file=sys.stderr)
+        print(f"lab.sweep: error: {err}", file=sys.stderr)
         return 2
     for note in unused_options(spec):
         print(f"# note: {note}", file=sys.stderr)

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from hadpsgd.exit_codes import EXIT_STOPPED
+
 ADAM_OPTIMIZERS = ("adam", "adamw")
 """Optimizers that have a beta1."""
 DEFAULT_OPTIMIZER = {"bmuf": "adam", "ssgd": "sgd", "adpsgd": "sgd"}
@@ -160,7 +162,7 @@ def check_passthrough(args: Sequence[str]) -> None:
         name = arg.split("=", 1)[0]
         if name in CONTROLLED_FLAGS:
             raise GridError(f"{name} is set by the sweep for every cell; give it as a sweep "
-                            f"option (python -m benchmarks.sweep --help), not after --")
+                            f"option (python -m lab.sweep --help), not after --")
 
 
 def _values(values: list[Any]) -> list[Any]:
@@ -249,9 +251,9 @@ def sbatch_script(cell: Cell, cell_dir: str, timeout_s: float, launcher: str = "
     node size when the sweep set one, else ``gpus_per_node`` (at most the learners), with one
     GPU per task (``gpus_per_node`` 0: a CPU cluster, no GPUs asked). Slurm sends SIGUSR1 to
     every rank (not only the batch shell: no ``B:``) 120 s before the time limit or at
-    preemption; the ranks checkpoint and exit 75, and the script requeues the job, which
-    continues with ``--resume auto``. Only a finished run leaves ``exit.json`` (exit code,
-    wall seconds) next to its outputs for ``--collect``.
+    preemption; the ranks checkpoint and exit :data:`~hadpsgd.exit_codes.EXIT_STOPPED` (75),
+    and the script requeues the job, which continues with ``--resume auto``. Only a finished
+    run leaves ``exit.json`` (exit code, wall seconds) next to its outputs for ``--collect``.
 
     Args:
         cell: The cell.
@@ -282,7 +284,8 @@ def sbatch_script(cell: Cell, cell_dir: str, timeout_s: float, launcher: str = "
              "start=$(date +%s)",
              shell_line(run),
              "rc=$?",
-             "if [ \"$rc\" -eq 75 ]; then  # stopped on the signal after a checkpoint: go on later",
+             f"if [ \"$rc\" -eq {EXIT_STOPPED} ]; then  "
+             "# stopped on the signal after a checkpoint: go on later",
              "  scontrol requeue \"$SLURM_JOB_ID\"",
              "  exit 0",
              "fi",

@@ -1,4 +1,4 @@
-"""Plots of a sweep's results (``python -m benchmarks.plots <sweep-dir>``), PNG via matplotlib Agg.
+"""Plots of a sweep's results (``python -m lab.plots <sweep-dir>``), PNG via matplotlib Agg.
 
 From ``<sweep-dir>/results.jsonl`` (the last row of every cell; only finished cells are drawn,
 the others are listed):
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common.launch import emit
-from benchmarks.sweep.results import STATUS_OK, latest_rows
+from lab.sweep.results import STATUS_OK, latest_rows
 
 VARIANT_KEYS = ("learners", "optimizer", "beta1", "sync_period", "adam_moments",
                 "super_learner_size", "ranks_per_node", "seed", "epochs", "preset", "extra")
@@ -39,7 +39,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as err:
-        raise SystemExit("benchmarks.plots needs matplotlib: pip install 'hadpsgd[plot]'") \
+        raise SystemExit("lab.plots needs matplotlib: pip install 'hadpsgd[plot]'") \
             from err
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -275,17 +275,17 @@ def make_plots(sweep_dir: Path, out_dir: Path | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: write the plots and print where."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.plots",
-                                description="PNG plots of a benchmarks.sweep directory.")
+    p = argparse.ArgumentParser(prog="python -m lab.plots",
+                                description="PNG plots of a lab.sweep directory.")
     p.add_argument("sweep_dir", type=Path, help="the sweep's --sweep-dir")
     p.add_argument("--out", type=Path, default=None, help="directory (default <sweep>/plots)")
     p.add_argument("--all", dest="every_row", action="store_true",
                    help="draw every cell in results.jsonl, not only the grid last run there")
     a = p.parse_args(argv)
     if not a.sweep_dir.is_dir():
-        p.error(f"{a.sweep_dir} is not a directory (give a benchmarks.sweep --sweep-dir)")
+        p.error(f"{a.sweep_dir} is not a directory (give a lab.sweep --sweep-dir)")
     if not (a.sweep_dir / "results.jsonl").is_file():
-        print(f"benchmarks.plots: note: {a.sweep_dir}/results.jsonl not found; the plots "
+        print(f"lab.plots: note: {a.sweep_dir}/results.jsonl not found; the plots "
               "will be empty", file=sys.stderr)
     record = make_plots(a.sweep_dir, a.out, a.every_row)
     for cell, status in record["left_out"].items():

@@ -4,6 +4,8 @@
 the last row of an id is the one that counts. A row holds the cell's parameters, its exit
 status, and what its ``metrics.jsonl`` says: the held-out loss and frame accuracy after every
 epoch (the curve) and at the end, and the mean training frames/s.
+
+A run's outcome is read from its exit code (:mod:`hadpsgd.exit_codes`), never from its log.
 """
 
 from __future__ import annotations
@@ -15,17 +17,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hadpsgd.exit_codes import EXIT_DIVERGED, EXIT_OK, describe
+
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
 STATUS_OK = "ok"
 """Exit code 0 and at least one evaluation: the cell is finished and is skipped on a rerun."""
 STATUS_DIVERGED = "diverged"
-"""The run stopped itself because its loss or gradient kept going non-finite (more than
-``--max-nonfinite`` events): a result (the paper tables' 'not converged'), not a failure, so a
-rerun skips it too."""
-DIVERGED_MARK = "non-finite loss/gradient events, more than --max-nonfinite"
-"""Text of the error that ends such a run (``hadpsgd.train.loop.NonFiniteError``; a unit test
-keeps the two in step). Kept here so that the sweep does not import torch."""
+"""The run stopped itself because it diverged (exit code :data:`~hadpsgd.exit_codes.EXIT_DIVERGED`:
+more than ``--max-nonfinite`` non-finite steps, or a finite loss past ``--max-loss-ratio``
+times its start): a result (the paper tables' 'not converged'), not a failure, so a rerun
+skips it too."""
 FINISHED = (STATUS_OK, STATUS_DIVERGED)
 """Statuses a rerun of the sweep skips."""
 
@@ -93,17 +95,6 @@ def summarize_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _diverged(log: Path, tail_bytes: int = 1 << 16) -> bool:
-    """Whether the end of a run's log holds the non-finite stop (:data:`DIVERGED_MARK`)."""
-    try:
-        with Path(log).open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - tail_bytes))
-            return DIVERGED_MARK.encode() in fh.read()
-    except OSError:
-        return False
-
-
 def build_row(cell_id: str, params: dict[str, Any], out_dir: Path, exit_code: int | None,
               wall_s: float | None, timed_out: bool = False, command: str = "",
               log: Path | None = None) -> dict[str, Any]:
@@ -113,7 +104,8 @@ def build_row(cell_id: str, params: dict[str, Any], out_dir: Path, exit_code: in
         cell_id: The cell's id.
         params: The cell's parameters (:meth:`Cell.params`).
         out_dir: The run's ``--out-dir`` (its ``metrics.jsonl`` is read when present).
-        exit_code: The launcher's exit code (``None`` if unknown).
+        exit_code: The launcher's exit code (``None`` if unknown): the status follows it
+            (:mod:`hadpsgd.exit_codes`), whatever the log says.
         wall_s: Seconds from launch to exit.
         timed_out: The sweep killed the run at its time limit.
         command: The command line, for the record.
@@ -124,12 +116,15 @@ def build_row(cell_id: str, params: dict[str, Any], out_dir: Path, exit_code: in
     if timed_out:
         status = "timeout"
         error = "killed at the sweep's --timeout"
-    elif exit_code != 0 and log is not None and _diverged(log):
+    elif exit_code == EXIT_DIVERGED:
         status = STATUS_DIVERGED
-        error = f"diverged: more than --max-nonfinite non-finite steps; see {log}"
-    elif exit_code != 0:
+        error = "diverged: non-finite steps past --max-nonfinite or loss past --max-loss-ratio"
+        error += f"; see {log}" if log else ""
+    elif exit_code != EXIT_OK:
         status = "failed"
-        error = f"exit code {exit_code}; see {log}" if log else f"exit code {exit_code}"
+        error = "exit code unknown" if exit_code is None else \
+            f"exit code {exit_code} ({describe(exit_code)})"
+        error += f"; see {log}" if log else ""
     elif metrics["final_heldout_loss"] is None:
         status = "failed"
         error = "exit code 0 but no held-out evaluation in metrics.jsonl"

@@ -1,7 +1,7 @@
 """Running the cells of a sweep: locally under mpirun, as Slurm scripts, or collected after.
 
 Each cell is one ``hadpsgd.run`` job with its own ``--out-dir`` (:func:`cell_dir`); its results
-row (:mod:`benchmarks.sweep.results`) is built from what the run left there.
+row (:mod:`lab.sweep.results`) is built from what the run left there.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common.launch import bench_env
-from benchmarks.sweep.grid import Cell, sbatch_script, shell_line
-from benchmarks.sweep.results import (
+from hadpsgd.launch import Launcher, mpirun_command
+from lab.sweep.grid import Cell, sbatch_script, shell_line
+from lab.sweep.results import (
     append_row,
     build_row,
     finished_ids,
     format_row,
     latest_rows,
 )
-from hadpsgd.launch import Launcher, mpirun_command
 
 KILL_GRACE_S = 30.0
 """After SIGTERM at the time limit, seconds before SIGKILL (hadpsgd.run checkpoints on TERM)."""
@@ -136,7 +136,7 @@ def write_sbatch(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) 
         print(f"sbatch {shlex.quote(str(script))}")
         count += 1
     print(f"# {count} script(s) in {directory}; when the jobs are done: the same command with "
-          "--collect instead of --sbatch, then python -m benchmarks.plots "
+          "--collect instead of --sbatch, then python -m lab.plots "
           f"{shlex.quote(str(sweep_dir))}")
     return count
 

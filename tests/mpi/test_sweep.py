@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 def _sweep(sweep_dir, data, timeout: float = 240) -> subprocess.CompletedProcess:
     train, heldout = data
     env = dict(os.environ, HADPSGD_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "benchmarks.sweep", "--sweep-dir", str(sweep_dir),
+    cmd = [sys.executable, "-m", "lab.sweep", "--sweep-dir", str(sweep_dir),
            "--algos", "ssgd", "--global-batch", "8,16", "--learners", "2", "--epochs", "1",
            "--preset", "tiny", "--timeout", "120", "--",
            "--train", str(train), "--heldout", str(heldout), "--max-steps", "2",
@@ -48,7 +48,7 @@ def test_two_cell_sweep_plots_and_resume(tmp_path, tiny_data):
         assert (sweep_dir / "cells" / r["id"] / "metrics.jsonl").is_file()
     assert (sweep_dir / "results.csv").read_text().count("\n") == 3  # header + 2 cells
 
-    plots = subprocess.run([sys.executable, "-m", "benchmarks.plots", str(sweep_dir)],
+    plots = subprocess.run([sys.executable, "-m", "lab.plots", str(sweep_dir)],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert plots.returncode == 0, plots.stderr
     for name in ("loss_vs_epoch", "error_vs_batch", "scaling"):

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.projection import project
-from benchmarks.projection.calibrate import calibrate
-from benchmarks.projection.costmodel import (
+from lab.projection import project
+from lab.projection.calibrate import calibrate
+from lab.projection.costmodel import (
     ALGOS,
     Cluster,
     Link,
@@ -280,7 +280,7 @@ def test_overlapped_bmuf_hides_a_block_that_fits_in_tau_steps():
 
 
 def test_bmuf_link_fit_predicts_from_the_blocking_row():
-    from benchmarks.projection import bmuf_link
+    from lab.projection import bmuf_link
 
     rows = [{"mode": "local", "sec_per_step": 0.1, "inter_bytes_per_step": 0},
             {"mode": "bmuf-tau8", "sec_per_step": 0.15, "inter_bytes_per_step": 1e6},

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.studies import tables
-from benchmarks.studies.tables import StudyError, algo_label, study_a, study_b
+from lab.studies import tables
+from lab.studies.tables import StudyError, algo_label, study_a, study_b
 
 
 def _row(i: str, algo: str, learners: int, batch: int, loss: float | None, *,

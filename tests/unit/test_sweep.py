@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sweep import cli as sweep
-from benchmarks.sweep.grid import Cell, GridError, GridSpec, expand, sbatch_script, unused_options
-from benchmarks.sweep.results import (
-    DIVERGED_MARK,
+from hadpsgd.exit_codes import EXIT_DIVERGED, EXIT_FAILED, EXIT_TIMED_OUT
+from hadpsgd.launch import Launcher
+from lab.sweep import cli as sweep
+from lab.sweep.grid import Cell, GridError, GridSpec, expand, sbatch_script, unused_options
+from lab.sweep.results import (
     RESULTS_CSV,
     RESULTS_JSONL,
     append_row,
@@ -19,7 +20,6 @@ from benchmarks.sweep.results import (
     read_jsonl,
     summarize_metrics,
 )
-from hadpsgd.launch import Launcher
 
 FAKE_LAUNCHER = Launcher("/opt/mpi/bin/mpirun", "openmpi")
 
@@ -304,22 +304,27 @@ def test_diverged_run_is_a_finished_result(tmp_path):
     out = tmp_path / "cell"
     _write_metrics(out, METRICS[:2])  # it stopped before its first evaluation
     log = out / "run.log"
-    log.write_bytes(b"x" * 100_000 + b"\nhadpsgd: rank 3: error: 9 " + DIVERGED_MARK.encode()
-                    + b" 5: step 89 on rank 0 (loss)\n")
-    row = build_row(cell.id, cell.params(), out, 1, 3.0, log=log)
-    assert row["status"] == "diverged" and "--max-nonfinite" in row["error"]
+    # A finite divergence (--max-loss-ratio): exit 4 and no "non-finite" anywhere in the log.
+    log.write_text("hadpsgd: rank 0: error: loss 45.3 past 10x its start at step 100\n")
+    row = build_row(cell.id, cell.params(), out, EXIT_DIVERGED, 3.0, log=log)
+    assert row["status"] == "diverged" and "--max-loss-ratio" in row["error"]
+    assert row["exit_code"] == EXIT_DIVERGED and str(log) in row["error"]
     append_row(tmp_path, row)
     assert finished_ids(tmp_path) == {cell.id}  # a rerun skips it: it would diverge again
-    log.write_text("Traceback ...\nRuntimeError: boom\n")
-    assert build_row(cell.id, cell.params(), out, 1, 3.0, log=log)["status"] == "failed"
 
 
-def test_diverged_mark_is_the_loops_message():
-    import inspect
-
-    from hadpsgd.train import control
-
-    assert DIVERGED_MARK in inspect.getsource(control.ControlPoint._fail)
+@pytest.mark.parametrize("code", [EXIT_FAILED, EXIT_TIMED_OUT, 137, None])
+def test_status_follows_the_exit_code_not_the_log(tmp_path, code):
+    cell = expand(spec())[0]
+    out = tmp_path / "cell"
+    log = out / "run.log"
+    out.mkdir()
+    log.write_text("hadpsgd: error: 9 non-finite loss/gradient events, more than "
+                   "--max-nonfinite 5\n")  # the old divergence message, but not exit 4
+    row = build_row(cell.id, cell.params(), out, code, 3.0, log=log)
+    assert row["status"] == "failed" and str(log) in row["error"]
+    append_row(tmp_path, row)
+    assert finished_ids(tmp_path) == set()  # a rerun runs it again
 
 
 def test_results_table_jsonl_and_csv(tmp_path):
@@ -353,7 +358,7 @@ def test_collect_sbatch_outputs(tmp_path, capsys):
 # ---------------------------------------------------------------------------- plots
 def test_plots_survive_failed_and_partial_cells(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks.sweep.plots import make_plots, scaling_groups
+    from lab.sweep.plots import make_plots, scaling_groups
 
     rows = []
     for algo in ("ssgd", "adpsgd"):
@@ -383,7 +388,7 @@ def test_plots_survive_failed_and_partial_cells(tmp_path):
 
 
 def test_legend_names_only_the_passthrough_options_that_differ():
-    from benchmarks.sweep.plots import extra_options, label
+    from lab.sweep.plots import extra_options, label
 
     assert extra_options("--train a.h5 --lr 0.1 --nesterov") == {
         "--train": "a.h5", "--lr": "0.1", "--nesterov": ""}
@@ -396,7 +401,7 @@ def test_legend_names_only_the_passthrough_options_that_differ():
 
 def test_baseline_is_drawn_in_every_panel(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks.sweep.plots import _pyplot, plot_loss_curves
+    from lab.sweep.plots import _pyplot, plot_loss_curves
 
     class Spy:
         """pyplot, keeping the figures it makes (the plot closes them after saving)."""

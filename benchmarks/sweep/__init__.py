@@ -1,0 +1,1 @@
+"""Forwards ``python -m benchmarks.sweep`` to ``python -m lab.sweep`` (moved to :mod:`lab`)."""
