@@ -13,14 +13,15 @@ from torch.nn import functional as F  # noqa: N812
 
 from hadpsgd import env, faults
 from hadpsgd.algorithms import Algorithm
-from hadpsgd.comm import SharedCounter, Topology
+from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate
 from hadpsgd.train.metrics import MetricsWriter
-from hadpsgd.train.pooled import POOL_SLOTS, run_pooled_epoch, ticket_taker
+from hadpsgd.train.plan import EpochPlan
+from hadpsgd.train.pooled import POOL_SLOTS, PooledPlan, ticket_taker
 from hadpsgd.train.progress import Progress
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.stop import FLAG, StopFlag
@@ -110,20 +111,8 @@ class Trainer:
                  f"{math.log(max(classes, 2)):.3g}, where training starts)")
         # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
         # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
-        pooled = algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes
-        self.pool: SharedCounter | None = topo.shared_counter(POOL_SLOTS) if pooled else None
-        self.sampler: ChunkBatchSampler
-        if self.pool is None:
-            self.sampler = ChunkBatchSampler(len(train_set), opts.batch_size, topo.rank,
-                                             topo.size, seed=opts.seed, shuffle=True,
-                                             drop_last=True)
-        else:
-            self.sampler = PooledBatchSampler(
-                len(train_set), opts.batch_size, topo.rank, topo.size, seed=opts.seed,
-                take=ticket_taker(topo, self.pool, lambda: self.sampler),  # type: ignore
-                group_size=topo.local_size, group_rank=topo.local_rank)
-        self.pool_next = 0
-        """Pooled mode: the first slot of the current epoch not yet trained (all below are)."""
+        self.plan = self._plan(algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes)
+        self.sampler = self.plan.sampler
         self.recorder = Recorder(self.sampler)
         self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers,
                                   pin_memory=topo.device.type == "cuda")
@@ -163,8 +152,7 @@ class Trainer:
             "nonfinite": list(self.nonfinite),
             "divergence": self.guard.state_dict(),
         }
-        if self.pool is not None:
-            state["pool_next"] = self.pool_next
+        state.update(self.plan.state_dict())
         if self.algo.separate_eval_model:
             state["eval_model"] = evaluated
         if node_states is not None:
@@ -181,29 +169,28 @@ class Trainer:
         self.guard.load_state_dict(state.get("divergence", {}))
         if state.get("node_states") is not None:
             self.algo.load_node_state(state["node_states"][self.topo.node])
-        # Pooled mode: the epoch's untrained slots start here (sharded mode: step_in_epoch).
-        self.pool_next = int(state.get("pool_next", self.pos.step_in_epoch * self.topo.num_nodes))
+        self.plan.load_state_dict(state, self.pos)
 
     def checkpoint(self) -> Path:
         """Write a checkpoint (rank 0 writes, with every node's own part; all ranks wait)."""
         self.algo.sync()
         step = self.pos.global_step
         path = checkpoint_path(self.ckpt_dir, step)
-        self.topo.watchdog.activity = f"writing checkpoint {path.name}"
-        node_states = self._node_states()
-        if self.topo.rank == 0:
-            hook = None
-            if faults.active():
-                def hook(phase: str) -> None:
-                    faults.hit(phase, self.topo.rank, step)
-            meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
-                    "algo": self.algo.name}
-            save_checkpoint(self.state_dict(node_states), path, keep=self.opts.keep_checkpoints,
-                            meta=meta, on_phase=hook)
-        elif faults.active():
-            # A learner that is not the writer dies while rank 0 writes (the tests' hook).
-            faults.hit("ckpt-wait", self.topo.rank, step)
-        self.topo.barrier()
+        with self.topo.doing(f"writing checkpoint {path.name}"):
+            node_states = self._node_states()
+            if self.topo.rank == 0:
+                hook = None
+                if faults.active():
+                    def hook(phase: str) -> None:
+                        faults.hit(phase, self.topo.rank, step)
+                meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
+                        "algo": self.algo.name}
+                save_checkpoint(self.state_dict(node_states), path, keep=self.opts.keep_checkpoints,
+                                meta=meta, on_phase=hook)
+            elif faults.active():
+                # A learner that is not the writer dies while rank 0 writes (the tests' hook).
+                faults.hit("ckpt-wait", self.topo.rank, step)
+            self.topo.barrier()
         self.last_checkpoint = path
         self._checkpointed_step = self.pos.global_step
         return path
@@ -238,7 +225,7 @@ class Trainer:
                     self._evaluate()
                     self.pos.epoch += 1
                     self.pos.step_in_epoch = 0
-                    self.pool_next = 0
+                    self.plan.end_epoch()
                     self.checkpoint()
                     if self.agree(None):
                         return self.history
@@ -253,10 +240,8 @@ class Trainer:
             self._trace.close()
 
     def close(self) -> None:
-        """Release the shared data pool (collective: call it on every rank after :meth:`run`)."""
-        if self.pool is not None:
-            self.pool.free()
-            self.pool = None
+        """Release the plan's shared data pool (collective: every rank, after :meth:`run`)."""
+        self.plan.close()
 
     def agree(self, loss: Any, progress: Progress | None = None) -> bool:
         """Agree with every rank (see :mod:`hadpsgd.train.control`); True to stop now.
@@ -296,8 +281,8 @@ class Trainer:
         """One forward/backward/algorithm step of this learner; returns its loss."""
         epoch = self.pos.epoch
         # Told to a peer whose collective times out waiting for this rank.
-        self.topo.watchdog.activity = (f"in training step {step} (epoch {epoch}), outside "
-                                       "communication")
+        self.topo.now_doing(f"in training step {step} (epoch {epoch}), outside "
+                            "communication")
         poison = faults.hit("step", self.topo.rank, step) if self._inject else None
         if self._step_wait:
             time.sleep(self._step_wait)  # HADPSGD_EMULATE_STEP: an emulated device step
@@ -316,43 +301,69 @@ class Trainer:
             loss = loss * float("nan")
         loss.backward()
         # The loss is read with the gradients' finiteness and norm: one device sync a step.
-        self.algo.step(loss.detach())
+        result = self.algo.step(loss.detach())
         self.algo.zero_grad()
-        value = self.algo.last_loss
+        value = result.loss
         loss_finite = math.isfinite(value)
-        if not loss_finite or self.algo.local_nonfinite:
+        if not loss_finite or not result.local_finite:
             self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
         self._trace.write(trace_step, epoch, self.recorder.handed.popleft())
-        self.topo.watchdog.activity = f"after step {step}: loading the next batch"
+        self.topo.now_doing(f"after step {step}: loading the next batch")
         return value
 
+    def _plan(self, pooled: bool) -> EpochPlan:
+        """The epochs' plan: deterministic shards, or one shared pool (asynchronous)."""
+        opts, topo, n = self.opts, self.topo, len(self.train_set)
+        if not pooled:
+            return EpochPlan(ChunkBatchSampler(n, opts.batch_size, topo.rank, topo.size,
+                                               seed=opts.seed, shuffle=True, drop_last=True),
+                             opts, self.agree)
+        pool = topo.shared_counter(POOL_SLOTS)
+        sampler = PooledBatchSampler(n, opts.batch_size, topo.rank, topo.size, seed=opts.seed,
+                                     take=ticket_taker(topo, pool, lambda: sampler),
+                                     group_size=topo.local_size, group_rank=topo.local_rank)
+        return PooledPlan(topo, sampler, pool, opts, self.agree, self.control, self.metrics,
+                          self.algo.metrics)
+
     def _epoch(self) -> None:
-        if self.pool is not None:
-            run_pooled_epoch(self)
-            return
-        self.sampler.set_epoch(self.pos.epoch, start_step=self.pos.step_in_epoch)
+        """Train the rest of the epoch, segment by segment, as the plan hands them out.
+
+        The cadence is this method's alone: a control point every ``--control-every`` (and
+        a log line every ``--log-every``) of what the plan counts, the end of the run at
+        ``--max-steps``, a checkpoint at every ``--checkpoint-every`` boundary.
+        """
+        plan, opts, pos = self.plan, self.opts, self.pos
+        plan.begin(pos, self.loader)
         progress = self.start_epoch()
-        for feats, labels in self.loader:
-            step = self.pos.global_step + 1
-            loss = self.train_step(feats, labels, step, step)
-            self.pos.step_in_epoch += 1
-            self.pos.global_step += 1
-            progress.step()
-            log = step % self.opts.log_every == 0
-            if ((log or step % self.opts.control_every == 0)
-                    and self.agree(loss, progress if log else None)):
+        while (batches := plan.segment(pos, self.loader)) is not None:
+            trained = 0
+            for feats, labels in batches:
+                step, trace_key = plan.locate(pos)
+                loss = self.train_step(feats, labels, step, trace_key)
+                trained += 1
+                count = plan.stepped(pos, loss)
+                progress.step()
+                log = count % opts.log_every == 0
+                if ((log or count % opts.control_every == 0)
+                        and plan.control(loss, log, progress, pos, self.lr)):
+                    progress.close()
+                    return  # an agreed stop: agree() wrote its checkpoint
+                if plan.segment_over(pos):
+                    break
+            if plan.meets and plan.meet(pos):
+                break  # the meeting agreed to stop (with its checkpoint)
+            if not trained and not plan.meets:
+                break  # nothing left to hand out (never expected: a guard against a spin)
+            if plan.epoch_over(pos) or self._done():
+                # The run's or the epoch's end: run() finishes the algorithm, evaluates and
+                # writes the checkpoint (one here would come before the evaluation).
                 break
-            if self._done():
-                # The run's last step: run() finishes the algorithm, evaluates and writes the
-                # final checkpoint. A --checkpoint-every checkpoint here would come before
-                # that and make run() believe the end was already written (no evaluation).
-                break
-            if self.opts.checkpoint_every and step % self.opts.checkpoint_every == 0:
+            if plan.at_checkpoint(pos):
                 self.checkpoint()
         progress.close()
 
     def _evaluate(self) -> EvalResult:
-        self.topo.watchdog.activity = f"evaluating held-out after step {self.pos.global_step}"
+        self.topo.now_doing(f"evaluating held-out after step {self.pos.global_step}")
         self.algo.sync()
         with self.algo.evaluation_parameters() as model:
             result = evaluate(model, self.heldout_set, self.topo,

@@ -7,51 +7,22 @@ Stop requests, non-finite events and the training loss go into shared counters a
 points, without any matching call. The learners *meet* (a collective) only where the run needs
 them together: at a checkpoint boundary (``--checkpoint-every`` global steps' worth of
 slots), at the end of the epoch or of ``--max-steps``, and when a stop request or too many
-non-finite steps were seen. At a meeting every slot below :attr:`Trainer.pool_next` has been
+non-finite steps were seen. At a meeting every slot below :attr:`PooledPlan.pool_next` has been
 trained exactly once and none above it, so a checkpoint there resumes exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from hadpsgd.comm import SharedCounter, Topology
 from hadpsgd.data import PooledBatchSampler
-
-
-class Trainer(Protocol):
-    """What the pooled epoch uses of :class:`hadpsgd.train.loop.Trainer`.
-
-    That class imports this module: a protocol instead of an import keeps the two free of a
-    circle.
-    """
-
-    topo: Topology
-    pool: SharedCounter | None
-    sampler: Any
-    loader: Any
-    opts: Any
-    pos: Any
-    control: Any
-    algo: Any
-    metrics: Any
-    pool_next: int
-    lr: float
-
-    @property
-    def nonfinite(self) -> list[tuple[int, str]]: ...  # noqa: D102
-
-    def start_epoch(self) -> Any: ...  # noqa: D102
-
-    def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> Any: ...  # noqa: D102
-
-    def agree(self, loss: Any, progress: Any = None) -> bool: ...  # noqa: D102
-
-    def checkpoint(self) -> Any: ...  # noqa: D102
+from hadpsgd.train.plan import Agree, EpochPlan
+from hadpsgd.train.progress import Progress
 
 SLOT_NEXT, SLOT_STOP, SLOT_NONFINITE, SLOT_LOSS, SLOT_LOGGED = range(5)
 POOL_SLOTS = 5
@@ -82,10 +53,12 @@ def ticket_taker(topo: Topology, pool: SharedCounter,
 class _Signals:
     """This learner's side of the shared control counters (adds only what is new)."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.t = trainer
+    def __init__(self, pool: SharedCounter, control: Any, max_nonfinite: int) -> None:
+        self.pool = pool
+        self.control = control
+        self.max_nonfinite = max_nonfinite
         self.sent_stop = False
-        self.sent_nonfinite = len(trainer.nonfinite)
+        self.sent_nonfinite = len(control.nonfinite)
         self.last_loss = (0, 0)
 
     def post(self, loss: Any, log: bool) -> tuple[bool, bool, float | None]:
@@ -94,14 +67,13 @@ class _Signals:
         The mean loss is over every learner's losses posted since the last log line (rank 0
         writes it); None when not logging.
         """
-        t = self.t
-        stop = 1 if t.control.stop.requested and not self.sent_stop else 0
+        stop = 1 if self.control.stop.requested and not self.sent_stop else 0
         self.sent_stop |= bool(stop)
-        nonfinite = len(t.nonfinite) - self.sent_nonfinite
-        self.sent_nonfinite = len(t.nonfinite)
+        nonfinite = len(self.control.nonfinite) - self.sent_nonfinite
+        self.sent_nonfinite = len(self.control.nonfinite)
         value = float(loss)
         micro = int(round(value * 1e6)) if log and np.isfinite(value) else 0
-        old = t.pool.add([stop, nonfinite, micro, 1 if micro else 0], first=SLOT_STOP)
+        old = self.pool.add([stop, nonfinite, micro, 1 if micro else 0], first=SLOT_STOP)
         stops = int(old[0]) + stop
         total_nonfinite = int(old[1]) + nonfinite
         mean = None
@@ -111,90 +83,164 @@ class _Signals:
             if count > 0:
                 mean = (sums[0] - self.last_loss[0]) / count / 1e6
             self.last_loss = sums
-        return stops > 0, total_nonfinite > t.opts.max_nonfinite, mean
+        return stops > 0, total_nonfinite > self.max_nonfinite, mean
 
 
-def _segment_end(t: Trainer, sampler: PooledBatchSampler, epoch_base: int) -> int:
-    """The slot where the learners meet next: a checkpoint, ``--max-steps`` or the epoch end.
+class PooledPlan(EpochPlan):
+    """The epochs of an asynchronous algorithm (see the module docstring).
 
-    A global step is one slot per super-learner, ``num_nodes`` slots.
+    Args:
+        topo: The learners.
+        sampler: The pooled sampler (its ``take`` is :func:`ticket_taker` of ``pool``).
+        pool: The shared counters (:data:`POOL_SLOTS` of them).
+        opts: The loop's options.
+        agree: The loop's blocking agreement, run at every meeting.
+        control: The loop's control point (stop flag and non-finite events, posted here).
+        metrics: Where the meeting's ``learners`` record goes.
+        algo_metrics: The algorithm's own figures for that record.
     """
-    per_step = t.topo.num_nodes
-    end = sampler.slots
-    if t.opts.checkpoint_every:
-        every = t.opts.checkpoint_every * per_step
-        end = min(end, (t.pool_next // every + 1) * every)
-    if t.opts.max_steps:
-        end = min(end, max(0, t.opts.max_steps - epoch_base) * per_step)
-    return end
 
+    meets = True
 
-def _meet(t: Trainer, sampler: PooledBatchSampler, epoch_base: int) -> None:
-    """All learners arrive; agree where the pool stands (every slot below it trained)."""
-    assert t.pool is not None
-    held = sampler.held if sampler.held is not None else _NONE
-    lowest = min(t.topo.allgather_object(held))  # after it, nobody takes a slot any more
-    taken = int(t.pool.read()[SLOT_NEXT])
-    t.pool_next = min(lowest, taken, sampler.slots)
-    t.pos.step_in_epoch = t.pool_next // t.topo.num_nodes
-    t.pos.global_step = epoch_base + t.pos.step_in_epoch
+    def __init__(self, topo: Topology, sampler: PooledBatchSampler, pool: SharedCounter,
+                 opts: Any, agree: Agree, control: Any, metrics: Any,
+                 algo_metrics: Callable[[], dict[str, float]]) -> None:
+        super().__init__(sampler, opts, agree)
+        self.topo = topo
+        self.pool: SharedCounter | None = pool
+        self.control_point = control
+        self.metrics = metrics
+        self.algo_metrics = algo_metrics
+        self.pool_next = 0
+        """The first slot of the current epoch not yet trained (all below it are)."""
+        self.epoch_base = 0
+        self.end = 0
+        self.local = 0
+        self.last_loss = float("nan")  # a learner that took no batch adds NaN: the guard skips
+        self._signals: _Signals | None = None
+        self._step = 0
 
+    @property
+    def pooled(self) -> PooledBatchSampler:
+        """The sampler, as the pooled sampler it is."""
+        assert isinstance(self.sampler, PooledBatchSampler)
+        return self.sampler
 
-def _log_learners(t: Trainer, batches: int) -> None:
-    """At a meeting (a collective anyway): every learner's own pace and gossip figures.
+    def begin(self, pos: Any, loader: Any) -> None:
+        """Every learner starts the epoch at :attr:`pool_next` (collective: resets the pool)."""
+        assert self.pool is not None
+        sampler = self.pooled
+        self.epoch_base = pos.global_step - pos.step_in_epoch
+        sampler.set_epoch(pos.epoch)
+        sampler.held = None
+        sampler.handed.clear()
+        self.pool.reset([self.pool_next, 0, 0, 0, 0])
+        self._signals = _Signals(self.pool, self.control_point, self.opts.max_nonfinite)
+        self.local = 0
+        self.last_loss = float("nan")
 
-    The training lines carry rank 0's figures only; this ``learners`` record lists, by rank,
-    the batches each took this epoch and its exchanges per step and staleness.
-    """
-    mine = {"batches": batches, **t.algo.metrics()}
-    every = t.topo.allgather_object(mine)
-    keys = sorted({k for m in every for k in m})
-    t.metrics.write("learners", t.pos.global_step, epoch=t.pos.epoch,
-                    **{k: [m.get(k) for m in every] for k in keys})
+    def segment(self, pos: Any, loader: Any) -> Iterator[Any] | None:
+        """Hand out slots up to the next meeting: a checkpoint, ``--max-steps`` or epoch end.
 
+        A global step is one slot per super-learner, ``num_nodes`` slots.
+        """
+        per_step = self.topo.num_nodes
+        end = self.pooled.slots
+        if self.opts.checkpoint_every:
+            every = self.opts.checkpoint_every * per_step
+            end = min(end, (self.pool_next // every + 1) * every)
+        if self.opts.max_steps:
+            end = min(end, max(0, self.opts.max_steps - self.epoch_base) * per_step)
+        self.end = end
+        self.pooled.open(end)
+        return iter(loader)
 
-def run_pooled_epoch(t: Trainer) -> None:
-    """Train the current epoch from the shared pool (see the module docstring)."""
-    sampler = t.sampler
-    assert isinstance(sampler, PooledBatchSampler) and t.pool is not None
-    epoch_base = t.pos.global_step - t.pos.step_in_epoch
-    sampler.set_epoch(t.pos.epoch)
-    sampler.held = None
-    sampler.handed.clear()
-    t.pool.reset([t.pool_next, 0, 0, 0, 0])  # collective: every learner starts the epoch here
-    signals = _Signals(t)
-    progress = t.start_epoch()
-    local = 0
-    last_loss = float("nan")  # a learner that took no batch adds NaN: the guard skips it
-    while True:
-        end = _segment_end(t, sampler, epoch_base)
-        sampler.open(end)
-        for feats, labels in t.loader:
-            local += 1
-            slot = sampler.handed.popleft()
-            step = epoch_base + slot // t.topo.num_nodes + 1  # the global step of this batch
-            trace_key = (t.pos.epoch * sampler.slots + slot) * t.topo.local_size
-            loss = t.train_step(feats, labels, step, trace_key + t.topo.local_rank)
-            last_loss = loss
-            progress.step()
-            log = local % t.opts.log_every == 0
-            if log or local % t.opts.control_every == 0:
-                stop, diverged, mean = signals.post(loss, log)
-                if mean is not None:
-                    progress.log(step, t.pos.epoch, t.lr, mean)
-                if (stop or diverged) and t.topo.local_rank == 0:
-                    sampler.close()  # the members follow with the leader's refusal ticket
-        _meet(t, sampler, epoch_base)
-        _log_learners(t, local)
-        # The meeting's agreement is the ordinary, blocking one: it stops or raises on every
-        # learner alike (a stop request, too many non-finite steps, or the mean of the
-        # learners' last losses exploding: the divergence guard's training check).
-        if t.agree(last_loss):
-            break
-        if t.pool_next >= sampler.slots:
-            break  # the epoch is done
-        if t.opts.max_steps and t.pos.global_step >= t.opts.max_steps:
-            break
-        if t.opts.checkpoint_every and t.pool_next == end:
-            t.checkpoint()  # a --checkpoint-every boundary, every slot below it trained
-    progress.close()
+    def locate(self, pos: Any) -> tuple[int, int]:
+        """The global step of the slot just handed out, and its key in the chunk trace."""
+        sampler = self.pooled
+        slot = sampler.handed.popleft()
+        step = self.epoch_base + slot // self.topo.num_nodes + 1
+        self._step = step
+        trace_key = (pos.epoch * sampler.slots + slot) * self.topo.local_size
+        return step, trace_key + self.topo.local_rank
+
+    def stepped(self, pos: Any, loss: float) -> int:
+        """Count this learner's batches (the position is agreed at the meeting)."""
+        self.local += 1
+        self.last_loss = loss
+        return self.local
+
+    def control(self, loss: float, log: bool, progress: Progress, pos: Any, lr: float) -> bool:
+        """Post this learner's news to the shared counters; no collective, never stops here.
+
+        A stop request or too many non-finite steps closes the sampler (the leader's; the
+        members follow with its refusal ticket), which ends the segment at the next batch.
+        """
+        assert self._signals is not None
+        stop, diverged, mean = self._signals.post(loss, log)
+        if mean is not None:
+            progress.log(self._step, pos.epoch, lr, mean)
+        if (stop or diverged) and self.topo.local_rank == 0:
+            self.pooled.close()
+        return False
+
+    def segment_over(self, pos: Any) -> bool:
+        """Never early: the sampler ends the segment at its meeting point."""
+        return False
+
+    def meet(self, pos: Any) -> bool:
+        """All learners arrive; agree where the pool stands, log, then agree as usual.
+
+        Every slot below the agreed :attr:`pool_next` was trained once and none above it. The
+        agreement is the ordinary, blocking one: it stops or raises on every learner alike (a
+        stop request, too many non-finite steps, or the mean of the learners' last losses
+        exploding: the divergence guard's training check).
+        """
+        assert self.pool is not None
+        sampler = self.pooled
+        held = sampler.held if sampler.held is not None else _NONE
+        lowest = min(self.topo.allgather_object(held))  # after it, nobody takes a slot
+        taken = int(self.pool.read()[SLOT_NEXT])
+        self.pool_next = min(lowest, taken, sampler.slots)
+        pos.step_in_epoch = self.pool_next // self.topo.num_nodes
+        pos.global_step = self.epoch_base + pos.step_in_epoch
+        self._log_learners(pos)
+        return self.agree(self.last_loss, None)
+
+    def _log_learners(self, pos: Any) -> None:
+        """Every learner's own pace and gossip figures, in a ``learners`` record.
+
+        The training lines carry rank 0's figures only; this record lists, by rank, the
+        batches each took this epoch and its exchanges per step and staleness.
+        """
+        mine = {"batches": self.local, **self.algo_metrics()}
+        every = self.topo.allgather_object(mine)
+        keys = sorted({k for m in every for k in m})
+        self.metrics.write("learners", pos.global_step, epoch=pos.epoch,
+                           **{k: [m.get(k) for m in every] for k in keys})
+
+    def epoch_over(self, pos: Any) -> bool:
+        """Whether every slot of the epoch was trained."""
+        return self.pool_next >= self.pooled.slots
+
+    def at_checkpoint(self, pos: Any) -> bool:
+        """Whether the meeting is at a ``--checkpoint-every`` boundary."""
+        return bool(self.opts.checkpoint_every) and self.pool_next == self.end
+
+    def end_epoch(self) -> None:
+        """The next epoch starts at its first slot."""
+        self.pool_next = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the pool stands: every slot below it trained."""
+        return {"pool_next": self.pool_next}
+
+    def load_state_dict(self, state: dict[str, Any], pos: Any) -> None:
+        """The epoch's untrained slots start here (older checkpoints: from the position)."""
+        self.pool_next = int(state.get("pool_next", pos.step_in_epoch * self.topo.num_nodes))
+
+    def close(self) -> None:
+        """Release the shared data pool (collective)."""
+        if self.pool is not None:
+            self.pool.free()
+            self.pool = None

@@ -17,7 +17,6 @@ ALLOWED = {
     "faults": {"env"},
     "algorithms": {"cli", "comm", "faults"},
     "config_file": {"cli"},
-    "env_check": {"env", "comm", "exit_codes"},
     "config": {"cli", "config_file", "models", "algorithms"},
     # The loop takes built parts and knows no flags: neither cli nor config.
     "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms"},
@@ -29,10 +28,7 @@ ALLOWED = {
 
 
 def _layer(path: Path) -> str:
-    rel = path.relative_to(PACKAGE).with_suffix("")
-    if rel.parts == ("env", "__main__"):
-        return "env_check"  # python -m hadpsgd.env: a report on top of the comm layer
-    return rel.parts[0]
+    return path.relative_to(PACKAGE).with_suffix("").parts[0]
 
 
 def _imports(path: Path) -> set[str]:
