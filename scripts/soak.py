@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from hadpsgd.data.synth import SynthSpec, generate  # noqa: E402
+from hadpsgd.exit_codes import EXIT_OK  # noqa: E402
 from hadpsgd.launch import launch_env, mpirun_command  # noqa: E402
 from hadpsgd.train.checkpoint import (  # noqa: E402
     CheckpointError,
@@ -168,7 +169,7 @@ def main() -> int:
         nprocs, args = ALGOS[algo]
         if algo not in refs and algo in ("ssgd", "bmuf-adam-overlap"):
             code, _, err = run(nprocs, args, work / f"ref-{algo}", data)
-            if code != 0:
+            if code != EXIT_OK:
                 raise SystemExit(f"reference run of {algo} failed:\n{err[-3000:]}")
             refs[algo] = load_checkpoint(latest_checkpoint(work / f"ref-{algo}" / "checkpoints"))
         what, env, kill_after = pick(rng, algo, nprocs)
@@ -182,7 +183,7 @@ def main() -> int:
         while problem is None and resumes < 3:
             resumes += 1
             rcode, _, rerr = run(nprocs, [*args, "--resume", "auto"], out, data)
-            if rcode == 0:
+            if rcode == EXIT_OK:
                 break
             if resumes == 3:
                 problem = f"--resume auto failed ({rcode}): {rerr.strip().splitlines()[-1:]}"

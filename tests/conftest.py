@@ -1,62 +1,10 @@
-"""Shared fixtures: a small synthetic dataset and a helper that runs real ``mpirun`` jobs."""
+"""Shared fixtures: a small synthetic dataset (the mpirun helpers are in ``tests/_mpi.py``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-WORKERS = Path(__file__).resolve().parent / "workers"
-# Every mpirun launch gets a hard wall-clock limit: a hang fails the test instead of CI.
-MPI_TIMEOUT_S = float(os.environ.get("HADPSGD_TEST_MPI_TIMEOUT", "240"))
-
-
-@dataclass
-class MPIResult:
-    """What a finished ``mpirun`` job left behind."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-
-def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,
-            env: dict[str, str] | None = None, cwd: Path | None = None) -> MPIResult:
-    """Run ``mpirun -np nprocs python <args>`` (args start with ``-m mod`` or a script path)."""
-    from hadpsgd.launch import launch_env, mpirun_command
-
-    cmd = mpirun_command(nprocs, [], module="x")[:-3]  # launcher + its local flags
-    cmd += [sys.executable, *args]
-    full_env = launch_env(nprocs=nprocs)
-    full_env.setdefault("HADPSGD_TIMEOUT", "60")
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.update(env or {})
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                             cwd=cwd or ROOT)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"mpirun -np {nprocs} {' '.join(args)} did not finish in {timeout} s "
-                    f"(hang?)\nstdout:\n{err.stdout}\nstderr:\n{err.stderr}")
-    return MPIResult(out.returncode, out.stdout, out.stderr)
-
-
-def run_worker(nprocs: int, worker: str, *args: str, **kw: object) -> MPIResult:
-    """Run ``tests/workers/<worker>.py`` on ``nprocs`` ranks."""
-    return run_mpi(nprocs, [str(WORKERS / f"{worker}.py"), *args], **kw)  # type: ignore[arg-type]
-
-
-def assert_ok(res: MPIResult) -> None:
-    """Fail with the job's output if it did not exit 0."""
-    assert res.returncode == 0, f"exit {res.returncode}\n{res.output[-6000:]}"
 
 
 @pytest.fixture(scope="session")

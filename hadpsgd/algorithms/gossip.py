@@ -61,7 +61,7 @@ class GossipThread(threading.Thread):
             index), used only by this thread.
         jitter: Upper bound of a random sleep before each exchange (tests the asynchrony).
         wire: ``fp32`` (the parameters' own dtype), ``bf16`` or ``int8`` (see
-            :mod:`hadpsgd.comm.compressed`).
+            :mod:`hadpsgd.comm.codec`).
     """
 
     def __init__(self, flat: torch.Tensor, lock: threading.Lock, channel: PairChannel,

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hadpsgd.data.format import (
-    FORMAT_VERSION,
-    FeatureFile,
-    FeatureFileError,
-    FeatureWriter,
-    write_features,
-)
+from hadpsgd.data._schema import FORMAT_VERSION, FeatureFileError
 from hadpsgd.data.loader import ChunkDataset, make_loader
+from hadpsgd.data.reader import FeatureFile
 from hadpsgd.data.sampler import ChunkBatchSampler, PooledBatchSampler, chunk_starts
+from hadpsgd.data.writer import FeatureWriter, write_features
 
 if TYPE_CHECKING:
     from hadpsgd.data.synth import SynthSpec, default_dataset, generate

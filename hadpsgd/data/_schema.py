@@ -1,6 +1,20 @@
-"""Names and version of the HDF5 feature format, shared by the reader and the writer.
+"""The HDF5 feature format (docs/design.md, the feature format): one file per split.
 
-Kept in a module of its own so that :mod:`hadpsgd.data.reader` and
+=============  ============================  ==================================================
+dataset        dtype / shape                 meaning
+=============  ============================  ==================================================
+``feats``      float32 ``[T, D]``, chunked   all utterances' frames, concatenated
+``labels``     int32 ``[T]``                 frame targets in ``[0, num_classes)``
+``offsets``    int64 ``[U+1]``               utterance u is ``feats[offsets[u]:offsets[u+1]]``
+``utt_ids``    variable-length str ``[U]``   utterance names
+``norm/mean``  float32 ``[D]`` (optional)    subtracted from every frame on read
+``norm/std``   float32 ``[D]`` (optional)    every frame is divided by it on read
+=============  ============================  ==================================================
+
+File attributes: ``num_classes``, ``feat_dim``, ``format_version`` (= :data:`FORMAT_VERSION`).
+
+Its names and version live here, shared by the reader and the writer; kept in a module of
+its own so that :mod:`hadpsgd.data.reader` and
 :mod:`hadpsgd.data.writer` can both import it without importing each other.
 """
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests._mpi import ROOT
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_mpi, run_worker
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

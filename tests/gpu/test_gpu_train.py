@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_mpi, run_worker
 from tests.mpi._resume import final_state, run_args
 
 pytestmark = [pytest.mark.gpu,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import MPIResult, assert_ok, run_mpi
+from tests._mpi import MPIResult, assert_ok, run_mpi
 
 
 def run_args(data: tuple[Path, Path], out: Path, *extra: str) -> list[str]:

@@ -8,7 +8,7 @@ import torch
 
 from hadpsgd.comm import payload_bytes
 from hadpsgd.train import read_metrics
-from tests.conftest import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_mpi, run_worker
 from tests.mpi._resume import final_state
 
 pytestmark = pytest.mark.mpi

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hadpsgd.data import ChunkDataset, write_features
-from tests.conftest import MPIResult, run_mpi
+from tests._mpi import MPIResult, run_mpi
 
 pytestmark = pytest.mark.mpi
 

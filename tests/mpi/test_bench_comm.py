@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmarks.comm.report import bus_factor
-from tests.conftest import ROOT, assert_ok, run_mpi
+from tests._mpi import ROOT, assert_ok, run_mpi
 
 pytestmark = pytest.mark.mpi
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._mpi import assert_ok, run_worker
 from tests.bmuf_reference import Opt, loss_grad, reference
-from tests.conftest import assert_ok, run_worker
 from tests.workers.bmuf_common import MAIN, SINGLE, group_batch, init_params
 
 pytestmark = pytest.mark.mpi

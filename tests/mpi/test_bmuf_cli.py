@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import assert_ok, run_mpi
+from tests._mpi import assert_ok, run_mpi
 
 pytestmark = pytest.mark.mpi
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._mpi import assert_ok, run_worker
 from tests.bmuf_reference import reference
-from tests.conftest import assert_ok, run_worker
 from tests.workers.bmuf_common import STREAM, init_params
 
 pytestmark = pytest.mark.mpi

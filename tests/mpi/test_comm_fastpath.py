@@ -8,7 +8,7 @@ arrives must still end the job within the deadline with an error naming it (that
 
 import pytest
 
-from tests.conftest import assert_ok, run_worker
+from tests._mpi import assert_ok, run_worker
 
 pytestmark = pytest.mark.mpi
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_mpi, run_worker
 
 pytestmark = pytest.mark.mpi
 

@@ -6,7 +6,7 @@ rounding bounds, error feedback telescoping, exact resume, bytes).
 
 import pytest
 
-from tests.conftest import assert_ok, run_worker
+from tests._mpi import assert_ok, run_worker
 
 pytestmark = pytest.mark.mpi
 

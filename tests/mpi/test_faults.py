@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_mpi
+from tests._mpi import run_mpi
 
 pytestmark = pytest.mark.mpi
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_mpi, run_worker
 from tests.mpi._resume import run_args
 
 pytestmark = pytest.mark.mpi

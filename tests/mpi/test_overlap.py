@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import assert_ok, run_worker
+from tests._mpi import assert_ok, run_worker
 
 pytestmark = pytest.mark.mpi
 

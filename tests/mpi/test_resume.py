@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, run_mpi
+from tests._mpi import assert_ok, run_mpi
 from tests.mpi._resume import (
     assert_same_run,
     final_state,
@@ -144,7 +144,7 @@ def test_sigterm_to_the_launcher_stops_gracefully(tiny_data, tmp_path):
     import time
 
     from hadpsgd.launch import launch_env
-    from tests.conftest import MPI_TIMEOUT_S, ROOT
+    from tests._mpi import MPI_TIMEOUT_S, ROOT
 
     env = launch_env(nprocs=2)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

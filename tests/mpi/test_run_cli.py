@@ -6,7 +6,7 @@ import h5py
 import pytest
 
 from hadpsgd.train import read_metrics
-from tests.conftest import assert_ok, run_mpi
+from tests._mpi import assert_ok, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -132,7 +132,7 @@ def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests._mpi import ROOT
 
     env = {**os.environ, "SLURM_STEP_NUM_TASKS": "4",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}

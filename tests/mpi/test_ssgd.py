@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_mpi, run_worker
 
 pytestmark = pytest.mark.mpi
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests._mpi import ROOT
 
 pytestmark = pytest.mark.mpi
 

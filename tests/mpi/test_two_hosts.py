@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks._common.netns import TwoHosts, available
-from tests.conftest import ROOT, WORKERS
+from tests._mpi import ROOT, WORKERS
 
 pytestmark = pytest.mark.mpi
 OK, WHY = available()

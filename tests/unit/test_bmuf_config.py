@@ -17,6 +17,7 @@ from hadpsgd.assembly.build import build_optimizer
 from hadpsgd.cli import add_arguments, field_docs, to_dict
 from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
 from hadpsgd.run import parse_config
+from tests.fakes import OneLearner
 
 BMUF_FLAGS = ["sync_period", "block_momentum", "block_lr", "nesterov", "adam_moments",
               "bmuf_warmup_steps", "bmuf_warmup_moments", "bmuf_overlap", "bmuf_fragments",
@@ -194,21 +195,6 @@ def test_amsgrad_needs_local():
     with pytest.raises(ValueError, match="amsgrad"):
         _adam_with_state("corrected", amsgrad=True)
     _adam_with_state("local", amsgrad=True)
-
-
-class OneLearner:
-    """The topology of a single process (one node of one learner): no communication."""
-
-    rank, size, local_rank, local_size, node, num_nodes = 0, 1, 0, 1, 0, 1
-
-    def require_equal_nodes(self, what: str) -> None:
-        pass
-
-    def broadcast_(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
-        return t
-
-    def allreduce_(self, t: torch.Tensor, op: str = "avg") -> torch.Tensor:
-        return t
 
 
 def _run(algo: BMUF, model: torch.nn.Module, steps: range) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F  # noqa: N812
@@ -14,13 +13,7 @@ from hadpsgd.data.sampler import ChunkBatchSampler
 from hadpsgd.data.synth import SynthSpec, generate
 from hadpsgd.models import build_model
 from hadpsgd.train.evaluate import evaluate
-
-
-class OneLearner(SimpleNamespace):
-    """The topology of a world of one on CPU: a sum over learners is the value itself."""
-
-    def allreduce_(self, t: torch.Tensor, op: str = "avg") -> torch.Tensor:
-        return t
+from tests.fakes import OneLearner
 
 
 def test_totals_equal_a_frame_by_frame_reference(tmp_path: Path) -> None:
@@ -29,7 +22,7 @@ def test_totals_equal_a_frame_by_frame_reference(tmp_path: Path) -> None:
     ds = ChunkDataset(heldout, chunk_len=8, expected_feat_dim=12)
     torch.manual_seed(0)
     model = build_model("tiny", 12, 5)
-    topo = OneLearner(rank=0, size=1, device=torch.device("cpu"))
+    topo = OneLearner()
     got = evaluate(model, ds, topo, batch_size=3)
     # Reference: every chunk at once, every counted frame once, in float64.
     x, y = ds.__getitems__(list(range(len(ds))))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests._mpi import ROOT
 
 
 @pytest.mark.parametrize("old, new", [
