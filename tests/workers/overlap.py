@@ -4,7 +4,7 @@ Usage: overlap.py ALGO. Two replicas of one model train side by side on the same
 one reduces its gradient buckets in the background during backward (``overlap="on"``), the
 other after backward (``overlap="off"``), with the same small buckets. Checks on every rank:
 the two end bit-identical (SSGD, BMUF); the replicas that share a reduction agree bit for
-bit; buckets were reduced before backward ended (the overlap happened).
+bit; buckets were reduced before backward ended somewhere (the overlap happened).
 """
 
 import hashlib
@@ -61,8 +61,11 @@ groups = ([list(range(topo.size))] if algo_name == "ssgd" else
 for group in groups:
     if len({digests[r] for r in group}) != 1:
         failures.append(f"replicas of {group} differ")
-if topo.thread_multiple and not overlapped:
-    failures.append("no bucket was reduced before backward ended")
+# Whether a rank's background thread gets a core before its backward ends is up to the
+# scheduler (4 ranks on 2 cores in CI: one rank's thread may starve for all 6 steps), so the
+# overlap is asked of the world: some rank reduced buckets during backward.
+if topo.thread_multiple and not sum(topo.allgather_object(overlapped)):
+    failures.append("no bucket was reduced before backward ended on any rank")
 print(f"rank {topo.rank}: buckets {len(pairs[0][1].gradsync.plan)}, overlapped {overlapped}")
 if failures:
     print(f"rank {topo.rank} FAIL: {failures}", flush=True)
