@@ -69,8 +69,8 @@ class AlgoOptions:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices is not None and value not in choices:
-                raise ConfigError(f"{self.flag(f.name)} must be one of {', '.join(choices)}, got "
-                                  f"{value!r}")
+                raise ConfigError(f"{flag(option_name(f))} must be one of {', '.join(choices)}, "
+                                  f"got {value!r}")
 
     def ranks_per_node(self) -> int | None:
         """Learners per super-learner this algorithm asks for (None: the nodes as they are)."""

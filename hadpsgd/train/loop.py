@@ -333,7 +333,7 @@ class Trainer:
         ``--max-steps``, a checkpoint at every ``--checkpoint-every`` boundary.
         """
         plan, opts, pos = self.plan, self.opts, self.pos
-        plan.begin(pos, self.loader)
+        plan.begin(pos)
         progress = self.start_epoch()
         while (batches := plan.segment(pos, self.loader)) is not None:
             trained = 0
@@ -350,7 +350,7 @@ class Trainer:
                     return  # an agreed stop: agree() wrote its checkpoint
                 if plan.segment_over(pos):
                     break
-            if plan.meets and plan.meet(pos):
+            if plan.meet(pos):
                 break  # the meeting agreed to stop (with its checkpoint)
             if not trained and not plan.meets:
                 break  # nothing left to hand out (never expected: a guard against a spin)

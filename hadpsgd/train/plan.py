@@ -49,7 +49,7 @@ class EpochPlan:
         self._batches: Iterator[Any] | None = None
 
     # ------------------------------------------------------------------ epoch
-    def begin(self, pos: Any, loader: Any) -> None:
+    def begin(self, pos: Any) -> None:
         """Start the epoch at ``pos`` (its data order)."""
         self.sampler.set_epoch(pos.epoch, start_step=pos.step_in_epoch)
         self._batches = None
@@ -89,9 +89,8 @@ class EpochPlan:
         A last step of the run ends it (the loop then finishes, evaluates and writes the final
         checkpoint: a ``--checkpoint-every`` checkpoint here would come before that).
         """
-        every, done = self.opts.checkpoint_every, self.opts.max_steps
-        return bool(done and pos.global_step >= done) or bool(
-            every and pos.global_step % every == 0)
+        done = self.opts.max_steps
+        return bool(done and pos.global_step >= done) or self.at_checkpoint(pos)
 
     def meet(self, pos: Any) -> bool:
         """The learners' meeting at the end of a segment; True to stop (the sharded: none)."""

@@ -126,7 +126,7 @@ class PooledPlan(EpochPlan):
         assert isinstance(self.sampler, PooledBatchSampler)
         return self.sampler
 
-    def begin(self, pos: Any, loader: Any) -> None:
+    def begin(self, pos: Any) -> None:
         """Every learner starts the epoch at :attr:`pool_next` (collective: resets the pool)."""
         assert self.pool is not None
         sampler = self.pooled

@@ -12,8 +12,6 @@ import signal
 import sys
 from types import FrameType
 
-from hadpsgd.exit_codes import EXIT_STOPPED  # noqa: F401 - re-exported for callers
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 """SIGUSR1 is what Slurm's ``--signal`` and ``python -m hadpsgd.launch`` send: Open MPI's
 ``mpirun`` forwards it to every rank without killing them, unlike SIGTERM/SIGINT, after which
