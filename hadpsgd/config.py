@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
 from hadpsgd import algorithms
-from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB
+from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GRAD_WIRES
 from hadpsgd.cli import (
     ConfigError,
     add_arguments,
@@ -25,6 +25,7 @@ from hadpsgd.cli import (
     to_dict,
 )
 from hadpsgd.config_file import merge, read_config_file
+from hadpsgd.precision import PRECISIONS
 
 __all__ = ["AlgoConfig", "CommConfig", "ConfigError", "DataConfig", "ModelConfig",
            "OptimConfig", "RunConfig", "TrainConfig", "parse_config"]
@@ -197,8 +198,22 @@ class TrainConfig:
     """Also write TensorBoard event files (needs pip install 'hadpsgd[tb]')."""
     progress: bool = True
     """Show a progress bar (rank 0 only)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Arithmetic of the forward pass, the loss and evaluation: fp32, or mixed precision
+    under torch.autocast with fp32 master weights, optimizer and algorithm state. GPU users
+    want bf16 (A100, H100: fp32's range, no loss scale); fp16 (V100, which has no bf16) adds
+    a dynamic loss scale that every learner sharing a step agrees on. On CPU, bf16 runs the
+    LSTM in bf16 where the CPU supports it; fp16 is for tests (oneDNN has no fp16 LSTM, so
+    the LSTM stays fp32 there). What runs in which precision: docs/gpu.md."""
+    tf32: bool = False
+    """On a GPU, let fp32 matmuls and cuDNN's LSTM use TF32 tensor cores (faster, 10-bit
+    mantissa). Off by default, so --precision fp32 is IEEE fp32, the reference mixed
+    precision is measured against."""
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got "
+                              f"{self.precision!r}")
         if self.algo not in _algo_names():
             raise ConfigError(
                 f"--algo {self.algo!r} is unknown; registered algorithms: "
@@ -285,8 +300,17 @@ class CommConfig:
     grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB
     """Gradient bucket size in MiB (DDP's default): smaller buckets start reducing earlier
     in backward, larger ones make fewer calls."""
+    grad_wire: Literal["fp32", "bf16"] = "fp32"
+    """What the gradient buckets are on the wire when SSGD (and BMUF's warm-up) average them
+    over the world, or a super-learner (BMUF, H-ADPSGD) inside its node: fp32, or bf16 (half
+    the bytes; rounded to bfloat16 for the wire, summed in fp32 where MPI carries them, by
+    NCCL in bf16 where it carries them, then cast back: DDP's bf16 compression hook). The
+    bytes sent go into the training log (grad_wire_bytes)."""
 
     def __post_init__(self) -> None:
+        if self.grad_wire not in GRAD_WIRES:
+            raise ConfigError(f"--grad-wire must be one of {', '.join(GRAD_WIRES)}, got "
+                              f"{self.grad_wire!r}")
         if self.ranks_per_node is not None:
             _positive(self, "ranks_per_node")
         _positive(self, "bucket_mb")

@@ -8,8 +8,10 @@ Set ``HADPSGD_FAULT`` to one or more ``;``-separated faults of ``key=value`` pai
 Keys:
     kind: ``kill`` (SIGKILL itself), ``raise`` (an exception in the main thread), ``hang``
         (sleep forever), ``raise-gossip`` (an exception in ADPSGD's gossip thread), ``nan``
-        (this rank's loss becomes NaN: its gradients are all NaN), ``signal`` (send SIGTERM to
-        itself, as a scheduler would).
+        (this rank's loss becomes NaN: its gradients are all NaN), ``overflow`` (this rank's
+        loss is scaled by a further 2**40 before backward: under ``--precision fp16`` its
+        gradient overflows, the loss-scale test), ``signal`` (send SIGTERM to itself, as a
+        scheduler would).
     rank: World rank that fails (default 0).
     step: Global step at which it fails (the step about to be taken, counted from 1; for the
         checkpoint points, the step of the checkpoint being written; the first one at or
@@ -19,11 +21,11 @@ Keys:
         file is written), ``ckpt-manifest`` (its manifest is written), ``ckpt-rename`` (it
         has been renamed into place, before the ``latest`` pointer moves), ``ckpt-wait`` (a
         rank other than 0, the writer, while rank 0 writes the checkpoint).
-    count: How many consecutive steps a ``nan`` fault lasts (default 1).
+    count: How many consecutive steps a ``nan`` or ``overflow`` fault lasts (default 1).
 
-Each fault fires at most once per process (``nan`` for ``count`` steps). Before it fires it
-prints ``[hadpsgd] fault injection: ... t=<unix time>`` to stderr, so tests can time how
-long the job takes to end.
+Each fault fires at most once per process (``nan`` and ``overflow`` for ``count`` steps).
+Before it fires it prints ``[hadpsgd] fault injection: ... t=<unix time>`` to stderr, so
+tests can time how long the job takes to end.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from hadpsgd import env
 from hadpsgd.env import EnvError
 
 ENV = env.FAULT
-KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "signal")
+KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "overflow", "signal")
 POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait")
 
 
@@ -123,8 +125,8 @@ def active() -> bool:
 def hit(at: str, rank: int, step: int) -> str | None:
     """Fire the fault planned for (``at``, ``rank``, ``step``), if any.
 
-    ``kill``, ``raise``, ``hang`` and ``signal`` act here; ``nan`` is returned to the caller
-    (which poisons its loss), as is nothing when no fault matches.
+    ``kill``, ``raise``, ``hang`` and ``signal`` act here; ``nan`` and ``overflow`` are
+    returned to the caller (which poisons its loss), as is nothing when no fault matches.
 
     Raises:
         InjectedFault: For ``raise`` and ``raise-gossip``.
@@ -132,10 +134,10 @@ def hit(at: str, rank: int, step: int) -> str | None:
     for fault in plan():
         if fault.at != at or fault.rank != rank:
             continue
-        if fault.kind == "nan":
+        if fault.kind in ("nan", "overflow"):
             if fault.step <= step < fault.step + fault.count:
                 _announce(fault, step)
-                return "nan"
+                return fault.kind
             continue
         if step < fault.step or fault.fired:
             continue  # ">=": the gossip thread may see the step count jump past ``step``

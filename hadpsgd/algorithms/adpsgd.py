@@ -308,6 +308,7 @@ class ADPSGD(Algorithm):
         # The thread's own step count: self.steps is restored from a checkpoint, the thread's
         # (and its exchange counts) start at 0 in every process.
         out = {
+            **super().metrics(),
             "exchanges_per_step": (t.exchanges / t.steps) if t and t.steps else 0.0,
             "staleness": float(t.steps - t.last_exchange_step) if t else 0.0,
             "wire_bytes": float(t.bytes_sent) if t else 0.0,

@@ -13,8 +13,10 @@ from torch import nn
 
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradCheck, GradSync
 from hadpsgd.algorithms.options import AlgoOptions
+from hadpsgd.algorithms.scaler import LossScaler
 from hadpsgd.comm import FlatBuffer, Topology, cudnn_weight_groups
 from hadpsgd.comm.overlap import GradScope
+from hadpsgd.precision import check_precision
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class StepResult:
     """The reduced gradient's global L2 norm (NaN unless clipping asked for it)."""
     skipped: bool
     """Whether no update was applied (the reduced gradient was not finite)."""
+    overflow: bool = False
+    """fp16: the skip was the loss scale's search (the gradient overflowed at the scale, which
+    was halved on every learner that shares the step), not non-finite data."""
 
 
 class Algorithm:
@@ -50,6 +55,11 @@ class Algorithm:
         overlap: Reduce gradient buckets during backward (see :class:`GradSync`): True or
             ``on``, False or ``off``, or ``auto`` (on when the model is on a GPU).
         grad_bucket_mb: Gradient bucket size in MiB.
+        precision: ``fp32``, ``bf16`` or ``fp16`` (:mod:`hadpsgd.precision`): fp16 keeps a
+            dynamic loss scale (:attr:`scaler`), which the training loop multiplies the loss
+            by before backward and :meth:`apply_update` divides out.
+        grad_wire: What a gradient bucket is on the wire when it is averaged: ``fp32`` or
+            ``bf16`` (half the bytes; summed in fp32 where MPI carries it).
         option_values: The options by name (``sync_period=8``), when ``options`` is not given.
 
     Raises:
@@ -69,6 +79,7 @@ class Algorithm:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology, *,
                  options: AlgoOptions | None = None, max_grad_norm: float = 0.0,
                  overlap: bool | str = "auto", grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
+                 precision: str = "fp32", grad_wire: str = "fp32",
                  **option_values: Any) -> None:
         # Every rank raises alike, before the first collective, so nobody is left waiting.
         self.options = self.Options.resolve(options, option_values)
@@ -77,6 +88,11 @@ class Algorithm:
             topo.require_equal_nodes(self.name)
         if max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {max_grad_norm}")
+        check_precision(precision)
+        self.precision = precision
+        self.scaler = LossScaler() if precision == "fp16" else None
+        """fp16's dynamic loss scale (None otherwise): the same on every learner that shares
+        a step's gradient, since each decides it from the same reduced gradient."""
         self.max_grad_norm = max_grad_norm
         self.model = model
         self.optimizer = optimizer
@@ -99,7 +115,7 @@ class Algorithm:
         groups = cudnn_weight_groups(model) if params and params[0].is_cuda else []
         self.params = FlatBuffer(params, kind="data", own_storage=groups)
         self.gradsync = GradSync(params, topo, self.grad_scope, bucket_mb=grad_bucket_mb,
-                                 overlap=overlap)
+                                 overlap=overlap, wire=grad_wire)
         self.grads = self.gradsync.flat
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
@@ -134,10 +150,17 @@ class Algorithm:
         self.reduce_grads()
         check = self.gradsync.check(norm=self.max_grad_norm > 0, loss=loss)
         applied = self.apply_update(check)
+        # The scale follows the shared verdict: every learner of the group moves it alike.
+        overflow = self.scaler.update(check.finite) if self.scaler is not None else False
         self.steps += 1
         self.after_step()
         return StepResult(loss=check.loss, finite=check.finite, local_finite=check.local_finite,
-                          norm=check.norm, skipped=not applied)
+                          norm=check.norm, skipped=not applied, overflow=overflow)
+
+    @property
+    def loss_scale(self) -> float:
+        """What the training loop multiplies the loss by before backward (1 but for fp16)."""
+        return self.scaler.scale if self.scaler is not None else 1.0
 
     def grad_scope(self) -> GradScope:
         """Over which learners this step's gradients are averaged: ``world``, ``node`` or None.
@@ -175,14 +198,21 @@ class Algorithm:
         return True
 
     def clip_grads_(self, norm: float) -> None:
-        """Scale the gradients down to ``max_grad_norm`` if their global norm exceeds it.
+        """Unscale (fp16) and clip the gradients to ``max_grad_norm``, in one pass.
 
         The norm comes with the step's one synchronisation (:meth:`GradSync.check`), taken
-        after the reduction so that every replica scales identically.
+        after the reduction (of the scaled gradients, under fp16) so that every replica
+        scales identically.
         """
+        factor = 1.0
+        if self.scaler is not None:
+            factor = 1.0 / self.scaler.scale
+            norm = norm * factor
         if self.max_grad_norm > 0 and norm > self.max_grad_norm:
+            factor *= self.max_grad_norm / (norm + 1e-6)
+        if factor != 1.0:
             for buf in self.grads.buffers.values():
-                buf.mul_(self.max_grad_norm / (norm + 1e-6))
+                buf.mul_(factor)
 
     def zero_grad(self) -> None:
         """Zero all gradients (in the flat buffer, keeping the views)."""
@@ -223,13 +253,24 @@ class Algorithm:
         """
 
     def metrics(self) -> dict[str, float]:
-        """Algorithm-specific figures for the training log (empty by default)."""
-        return {}
+        """Figures for the training log: the gradients' wire bytes, fp16's loss scale.
+
+        Algorithms add their own to these (``{**super().metrics(), ...}``).
+        """
+        figures = {"grad_wire_bytes": float(self.gradsync.wire_bytes)}
+        if self.scaler is not None:
+            figures["loss_scale"] = self.scaler.scale
+            figures["overflow_steps"] = float(self.scaler.overflow_steps)
+        return figures
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: the algorithm's counters and the optimizer state."""
-        return {"name": self.name, "steps": self.steps, "skipped_steps": self.skipped_steps,
-                "optimizer": self.optimizer.state_dict()}
+        state = {"name": self.name, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                 "optimizer": self.optimizer.state_dict(),
+                 "grad_wire_bytes": self.gradsync.wire_bytes}
+        if self.scaler is not None:
+            state["loss_scale"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
@@ -245,6 +286,10 @@ class Algorithm:
         self.steps = int(state["steps"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.optimizer.load_state_dict(state["optimizer"])
+        self.gradsync.wire_bytes = int(state.get("grad_wire_bytes", 0))
+        if self.scaler is not None and "loss_scale" in state:
+            # A run resumed in fp16 from a bf16/fp32 checkpoint starts the scale afresh.
+            self.scaler.load_state_dict(state["loss_scale"])
 
     def node_state(self) -> dict[str, Any] | None:
         """What differs between super-learners and must be saved per node, or None.
@@ -253,11 +298,18 @@ class Algorithm:
         algorithm whose super-learners part ways between agreements (BMUF mid-block) returns
         here what each node needs to resume exactly. Called on every rank, with the same
         None-or-not answer everywhere.
-        """
-        return None
 
-    def load_node_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - no node state
+        By default that is fp16's loss scale where there are several super-learners: those
+        that share no gradient (BMUF, H-ADPSGD) decide their scales apart.
+        """
+        if self.scaler is None or self.topo.num_nodes == 1:
+            return None
+        return {"loss_scale": self.scaler.state_dict()}
+
+    def load_node_state(self, state: dict[str, Any]) -> None:
         """Restore this node's part of :meth:`node_state` (after :meth:`load_state_dict`)."""
+        if self.scaler is not None and "loss_scale" in state:
+            self.scaler.load_state_dict(state["loss_scale"])
 
     def close(self) -> None:
         """Finish in-flight communication on every rank; idempotent."""

@@ -22,6 +22,9 @@ from torch import nn
 from hadpsgd.comm import FlatBuffer, Topology
 from hadpsgd.comm.overlap import BucketPlan, BucketReducer, GradScope
 
+GRAD_WIRES: tuple[str, ...] = ("fp32", "bf16")
+"""The values of ``--grad-wire``."""
+
 DEFAULT_GRAD_BUCKET_MB = 25.0
 """Bucket size of the overlapped gradient reduction (DDP's default ``bucket_cap_mb``)."""
 
@@ -65,13 +68,24 @@ class GradSync:
             CPU the background reduction competes with backward for the same cores (Open
             MPI's blocking calls spin while they wait), which measured slower than reducing
             after backward (docs/benchmarks.md).
+        wire: ``fp32`` (the buckets as they are) or ``bf16``: each bucket is rounded to
+            bfloat16 for the wire and averaged in fp32 where MPI carries it
+            (:meth:`~hadpsgd.comm.Topology.half_mean_`), or by NCCL in bfloat16 where NCCL
+            carries the whole scope (DDP's ``bf16_compress_hook``), then cast back.
     """
 
     def __init__(self, params: list[nn.Parameter], topo: Topology,
                  scope: Callable[[], GradScope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
-                 overlap: bool | str = "auto") -> None:
+                 overlap: bool | str = "auto", wire: str = "fp32") -> None:
         if bucket_mb <= 0:
             raise ValueError(f"grad bucket size must be > 0 MiB, got {bucket_mb}")
+        if wire not in GRAD_WIRES:
+            raise ValueError(f"grad wire must be one of {', '.join(GRAD_WIRES)}, got {wire!r}")
+        self.wire = wire
+        self.wire_bytes = 0
+        """Gradient bytes this rank sent in reductions so far: for ``bf16`` the payloads it
+        sent, for ``fp32`` a ring allreduce's share, 2 (n - 1) / n of each bucket's bytes
+        (MPI picks its own algorithm; the ring is the bandwidth-optimal one)."""
         self.topo = topo
         self.flat = FlatBuffer(params, kind="grad")
         layout = []
@@ -96,6 +110,8 @@ class GradSync:
                            for i, p in enumerate(self.flat.params)]
         self._local: list[torch.Tensor] = []
         self._deferred = False  # a bucket's mean is in flight on NCCL's stream
+        # bf16 on NCCL: (bucket, its bf16 copy in flight), cast back after the join.
+        self._halves: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
     def overlapped(self) -> bool:
@@ -111,6 +127,13 @@ class GradSync:
         return scope
 
     def _reduce(self, view: torch.Tensor, scope: str) -> None:
+        if scope not in ("world", "node"):
+            raise ValueError(f"gradient scope must be 'world' or 'node', got {scope!r}")
+        n = self.topo.size if scope == "world" else self.topo.local_size
+        if self.wire == "bf16" and view.dtype == torch.float32:
+            self._reduce_half(view, scope, n)
+            return
+        self.wire_bytes += 2 * (n - 1) * view.numel() * view.element_size() // n
         # On NCCL the mean is queued on NCCL's stream and joined once in finish(): waiting
         # here would make backward's next kernels wait for every bucket's allreduce.
         if view.is_cuda and self.topo.mean_deferred_(view, scope):
@@ -118,10 +141,19 @@ class GradSync:
             return
         if scope == "world":
             self.topo.allreduce_(view, op="avg")
-        elif scope == "node":
-            self.topo.intra_allreduce_(view, op="avg")
         else:
-            raise ValueError(f"gradient scope must be 'world', 'node' or None, got {scope!r}")
+            self.topo.intra_allreduce_(view, op="avg")
+
+    def _reduce_half(self, view: torch.Tensor, scope: str, n: int) -> None:
+        """``view``'s mean with bf16 on the wire (see ``wire`` in the class docstring)."""
+        if view.is_cuda:
+            half = view.to(torch.bfloat16)
+            if self.topo.mean_deferred_(half, scope):
+                self.wire_bytes += 2 * (n - 1) * half.numel() * 2 // n
+                self._halves.append((view, half))
+                self._deferred = True
+                return
+        self.wire_bytes += self.topo.half_mean_(view, scope)
 
     def _ready(self, index: int, param: nn.Parameter) -> None:
         # Runs on autograd's thread right after the gradient was accumulated. A gradient
@@ -138,6 +170,9 @@ class GradSync:
         if self._deferred:  # the optimizer reads the means: wait for NCCL once, here
             self._deferred = False
             self.topo.join_deferred()
+            for view, half in self._halves:
+                view.copy_(half)
+            self._halves.clear()
 
     def check(self, norm: bool, loss: torch.Tensor | None = None) -> GradCheck:
         """Finiteness of the local and reduced gradients and the reduced norm, one sync.
@@ -177,4 +212,4 @@ class GradSync:
         self.reducer.close()
 
 
-__all__ = ["DEFAULT_GRAD_BUCKET_MB", "GradCheck", "GradSync", "total"]
+__all__ = ["DEFAULT_GRAD_BUCKET_MB", "GRAD_WIRES", "GradCheck", "GradSync", "total"]

@@ -24,6 +24,7 @@ from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.models import build_model
 from hadpsgd.models.presets import per_layer_lstm
+from hadpsgd.precision import set_tf32
 from hadpsgd.train.loop import LoopOptions, Trainer
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.schedule import LRSchedule
@@ -49,6 +50,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
     # ranks keeps single-process runs reproducible too.
     torch.manual_seed(cfg.train.seed)
+    set_tf32(topo.device, cfg.train.tf32)
     model = build_model(cfg.model.preset, train_set.file.feat_dim, train_set.file.num_classes,
                         per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
                         ).to(topo.device)
@@ -135,4 +137,5 @@ def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
     optimizer and communication sections.
     """
     return {"options": cfg.algo_options(), "max_grad_norm": cfg.optim.max_grad_norm,
-            "overlap": cfg.comm.overlap, "grad_bucket_mb": cfg.comm.grad_bucket_mb}
+            "overlap": cfg.comm.overlap, "grad_bucket_mb": cfg.comm.grad_bucket_mb,
+            "precision": cfg.train.precision, "grad_wire": cfg.comm.grad_wire}

@@ -67,12 +67,15 @@ class CompressedMean:
             ones: in a background thread a blocking call spins a core for as long as the
             link takes, and that core is the one training needs.
         bucket_elems: Elements per round of collectives (see :data:`MEAN_BUCKET_ELEMS`).
+        feedback: Carry each exchange's rounding into the next (error feedback). Without it
+            (a gradient's mean, as DDP's bf16 compression hook has none) nothing is kept
+            between calls, and the tensor may differ between the learners of a node.
     """
 
     def __init__(self, inter: Any, watchdog: Watchdog, inter_ranks: list[int], numel: int,
                  dtype: torch.dtype, device: torch.device | str, wire: str, *,
                  intra: Any = None, node_ranks: list[int] | None = None, polled: bool = False,
-                 bucket_elems: int = MEAN_BUCKET_ELEMS) -> None:
+                 bucket_elems: int = MEAN_BUCKET_ELEMS, feedback: bool = True) -> None:
         check_wire(wire)
         if not dtype.is_floating_point:
             raise ValueError(f"a compressed mean needs a floating-point dtype, got {dtype}")
@@ -95,7 +98,7 @@ class CompressedMean:
             shard = -(-(hi - lo) // (self.num_nodes * self.slices))
             self._buckets.append((lo, hi, shard, server))
             server += self.slices * shard
-        feedback = wire != "fp32" and self.num_nodes > 1
+        feedback = feedback and wire != "fp32" and self.num_nodes > 1
         self._worker = torch.zeros(numel if feedback else 0, dtype=dtype, device=self.device)
         self._server = torch.zeros(server if feedback else 0, dtype=dtype, device=self.device)
         self._stager = Stager(pin=self.device.type == "cuda")

@@ -87,6 +87,7 @@ class Topology:
     hosts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     _pairs: PairChannel | None = field(repr=False, default=None)
+    _half_means: dict[tuple[str, int, str], Any] = field(repr=False, default_factory=dict)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -188,6 +189,39 @@ class Topology:
         Otherwise nothing is done (False): use :meth:`allreduce_` / :meth:`intra_allreduce_`.
         """
         return self.reducer.mean_deferred_(tensor, "intra" if scope == "node" else scope)
+
+    def half_mean_(self, tensor: torch.Tensor, scope: str) -> int:
+        """Average the contiguous fp32 ``tensor`` over ``scope`` with bf16 on the wire.
+
+        ``scope`` is ``world`` or ``node``. Each learner's tensor is rounded to bfloat16 and
+        sent in shards (all-to-all), each shard's versions are summed in fp32 in rank order,
+        rounded to bfloat16 once more and gathered by every learner (allgather): half the
+        bytes of an fp32 ring allreduce, no residual kept between calls (as DDP's bf16
+        compression hook), and the same bits on every learner of the scope. Device tensors
+        are coded on the device and staged through pinned host memory where MPI cannot read
+        them. (Where NCCL carries the whole scope, use :meth:`mean_deferred_` on a bf16 copy:
+        NCCL reduces bfloat16 itself.)
+
+        Returns:
+            The payload bytes this rank sent.
+        """
+        from hadpsgd.comm.compressed import CompressedMean  # noqa: PLC0415 - --grad-wire only
+
+        if scope not in ("world", "node"):
+            raise ValueError(f"scope must be 'world' or 'node', got {scope!r}")
+        comm, ranks = ((self.comm, list(range(self.size))) if scope == "world"
+                       else (self.intra, self.node_ranks))
+        if comm.Get_size() == 1:
+            return 0
+        key = (scope, tensor.numel(), str(tensor.device))
+        mean = self._half_means.get(key)
+        if mean is None:
+            mean = self._half_means[key] = CompressedMean(
+                comm, self.watchdog, ranks, tensor.numel(), tensor.dtype, tensor.device,
+                "bf16", feedback=False)
+        before = mean.bytes_sent
+        mean.mean_(tensor)
+        return mean.bytes_sent - before
 
     def join_deferred(self) -> None:
         """Wait (stream-wise, then once on the host under the deadline) for deferred means."""

@@ -76,14 +76,32 @@ class BLSTM(nn.Module):
         Returns:
             ``[batch, time, num_classes]`` unnormalised log-probabilities.
         """
+        if _cpu_fp16_autocast(feats):
+            # oneDNN has no fp16 LSTM ("could not create a primitive descriptor"): on CPU
+            # the LSTM stack runs in fp32 and the layers after it in fp16 (hadpsgd.precision).
+            with torch.autocast("cpu", enabled=False):
+                hidden = self._lstm(feats.float())
+        else:
+            hidden = self._lstm(feats)
+        # The paper's projection is linear (a bottleneck), not followed by a nonlinearity.
+        return self.out(self.proj(hidden))
+
+
+    def _lstm(self, feats: torch.Tensor) -> torch.Tensor:
+        """The LSTM stack's output for ``feats`` (either layout)."""
         if self.per_layer:
             hidden = feats
             for layer in self.lstm:  # type: ignore[attr-defined]
                 hidden, _ = layer(hidden)
-        else:
-            hidden, _ = self.lstm(feats)
-        # The paper's projection is linear (a bottleneck), not followed by a nonlinearity.
-        return self.out(self.proj(hidden))
+            return hidden
+        hidden, _ = self.lstm(feats)
+        return hidden
+
+
+def _cpu_fp16_autocast(feats: torch.Tensor) -> bool:
+    """Whether ``feats`` is on CPU inside an fp16 autocast region."""
+    return (feats.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.float16)
 
 
 def _split_layers(stacked: nn.LSTM) -> nn.ModuleList:

@@ -11,6 +11,7 @@ from torch.nn import functional as F  # noqa: N812
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, make_loader
 from hadpsgd.data.loader import IGNORE
+from hadpsgd.precision import autocast
 
 
 @dataclass(frozen=True)
@@ -27,13 +28,15 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: ChunkDataset, topo: Topology,
-             batch_size: int = 64) -> EvalResult:
+             batch_size: int = 64, precision: str = "fp32") -> EvalResult:
     """Evaluate ``model`` on every frame of ``dataset``, its chunks split across learners.
 
     Each frame is labelled in exactly one chunk (an utterance's tail in a chunk of its last
     frames, see :class:`hadpsgd.data.ChunkDataset`); positions labelled ``IGNORE`` do not
     count. The shards are summed with one allreduce, so the result is exact and identical on
-    every rank whatever the number of learners.
+    every rank whatever the number of learners. The forward runs under the training's
+    autocast (``precision``, :mod:`hadpsgd.precision`); the loss is computed from fp32
+    logits and the totals accumulate in float64.
     """
     was_training = model.training
     model.eval()
@@ -47,7 +50,9 @@ def evaluate(model: nn.Module, dataset: ChunkDataset, topo: Topology,
     for feats, labels in make_loader(dataset, sampler, pin_memory=on_gpu):
         if labels.numel() == 0:
             continue
-        logits = model(feats.to(topo.device, non_blocking=True))
+        with autocast(precision, topo.device):
+            logits = model(feats.to(topo.device, non_blocking=True))
+        logits = logits.float()
         labels = labels.to(topo.device, non_blocking=True)
         flat, target = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
         counted = target != IGNORE

@@ -16,6 +16,7 @@ from hadpsgd.algorithms import Algorithm
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
+from hadpsgd.precision import autocast
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate
@@ -58,6 +59,7 @@ class LoopOptions:
     max_nonfinite: int = 5
     max_loss_ratio: float = 5.0
     keep_checkpoints: int = 3
+    precision: str = "fp32"
 
 
 class Trainer:
@@ -289,23 +291,31 @@ class Trainer:
         model = self.algo.model
         # From pinned memory on CUDA (make_loader): the copies queue behind the last step's
         # kernels and the host goes on to the forward without waiting for them.
-        logits = model(feats.to(self.topo.device, non_blocking=True))
+        with autocast(self.opts.precision, self.topo.device):
+            logits = model(feats.to(self.topo.device, non_blocking=True))
         target = labels.to(self.topo.device, non_blocking=True).reshape(-1)
         # Summed over the counted frames (padding and frames of another chunk are IGNORE)
         # and divided by the batch's positions, not by its counted frames: every frame
         # weighs the same in any batch, so N learners' mean gradient is still exactly the
-        # gradient of their concatenated batch (SSGD's big-batch equivalence).
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target,
+        # gradient of their concatenated batch (SSGD's big-batch equivalence). The softmax
+        # and the sum are fp32 whatever the forward's precision.
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target,
                                ignore_index=IGNORE, reduction="sum") / max(target.numel(), 1)
         if poison == "nan":
             loss = loss * float("nan")
-        loss.backward()
+        scale = self.algo.loss_scale  # fp16's dynamic loss scale; 1 otherwise
+        if poison == "overflow":
+            scale *= 2.0**40  # the tests' overflow: fp16's gradient is Inf at this scale
+        (loss * scale if scale != 1.0 else loss).backward()
         # The loss is read with the gradients' finiteness and norm: one device sync a step.
         result = self.algo.step(loss.detach())
         self.algo.zero_grad()
         value = result.loss
         loss_finite = math.isfinite(value)
-        if not loss_finite or not result.local_finite:
+        # An overflow the loss scale was searching for (fp16) is no non-finite data: it is
+        # counted by the scaler (overflow_steps in the log), not towards --max-nonfinite.
+        searching = result.overflow and loss_finite
+        if not loss_finite or not (result.local_finite or searching):
             self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
         self._trace.write(trace_step, epoch, self.recorder.handed.popleft())
         self.topo.now_doing(f"after step {step}: loading the next batch")
@@ -367,7 +377,8 @@ class Trainer:
         self.algo.sync()
         with self.algo.evaluation_parameters() as model:
             result = evaluate(model, self.heldout_set, self.topo,
-                              batch_size=4 * self.opts.batch_size)
+                              batch_size=4 * self.opts.batch_size,
+                              precision=self.opts.precision)
         self.history.append(result)
         self.metrics.write("eval", self.pos.global_step, epoch=self.pos.epoch,
                            heldout_loss=result.loss, heldout_acc=result.accuracy,

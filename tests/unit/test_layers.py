@@ -11,19 +11,21 @@ ALLOWED = {
     "env": set(),
     "cli": set(),
     "models": set(),
+    "precision": set(),
     "launch": set(),
     "comm": {"env", "exit_codes"},
     "data": {"env"},
     "faults": {"env"},
-    "algorithms": {"cli", "comm", "faults"},
+    "algorithms": {"cli", "comm", "faults", "precision"},
     "config_file": {"cli"},
-    "config": {"cli", "config_file", "models", "algorithms"},
+    "config": {"cli", "config_file", "models", "algorithms", "precision"},
     # The loop takes built parts and knows no flags: neither cli nor config.
-    "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms"},
+    "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms",
+              "precision"},
     "assembly": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
-                 "config", "train"},
+                 "config", "train", "precision"},
     "run": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
-            "config", "train", "assembly"},
+            "config", "train", "assembly", "precision"},
 }
 
 

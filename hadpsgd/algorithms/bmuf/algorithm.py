@@ -220,7 +220,7 @@ class BMUF(Algorithm):
 
     def metrics(self) -> dict[str, float]:
         """Bytes sent across nodes in block syncs so far (this rank)."""
-        return {"wire_bytes": float(self.wire_bytes)}
+        return {**super().metrics(), "wire_bytes": float(self.wire_bytes)}
 
     def update_batch(self, per_learner: int) -> int:
         """A local step averages one super-learner's batch.
@@ -286,19 +286,23 @@ class BMUF(Algorithm):
         mean pending or a compressed wire, the local state at the block's end and the
         wire's rounding errors are per super-learner too.
         """
+        shared = super().node_state()  # fp16's loss scale, decided per super-learner
         if not self.started or self.topo.num_nodes == 1:
-            return None
+            return shared
         self.wait_in_flight()  # the wire's rounding errors change while a mean is in flight
         snaps = self.filter.node_snaps(self.fragments)
         mid_block = any(f.block_steps for f in self.fragments)
         if not (mid_block or snaps or self.exchange.side is not None):
-            return None
+            return shared
         return {"params": {str(d): b.clone() for d, b in self.params.buffers.items()},
                 "optimizer": self.optimizer.state_dict(), "snaps": snaps,
-                "wire": self.exchange.state_dict()}
+                "wire": self.exchange.state_dict(), **(shared or {})}
 
     def load_node_state(self, state: dict[str, Any]) -> None:
         """This super-learner's local model, optimizer state and overlapped/wire state."""
+        super().load_node_state(state)
+        if "params" not in state:  # only the loss scale (at a block boundary)
+            return
         for dtype, buf in self.params.buffers.items():
             buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
