@@ -94,15 +94,24 @@ def step_times(step: Step, steps: int, *, warmup: int = 0,
 
 
 def frame_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-               classes: int) -> torch.Tensor:
-    """Cross-entropy over every frame of the sub-sequences ``x`` (batch, frames, features)."""
+               classes: int, precision: str = "fp32") -> torch.Tensor:
+    """Cross-entropy over every frame of the sub-sequences ``x`` (batch, frames, features).
+
+    The forward runs under ``precision``'s autocast and the loss from fp32 logits, as
+    ``hadpsgd.run``'s loop does.
+    """
     from torch.nn import functional as F  # noqa: N812
 
-    return F.cross_entropy(model(x).reshape(-1, classes), y.reshape(-1))
+    from hadpsgd.precision import autocast
+
+    with autocast(precision, x.device):
+        logits = model(x)
+    return F.cross_entropy(logits.float().reshape(-1, classes), y.reshape(-1))
 
 
 def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                  y: torch.Tensor, classes: int, algo: Any = None) -> Step:
+                  y: torch.Tensor, classes: int, algo: Any = None,
+                  precision: str = "fp32") -> Step:
     """One training step on fixed data: forward, loss, backward, update.
 
     Args:
@@ -113,18 +122,33 @@ def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
         classes: Output classes.
         algo: A hadpsgd algorithm that owns the update (``step``/``zero_grad``), or ``None``
             for the optimizer alone (no communication beyond what the model does itself).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (``hadpsgd.precision``). fp16 scales the
+            loss: by the algorithm's own loss scale, or without one by
+            ``torch.amp.GradScaler`` (what a DDP or plain user runs).
 
     Returns:
         The step, ready for :func:`seconds_per_step`.
     """
+    import torch
+
+    scaler = None
+    if precision == "fp16" and algo is None:
+        scaler = torch.amp.GradScaler(x.device.type)
 
     def step() -> None:
-        frame_loss(model, x, y, classes).backward()
-        if algo is None:
-            opt.step()
-            opt.zero_grad()
-        else:
+        loss = frame_loss(model, x, y, classes, precision)
+        if algo is not None:
+            (loss * algo.loss_scale).backward()
             algo.step()
             algo.zero_grad()
+        elif scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        else:
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
 
     return step

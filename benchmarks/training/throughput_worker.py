@@ -114,6 +114,10 @@ def main() -> None:
     p.add_argument("--lstm-layout", choices=list(LSTM_LAYOUTS), default="auto",
                    help="the BLSTM's LSTM stack, as hadpsgd.run's --lstm-layout (auto: "
                         "per-layer on CUDA, stacked on CPU)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="as hadpsgd.run's --precision (autocast forward, fp32 loss)")
+    p.add_argument("--grad-wire", choices=["fp32", "bf16"], default="fp32",
+                   help="as hadpsgd.run's --grad-wire (ssgd modes only)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads of this process (default: as launched)")
     a = p.parse_args()
@@ -158,17 +162,20 @@ def main() -> None:
 
         # ssgd: as hadpsgd.run runs it (--overlap auto); the others force the setting.
         overlap = {"ssgd": "auto", "ssgd-overlap": "on", "ssgd-serial": "off"}[a.mode]
-        algo = SSGD(model, opt, topo, overlap=overlap)
+        algo = SSGD(model, opt, topo, overlap=overlap, precision=a.precision,
+                    grad_wire=a.grad_wire)
         info["overlap"] = algo.gradsync.overlapped
+        info["grad_wire"] = a.grad_wire
     x = torch.randn(a.batch, a.chunk_len, a.feat_dim, device=device)
     y = torch.randint(0, a.classes, (a.batch, a.chunk_len), device=device)
 
     # DDP reduces the gradients in the step's backward pass, overlapped with it.
-    step = training_step(model, opt, x, y, a.classes, algo)
+    step = training_step(model, opt, x, y, a.classes, algo, a.precision)
     sec = seconds_per_step(step, a.steps, warmup=a.warmup, sync=device_sync(device))
     # The slowest rank sets the pace of a synchronous job.
     if algo is not None:
         sec = max(algo.topo.allgather_object(sec))
+        info["grad_wire_bytes_per_step"] = algo.gradsync.wire_bytes / (a.steps + a.warmup)
         algo.close()
     elif ddp is not None:
         import torch.distributed as dist
@@ -185,6 +192,7 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"mode": a.mode, "preset": a.preset, "ranks": size,
                           "device": device.type, "batch_per_rank": a.batch,
+                          "precision": a.precision,
                           "sec_per_step": sec, "threads_per_rank": torch.get_num_threads(),
                           "frames_per_s": a.batch * a.chunk_len * size / sec, **info}),
               flush=True)

@@ -49,3 +49,25 @@ def test_ddp_baseline_runs_on_the_same_ranks(tmp_path):
     assert ssgd["time_vs_ddp"] > 0 and ddp["time_vs_ddp"] == 1.0
     assert record["summary"]["tiny/2"]["ssgd_time_vs_ddp"] == ssgd["time_vs_ddp"]
     assert "t/t_ddp" in res.stdout and "ddp" in res.stdout  # the table
+
+
+def test_precision_and_grad_wire_rows(tmp_path):
+    out = tmp_path / "tt.json"
+    res = run_driver([*TINY, "--ranks", "2", "--precision", "fp32", "bf16", "--grad-wire",
+                      "bf16", "--json", str(out)])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    record = json.loads(out.read_text())
+    rows = {(r["mode"], r["precision"]): r for r in record["rows"]}
+    assert sorted(rows) == sorted((m, p) for m in ("plain", "ssgd", "ssgd-overlap", "ddp")
+                                  for p in ("fp32", "bf16"))
+    for (mode, _), r in rows.items():
+        fp32 = rows[(mode, "fp32")]
+        assert r["time_vs_fp32"] == pytest.approx(r["sec_per_step"] / fp32["sec_per_step"])
+        if mode.startswith("ssgd"):
+            assert r["grad_wire"] == "bf16" and r["grad_wire_bytes_per_step"] > 0
+    # DDP is compared at the same precision: hadpsgd bf16 against DDP under bf16 autocast.
+    bf16 = rows[("ssgd", "bf16")]
+    assert bf16["time_vs_ddp"] == pytest.approx(bf16["sec_per_step"]
+                                                / rows[("ddp", "bf16")]["sec_per_step"])
+    assert record["summary"]["tiny/2/bf16"]["ssgd_bf16wire_time_vs_fp32"] == bf16["time_vs_fp32"]
+    assert "t/t_fp32" in res.stdout

@@ -147,3 +147,13 @@ def test_grad_wire_bf16_is_within_tolerance_of_fp32_at_half_the_bytes(tiny_data,
     full = every["fp32"][0]["grad_wire_bytes"]
     half = every["bf16"][0]["grad_wire_bytes"]
     assert full > 0 and 0.5 <= half / full < 0.51, (half, full)
+
+
+@pytest.mark.parametrize(("scope", "nprocs", "per_node"), [("world", 3, None),
+                                                            ("node", 4, 2),
+                                                            ("world", 4, 2)])
+def test_half_mean_against_a_float64_reference(scope, nprocs, per_node):
+    env = {"HADPSGD_RANKS_PER_NODE": str(per_node)} if per_node else {}
+    res = run_worker(nprocs, "half_mean", scope, env=env)
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs
