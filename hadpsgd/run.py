@@ -53,6 +53,10 @@ def _setup(cfg: RunConfig, topo: comm.Topology) -> Trainer:
         print(f"[hadpsgd] comm: {topo.describe()}", flush=True)
         for note in topo.notes:  # a slower path than asked for, and how to get the fast one
             print(f"[hadpsgd] note: {note}", flush=True)
+        if cfg.train.precision == "fp16" and topo.device.type == "cpu":
+            print("[hadpsgd] note: --precision fp16 on CPU runs the LSTM in fp32 (oneDNN has "
+                  "no fp16 LSTM) and the layers after it in fp16; on CPU use fp32 or bf16",
+                  flush=True)
         print(f"[hadpsgd] {cfg.train.algo} on {topo.size} learners ({topo.num_nodes} nodes), "
               f"{cfg.model.preset} BLSTM with {count_parameters(trainer.algo.model):,} "
               f"parameters, {len(trainer.train_set):,} training chunks, global batch "

@@ -6,7 +6,10 @@ Runs, each under its own time limit and in a fresh directory:
 2. ``pytest tests/gpu`` (per test: passed, failed or skipped and why);
 3. every algorithm through ``python -m hadpsgd.run --device cuda`` on ``small`` for a few
    hundred steps, stopped half-way and resumed (``--resume auto``), then a few steps of
-   ``swb``: SSGD, ADPSGD, H-ADPSGD, BMUF-Adam (blocking, overlapped, int8 wire);
+   ``swb``: SSGD, ADPSGD, H-ADPSGD, BMUF-Adam (blocking, overlapped, int8 wire); mixed
+   precision: bf16 and fp16 SSGD, fp16 BMUF-Adam, bf16 gradients on the wire, ``swb`` at
+   bf16 and with ``--tf32``, and ``train_throughput`` of ``swb`` at fp32 against bf16
+   against DDP under the same autocast (one rank);
 4. the single-GPU checks: a one-rank NCCL group through ``NCCLIntra``, no cuDNN weight
    warning with the per-layer LSTM of ``small`` and ``swb``, SSGD on CUDA equal to the
    big-batch single process;
@@ -350,6 +353,27 @@ def main() -> int:
             preset="swb", log_every=5)),
         ("swbn", lambda: run.train(f"bmuf-adam swb {n} ranks", n, [
             *adam, "--batch-size", "16"], 30, preset="swb", log_every=5)),
+        # Mixed precision (issue 27): bf16 and fp16 through the main command, bf16 on the
+        # gradient wire, swb's step time at bf16 and with TF32, and the throughput rows of
+        # fp32 against bf16 against DDP under the same autocast (one rank: no 2nd GPU needed).
+        ("bf16", lambda: run.train("ssgd small 1 rank bf16", 1, [
+            "--algo", "ssgd", "--precision", "bf16"], steps)),
+        ("fp16", lambda: run.train("ssgd small 1 rank fp16", 1, [
+            "--algo", "ssgd", "--precision", "fp16"], steps)),
+        ("gwire", lambda: run.train(f"ssgd small {n} ranks bf16 + grad-wire bf16", n, [
+            "--algo", "ssgd", "--precision", "bf16", "--grad-wire", "bf16"], steps)),
+        ("bmuf16", lambda: run.train("bmuf-adam small fp16", n, [
+            *adam, "--precision", "fp16"], steps)),
+        ("swbbf16", lambda: run.train("ssgd swb 1 rank bf16 (per-layer LSTM)", 1, [
+            "--algo", "ssgd", "--batch-size", "16", "--precision", "bf16"], 30, preset="swb",
+            log_every=5)),
+        ("swbtf32", lambda: run.train("ssgd swb 1 rank fp32 --tf32 (per-layer LSTM)", 1, [
+            "--algo", "ssgd", "--batch-size", "16", "--tf32"], 30, preset="swb",
+            log_every=5)),
+        ("ttp", lambda: run.bench("train_throughput swb fp32 vs bf16 vs DDP autocast", [
+            sys.executable, "benchmarks/train_throughput.py", "--device", "cuda",
+            "--presets", "swb", "--ranks", "1", "--precision", "fp32", "bf16", "--steps",
+            "20", "--warmup", "3", "--json", str(work / "ttp.json")], work / "ttp.json", 300)),
         ("pytest", run.pytest),
         ("comm", lambda: run.bench("benchmarks.comm --device cuda", [
             sys.executable, "-m", "benchmarks.comm", "-n", str(n), "--device", "cuda",
@@ -375,7 +399,7 @@ def main() -> int:
         fn()  # type: ignore[operator]
     header.append(f"- total: {time.monotonic() - t0:.0f} s")
     code = run.report(Path(opts.report), header)
-    for name in ("comm.json", "tt.json"):
+    for name in ("comm.json", "tt.json", "ttp.json"):
         if (work / name).exists():
             shutil.copy(work / name, Path(opts.report).parent / f"gpu-check-{name}")
     return code

@@ -69,6 +69,12 @@ class Progress:
             # Bytes on the wire (BMUF's block syncs, ADPSGD's gossip): what --wire saves.
             wire = (f", {extra['wire_bytes'] / 2**20:.1f} MiB sent across nodes"
                     if extra.get("wire_bytes") else "")
+            # Gradient bytes (what --grad-wire bf16 halves) and fp16's scale and overflows.
+            if extra.get("grad_wire_bytes"):
+                wire += f", {extra['grad_wire_bytes'] / 2**20:.1f} MiB of gradients sent"
+            if "loss_scale" in extra:
+                wire += (f", loss scale {extra['loss_scale']:g} "
+                         f"({extra['overflow_steps']:.0f} overflow steps skipped)")
             print(f"[hadpsgd] epoch {epoch} step {step} ({self._done}/{self.total} of the "
                   f"epoch): loss {mean_loss:.4f}, lr {lr:.3g}, {fps:.0f} frames/s{wire}",
                   flush=True)

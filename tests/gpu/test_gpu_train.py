@@ -130,3 +130,19 @@ def test_batches_are_pinned_and_copied_asynchronously(tiny_data):
     on_gpu = feats.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(on_gpu.cpu(), feats)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["ssgd", "bmuf-adam", "h-adpsgd"])
+def test_mixed_precision_on_cuda(name, precision, tiny_data, tmp_path):
+    """bf16 and fp16 (with its loss scale) through the main command on CUDA, with bf16 on
+    the gradient wire: finite held-out figures, and fp16's scale in the log."""
+    nprocs, extra = ALGOS[name]
+    out = tmp_path / f"{name}-{precision}"
+    res = run_mpi(nprocs, _cuda(tiny_data, out, "--max-steps", "30", "--log-every", "5",
+                                "--precision", precision, "--grad-wire", "bf16", *extra))
+    assert_ok(res)
+    assert all(e["heldout_loss"] == e["heldout_loss"] for e in _evals(out))
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if x["kind"] == "train"]
+    assert train and ("loss_scale" in train[-1]) == (precision == "fp16")
