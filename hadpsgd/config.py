@@ -71,13 +71,18 @@ class DataConfig:
     verify_data: bool = False
     """Check every frame and label at start even when a file's validation stamp (written by
     hadpsgd's writer and importers) vouches for them; files without a stamp always are."""
+    synthetic_utts: int = 400
+    """Training utterances of the synthetic default set (without --train): 400 make ~4,000
+    chunks of 21 frames, one epoch of 62 steps at 2 learners x 32, but of 1 step at 64
+    learners; raise it (or lower --batch-size) for many learners. Each size is generated
+    once and cached."""
 
     def __post_init__(self) -> None:
         if (self.train is None) != (self.heldout is None):
             raise ConfigError(
                 "give both --train and --heldout, or neither (to use the synthetic default set)"
             )
-        _positive(self, "chunk_len")
+        _positive(self, "chunk_len", "synthetic_utts")
         _positive(self, "num_workers", allow_zero=True)
 
 

@@ -15,6 +15,13 @@ from typing import Any
 
 from hadpsgd import comm, env
 from hadpsgd.assembly import build_trainer, resume
+from hadpsgd.assembly.footprint import (
+    StartupClock,
+    epoch_note,
+    peak_line,
+    peak_rss_mb,
+    startup_line,
+)
 from hadpsgd.cli import ConfigError
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
@@ -44,15 +51,24 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
     return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
-def _setup(cfg: RunConfig, topo: comm.Topology) -> Trainer:
+def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     """Every part, and the resumed state if asked for; then the start-up lines."""
     trainer = build_trainer(cfg, topo)
     if cfg.train.resume:
         resume(trainer, cfg, topo)
+    clock.mark("data, model and algorithm")
+    # Every rank's start-up and memory, gathered once: at 64 ranks on a host they decide
+    # whether a run fits, so the run says what they were.
+    every = topo.allgather_object((clock.phases(), peak_rss_mb()))
     if topo.rank == 0:
         print(f"[hadpsgd] comm: {topo.describe()}", flush=True)
         for note in topo.notes:  # a slower path than asked for, and how to get the fast one
             print(f"[hadpsgd] note: {note}", flush=True)
+        short = epoch_note(len(trainer.train_set), cfg.train.batch_size, topo.size)
+        if short:
+            print(f"[hadpsgd] note: {short}", flush=True)
+        print(f"[hadpsgd] {startup_line([p for p, _ in every], [r for _, r in every])}",
+              flush=True)
         if cfg.train.precision == "fp16" and topo.device.type == "cpu":
             print("[hadpsgd] note: --precision fp16 on CPU runs the LSTM in fp32 (oneDNN has "
                   "no fp16 LSTM) and the layers after it in fp16; on CPU use fp32 or bf16",
@@ -72,6 +88,9 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
         history = trainer.run()
     trainer.close()
     trainer.metrics.close()
+    rss = topo.allgather_object(peak_rss_mb())
+    if topo.rank == 0:
+        print(f"[hadpsgd] {peak_line(rss)}", flush=True)
     if topo.rank == 0 and not trainer.stopped_by:
         first, last = history[0], history[-1]
         out = trainer.ckpt_dir.parent
@@ -95,6 +114,8 @@ def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: boo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code (see the module docstring)."""
+    clock = StartupClock()
+    clock.mark("python and imports")
     cfg = parse_config(argv)
     options = cfg.algo_options()
     try:
@@ -104,11 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except comm.TopologyError as err:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    clock.mark("MPI and communicators")
     FLAG.install()
     warnings.formatwarning = _format_warning
     try:
         try:
-            trainer = _setup(cfg, topo)
+            trainer = _setup(cfg, topo, clock)
         except USER_ERRORS as err:
             return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
         _train(trainer, topo)

@@ -36,7 +36,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hadpsgd-stamp" 2>/dev/null)" 
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   # torch first and pinned: a bare 'torch' requirement would resolve to a CUDA build.
   "$venv/bin/python" -m pip install --quiet "$torch_spec"
-  "$venv/bin/python" -m pip install --quiet -e "$root[$mpi_extra,test,dev,kaldi,plot,tb]"
+  "$venv/bin/python" -m pip install --quiet -e "$root[$mpi_extra,test,dev,kaldi,decode,plot,tb]"
   echo "$stamp_value" > "$venv/.hadpsgd-stamp"
 fi
 export PATH="$venv/bin:$PATH"

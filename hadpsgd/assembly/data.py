@@ -54,10 +54,12 @@ def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
                 raise FeatureFileError(f"{flag_name} {p}: {problem}")
         return paths
     from hadpsgd.data import default_dataset
+    from hadpsgd.data.synth import SynthSpec
 
     generated = None
     if topo.rank == 0:
-        generated = tuple(str(p) for p in default_dataset())
+        spec = SynthSpec(train_utts=cfg.data.synthetic_utts)
+        generated = tuple(str(p) for p in default_dataset(spec=spec))
         print(f"[hadpsgd] synthetic data: {generated[0]}, {generated[1]}", flush=True)
     generated = topo.bcast_object(generated, root=0)
     return Path(generated[0]), Path(generated[1])

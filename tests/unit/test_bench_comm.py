@@ -310,8 +310,11 @@ def test_throughput_table_rows():
     rows = [_tt_row("plain", 1, 1, 0.25), _tt_row("ssgd", 2, 1, 0.5), _tt_row("ddp", 2, 1, 0.4)]
     tt.add_ratios(rows)
     header = tt.TABLE_HEADER.split()
-    assert header[-2:] == ["plain", "t/t_ddp"] and "backend" in header
+    assert header[-4:] == ["plain", "t/t_ddp", "t/t_fp32", "MiB/step"]
+    assert "backend" in header and "prec" in header and "wire" in header
     plain, ssgd, _ = (tt.format_row(r).split() for r in rows)
-    assert plain[:4] == ["small", "plain", "1", "cpu"] and plain[4] == "-"
-    assert plain[-2:] == ["1.00", "-"]
-    assert ssgd[4] == "mpi" and ssgd[-2:] == ["1.00", "1.25"]
+    # preset, mode, precision, wire, ranks, device, backend, ...
+    assert plain[:6] == ["small", "plain", "fp32", "-", "1", "cpu"] and plain[6] == "-"
+    # vs plain, t/t_ddp, t/t_fp32, MiB/step (none measured by these rows)
+    assert plain[-4:] == ["1.00", "-", "1.00", "-"]
+    assert ssgd[3] == "fp32" and ssgd[6] == "mpi" and ssgd[-4:-2] == ["1.00", "1.25"]
