@@ -24,6 +24,8 @@ ALLOWED = {
               "precision"},
     "assembly": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
                  "config", "train", "precision"},
+    # Decoding reads log-likelihood matrices: no torch, no training.
+    "decode": {"exit_codes"},
     "run": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
             "config", "train", "assembly", "precision"},
 }

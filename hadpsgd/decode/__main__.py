@@ -1,0 +1,254 @@
+"""Decode frame log-likelihoods of the digit set and score them (``python -m hadpsgd.decode``).
+
+usage: python -m hadpsgd.decode LOGLIKES [--refs utt-id|none|FILE] [--acoustic-scale A]
+           [--beam B] [--self-loop-prob P | --durations-from TRAIN.h5] [--word-penalty W]
+           [--hyps OUT.txt] [--json OUT.json]
+
+Prints Kaldi ``compute-wer``'s summary (%WER, %SER, sentences scored) on stdout and the decode
+time on stderr. Exit status 0, or 2 for a user's error (a missing or malformed file, a bad
+flag), with one line naming it and the fix. docs/decode.md has the graph and the measurements
+behind the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from hadpsgd.exit_codes import EXIT_OK, EXIT_USER_ERROR
+
+# The digit set (shared/tools/tts_digits.py): digit d is classes 3d..3d+2, silence is 30.
+NUM_CLASSES, STATES_PER_WORD, SILENCE_CLASS = 31, 3, 30
+FRAME_SHIFT_S = 0.010
+"""Seconds per frame (10 ms), for the real-time factor."""
+_PROG = "python -m hadpsgd.decode"
+# Import name and PyPI name of each package the decoder needs (the "decode" extra).
+_NEEDED = (("kaldifst", "kaldifst"), ("kaldi_decoder", "kaldi-decoder"),
+           ("kaldialign", "kaldialign"), ("kaldiio", "kaldiio"))
+
+
+class UsageError(ValueError):
+    """A file or value the user gave cannot be used; the message names it and the fix."""
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (defaults: docs/decode.md, *Tuning*)."""
+    from hadpsgd.decode.graph import DEFAULT_SELF_LOOP_PROB, DEFAULT_SILENCE_PROB
+    from hadpsgd.decode.search import DEFAULT_ACOUSTIC_SCALE, DEFAULT_BEAM, DEFAULT_MAX_ACTIVE
+
+    parser = argparse.ArgumentParser(
+        prog=_PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Viterbi-decode per-utterance frame log-likelihoods of the connected-digit "
+                    "set through a digit-loop HMM graph and report the word error rate.")
+    parser.add_argument("loglikes", metavar="LOGLIKES",
+                        help="the matrices [frames, 31]: a Kaldi rspecifier (ark:FILE.ark, "
+                             "scp:FILE.scp, ark,scp:A.ark,A.scp) or an HDF5 file (datasets "
+                             "loglikes or feats, offsets, utt_ids)")
+    parser.add_argument("--refs", default="utt-id", metavar="utt-id|none|FILE",
+                        help="references: 'utt-id' takes the digits an utterance id ends with "
+                             "(...-4821 is 4 8 2 1), FILE is a Kaldi text file ('utt word "
+                             "word ...'), 'none' decodes without scoring")
+    parser.add_argument("--acoustic-scale", type=_positive, default=DEFAULT_ACOUSTIC_SCALE,
+                        metavar="A", help="factor on the log-likelihoods against the graph's "
+                                          "log-probabilities")
+    parser.add_argument("--beam", type=_positive, default=DEFAULT_BEAM, metavar="B",
+                        help="search beam in cost units (negative scaled log-probability)")
+    parser.add_argument("--max-active", type=int, default=DEFAULT_MAX_ACTIVE, metavar="N",
+                        help="the most active graph states kept per frame")
+    loops = parser.add_mutually_exclusive_group()
+    loops.add_argument("--self-loop-prob", type=_probability, default=DEFAULT_SELF_LOOP_PROB,
+                       metavar="P", help="every HMM state's self-loop probability (mean stay "
+                                         "1/(1-P) frames)")
+    loops.add_argument("--durations-from", metavar="TRAIN.h5",
+                       help="estimate each class's self-loop probability from the mean state "
+                            "durations of this feature file's frame labels instead")
+    parser.add_argument("--silence-prob", type=_probability, default=DEFAULT_SILENCE_PROB,
+                        metavar="S", help="probability of silence before the first and after "
+                                          "each word")
+    parser.add_argument("--word-penalty", type=_finite, default=0.0, metavar="W",
+                        help="cost added per word (positive: fewer insertions, more deletions)")
+    parser.add_argument("--hyps", metavar="OUT.txt",
+                        help="write the hypotheses here as a Kaldi text file")
+    parser.add_argument("--json", metavar="OUT.json",
+                        help="write the settings, scores (per utterance too) and timing here")
+    return parser
+
+
+def _missing_packages() -> str | None:
+    missing = []
+    for module, package in _NEEDED:
+        try:
+            import_module(module)
+        except ImportError:
+            missing.append(package)
+    if not missing:
+        return None
+    return (f"decoding needs {', '.join(missing)}: pip install 'hadpsgd[decode]' (or pip install "
+            f"{' '.join(missing)})")
+
+
+def _self_loop_probs(args: argparse.Namespace) -> Any:
+    """``--self-loop-prob``, or per-class estimates from ``--durations-from``'s labels."""
+    if args.durations_from is None:
+        return args.self_loop_prob
+    import h5py
+    import numpy as np
+
+    from hadpsgd.decode.graph import estimate_self_loop_probs
+
+    path = Path(args.durations_from)
+    if not path.is_file() or not h5py.is_hdf5(path):
+        raise UsageError(f"--durations-from {path}: not found or not HDF5; pass a feature file "
+                         "with frame labels (e.g. the digit set's train.h5)")
+    with h5py.File(path, "r") as h5:
+        if "labels" not in h5 or "offsets" not in h5:
+            raise UsageError(f"--durations-from {path} has no labels/offsets datasets; pass a "
+                             "feature file of hadpsgd's format")
+        labels, offsets = np.asarray(h5["labels"][:]), np.asarray(h5["offsets"][:])
+    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise UsageError(f"--durations-from {path} has labels outside [0, {NUM_CLASSES}); "
+                         "pass the digit set's training file")
+    return estimate_self_loop_probs(labels, offsets, NUM_CLASSES)
+
+
+@contextmanager
+def _writing(path: str, what: str) -> Iterator[None]:
+    """Turns a failure to write ``path`` into a :class:`UsageError` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"cannot write {what} {path} ({exc.strerror}); pass a writable "
+                         "path") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from hadpsgd.decode.graph import build_graph
+    from hadpsgd.decode.loglikes import LoglikesReader
+    from hadpsgd.decode.search import Decoder
+    from hadpsgd.decode.wer import read_text, reference_from_utt_id, score, write_text
+
+    for path, flag in ((args.hyps, "--hyps"), (args.json, "--json")):
+        # Found before decoding, not after it.
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: its directory does not exist; create it first")
+    refs = read_text(args.refs) if args.refs not in ("utt-id", "none") else {}
+    reader = LoglikesReader(args.loglikes, NUM_CLASSES)
+    graph = build_graph(NUM_CLASSES, STATES_PER_WORD, SILENCE_CLASS,
+                        self_loop_prob=_self_loop_probs(args), silence_prob=args.silence_prob,
+                        word_penalty=args.word_penalty)
+    decoder = Decoder(graph, args.acoustic_scale, args.beam, args.max_active)
+    hyps: dict[str, tuple[str, ...]] = {}
+    not_final: list[str] = []
+    frames, seconds = 0, 0.0
+    bar = tqdm(total=len(reader) or None, unit="utt", file=sys.stderr, desc="decode",
+               disable=not sys.stderr.isatty())
+    with bar:
+        for utt, matrix in reader:
+            if utt in hyps:
+                raise UsageError(f"utterance {utt!r} appears twice in {args.loglikes}; write "
+                                 "each utterance once")
+            if args.refs == "utt-id":
+                refs[utt] = reference_from_utt_id(utt)  # fails at the first id without digits
+            start = time.perf_counter()
+            hyp = decoder.decode(matrix)
+            seconds += time.perf_counter() - start
+            hyps[utt], frames = hyp.words, frames + len(matrix)
+            if not hyp.reached_final:
+                not_final.append(utt)
+            bar.update()
+    if not hyps:
+        raise UsageError(f"{args.loglikes} holds no utterance; check the forward pass's output")
+    if args.hyps:
+        with _writing(args.hyps, "hypotheses"):
+            write_text(args.hyps, hyps)
+    result = score(refs, hyps) if args.refs != "none" else None
+    if result is not None:
+        print(result.summary())
+    per_utt_ms = 1000.0 * seconds / len(hyps)
+    rtf = seconds / (frames * FRAME_SHIFT_S) if frames else 0.0
+    print(f"decoded {len(hyps)} utterances ({frames} frames) in {seconds:.2f} s: "
+          f"{per_utt_ms:.2f} ms per utterance, real-time factor {rtf:.5f}", file=sys.stderr)
+    if not_final:
+        print(f"warning: {len(not_final)} utterance(s) reached no final state within the beam "
+              f"(e.g. {not_final[0]}); their best partial path was used; try a larger --beam",
+              file=sys.stderr)
+    if args.json:
+        report = {"loglikes": args.loglikes, "refs": args.refs,
+                  "settings": {"acoustic_scale": args.acoustic_scale, "beam": args.beam,
+                               "max_active": args.max_active,
+                               "self_loop_prob": None if args.durations_from
+                               else args.self_loop_prob,
+                               "durations_from": args.durations_from,
+                               "silence_prob": args.silence_prob,
+                               "word_penalty": args.word_penalty},
+                  "utterances": len(hyps), "frames": frames, "decode_seconds": seconds,
+                  "ms_per_utterance": per_utt_ms, "real_time_factor": rtf,
+                  "not_final": not_final,
+                  "score": result.to_dict() if result is not None else None}
+        with _writing(args.json, "report"):
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the decoder; returns the exit status (argparse exits 2 itself on a bad flag)."""
+    missing = _missing_packages()
+    if missing:
+        print(f"{_PROG}: error: {missing}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    args = build_parser().parse_args(argv)
+    if args.max_active < 1:
+        print(f"{_PROG}: error: --max-active must be at least 1, got {args.max_active}",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
+    from hadpsgd.decode.loglikes import LoglikesError
+    from hadpsgd.decode.wer import ReferencesError
+
+    try:
+        return _run(args)
+    except (UsageError, LoglikesError, ReferencesError) as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
