@@ -22,6 +22,7 @@ from hadpsgd.assembly.data import load_data
 from hadpsgd.cli import ConfigError, to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
+from hadpsgd.data import PRIORS_FILE, priors_of, save_priors
 from hadpsgd.models import build_model
 from hadpsgd.models.presets import per_layer_lstm
 from hadpsgd.precision import set_tf32
@@ -55,7 +56,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
                         per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
                         ).to(topo.device)
     algo = build_algorithm(cfg, model, build_optimizer(cfg.optim, model), topo)
-    out_dir = make_out_dir(cfg, topo)
+    out_dir = make_out_dir(cfg, topo, train_set.file.path)
     metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
     # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
     schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,
@@ -84,10 +85,12 @@ def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
         raise ConfigError(problem)
 
 
-def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
+def make_out_dir(cfg: RunConfig, topo: Topology, train_path: Path | None = None) -> Path:
     """Create the run directory and save the resolved config with this start's provenance.
 
-    Rank 0 picks the default name and writes.
+    Rank 0 picks the default name and writes; with ``train_path`` (the training file) it
+    also writes the class priors of its labels (``priors.json``, :mod:`hadpsgd.data.priors`)
+    at a fresh start, or when a resumed run has none yet, for decoding.
     """
     out = None
     if topo.rank == 0:
@@ -104,6 +107,9 @@ def make_out_dir(cfg: RunConfig, topo: Topology) -> Path:
                              "node_sizes": topo.node_sizes, "device": str(topo.device)}
         provenance.write_config(out / "config.json", resolved,
                                 provenance.entry(topo, cfg.train.resume))
+        if train_path is not None and (cfg.train.resume is None
+                                       or not (out / PRIORS_FILE).exists()):
+            save_priors(priors_of(train_path), out / PRIORS_FILE)
         out = str(out)
     return Path(topo.bcast_object(out, root=0))
 

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-RUN_FILES = ("config.json", "metrics.jsonl")
+RUN_FILES = ("config.json", "metrics.jsonl", "priors.json")
 """Files of a run directory that hadpsgd writes (besides the two folders below)."""
 RUN_DIRS = ("checkpoints", "tb")
 """Folders of a run directory that hadpsgd writes: checkpoints and TensorBoard events."""

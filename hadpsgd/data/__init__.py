@@ -9,6 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from hadpsgd.data._schema import FORMAT_VERSION, FeatureFileError
 from hadpsgd.data.loader import ChunkDataset, make_loader
+from hadpsgd.data.priors import (
+    PRIORS_FILE,
+    Priors,
+    PriorsError,
+    load_priors,
+    priors_of,
+    save_priors,
+)
 from hadpsgd.data.reader import FeatureFile
 from hadpsgd.data.sampler import ChunkBatchSampler, PooledBatchSampler, chunk_starts
 from hadpsgd.data.writer import FeatureWriter, write_features
@@ -29,6 +37,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FORMAT_VERSION", "ChunkBatchSampler", "ChunkDataset", "FeatureFile",
-           "FeatureFileError", "FeatureWriter", "PooledBatchSampler", "SynthSpec", "chunk_starts",
-           "default_dataset", "generate", "make_loader", "write_features"]
+__all__ = ["FORMAT_VERSION", "PRIORS_FILE", "ChunkBatchSampler", "ChunkDataset", "FeatureFile",
+           "FeatureFileError", "FeatureWriter", "PooledBatchSampler", "Priors", "PriorsError",
+           "SynthSpec", "chunk_starts", "default_dataset", "generate", "load_priors",
+           "make_loader", "priors_of", "save_priors", "write_features"]

@@ -2,7 +2,9 @@
 
 For each file: utterances, frames, feature dimension, classes, the label histogram (and the
 classes no frame carries), the frames per utterance, the normalisation statistics, and how
-many ``--chunk-len`` chunks training cuts from it. Opening the file validates its structure
+many ``--chunk-len`` chunks training cuts from it, and the class priors a decoder divides by
+(:mod:`hadpsgd.data.priors`: add-one smoothed; the text shows the most and least probable
+classes, ``--json`` the whole vector). Opening the file validates its structure
 (the same checks as training); ``--json`` prints one JSON object per file instead.
 """
 
@@ -19,10 +21,12 @@ import numpy as np
 
 from hadpsgd.data._schema import LABELS
 from hadpsgd.data.loader import ChunkDataset
+from hadpsgd.data.priors import SMOOTHING, smooth
 from hadpsgd.data.reader import FeatureFileError
 
 _SHOWN = 10  # classes listed by count, most and least frequent
 _BLOCK = 1 << 22  # labels read per block
+_SHOWN_PRIORS = 5  # classes listed by prior, most and least probable
 
 
 def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
@@ -54,6 +58,12 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
                                if counts[c] > 0],
             "normalisation": None,
         }
+        priors = smooth(counts)
+        out["priors"] = {
+            "smoothing": SMOOTHING,
+            "most_probable": [[int(c), float(priors[c])] for c in order[:_SHOWN_PRIORS]],
+            "least_probable": [[int(c), float(priors[c])] for c in order[::-1][:_SHOWN_PRIORS]],
+            "vector": priors.tolist()}
         if ff.norm_mean is not None and ff.norm_std is not None:
             out["normalisation"] = {
                 "mean_range": [float(ff.norm_mean.min()), float(ff.norm_mean.max())],
@@ -76,6 +86,11 @@ def _text(info: dict[str, Any]) -> str:
     lines.append(f"  classes without frames: {len(empty)}"
                  + (f" ({', '.join(map(str, empty[:20]))}{' ...' if len(empty) > 20 else ''})"
                     if empty else ""))
+    pri = info["priors"]
+    lines.append("  priors (add-one smoothed), most probable: "
+                 + ", ".join(f"{c}: {p:.4g}" for c, p in pri["most_probable"])
+                 + "; least probable: "
+                 + ", ".join(f"{c}: {p:.4g}" for c, p in pri["least_probable"]))
     norm = info["normalisation"]
     lines.append("  normalisation: none (features are used as stored)" if norm is None else
                  f"  normalisation: mean in [{norm['mean_range'][0]:.4g}, "

@@ -28,6 +28,8 @@ ALLOWED = {
     "decode": {"exit_codes"},
     "run": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
             "config", "train", "assembly", "precision"},
+    # Decoding's forward pass: a top layer beside run (a checkpoint, features, ranks, output).
+    "forward": {"exit_codes", "models", "data", "comm", "train", "precision"},
 }
 
 

@@ -1,0 +1,178 @@
+"""``python -m hadpsgd.forward``: a trained BLSTM's per-frame scores, for a decoder.
+
+    python -m hadpsgd.forward --model RUN_DIR --features test.h5 --output ark,scp:o.ark,o.scp
+    mpirun -np 4 python -m hadpsgd.forward --model RUN_DIR --features scp:feats.scp --output o.h5
+
+The output is the log-posteriors ``log p(s|x)`` of every frame, or with priors (the run's
+``priors.json`` by default) the pseudo-log-likelihoods ``log p(s|x) - log p(s)`` that
+Kaldi's ``latgen-faster-mapped`` reads. docs/forward.md has the details and the measurement
+behind the default ``--context``. Exit codes: 0 done, 2 a user error (one line naming the
+thing and the fix, before any work), 1 a failure while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from hadpsgd import comm
+from hadpsgd.data import PRIORS_FILE, Priors, load_priors
+from hadpsgd.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR
+from hadpsgd.forward.chunks import CONTEXTS
+from hadpsgd.forward.features import open_features
+from hadpsgd.forward.job import Job, Options, agree, check_shapes, learn_index, log, run
+from hadpsgd.forward.model import ForwardError, LoadedModel, describe, load_model
+from hadpsgd.forward.output import parse_output
+
+DEFAULT_CONTEXT = "whole"
+"""The default ``--context`` (docs/forward.md, *Whole utterances or windows*)."""
+DEFAULT_OVERLAP = 0
+"""The default ``--chunk-overlap``."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line."""
+    p = argparse.ArgumentParser(prog="python -m hadpsgd.forward", allow_abbrev=False,
+                                description="Run a trained BLSTM over features and write "
+                                            "per-frame log-posteriors or pseudo-log-"
+                                            "likelihoods (Kaldi archive or HDF5).")
+    p.add_argument("--model", required=True, metavar="RUN_DIR|CHECKPOINT_DIR",
+                   help="a run directory (its newest valid checkpoint) or a checkpoint "
+                        "directory (RUN/checkpoints/step-NNNNNNNN)")
+    p.add_argument("--features", required=True, metavar="FILE.h5|RSPECIFIER",
+                   help="a hadpsgd .h5 feature file, or a Kaldi rspecifier read through "
+                        "kaldiio (scp:feats.scp, ark:feats.ark, 'ark:cmd |', ark:-)")
+    p.add_argument("--output", required=True, metavar="WSPECIFIER|FILE.h5",
+                   help="a Kaldi wspecifier (ark:out.ark, ark,scp:out.ark,out.scp, ark:-) or "
+                        "an .h5 file (loglikes, offsets, utt_ids)")
+    p.add_argument("--priors", default="auto", metavar="auto|FILE|none",
+                   help="auto (default): the run's priors.json if it has one, else none; "
+                        "FILE: a priors JSON, a Kaldi text vector of counts, or a training "
+                        ".h5 file (its labels counted); none: write log-posteriors")
+    p.add_argument("--context", choices=CONTEXTS, default=DEFAULT_CONTEXT,
+                   help=f"whole: each utterance in one pass; chunks: overlapping windows "
+                        f"(default {DEFAULT_CONTEXT}, see docs/forward.md)")
+    p.add_argument("--chunk-len", type=int, default=None,
+                   help="window length of --context chunks (default: the training's "
+                        "chunk_len)")
+    p.add_argument("--chunk-overlap", type=int, default=DEFAULT_OVERLAP,
+                   help="context frames on each side of a window's kept centre "
+                        f"(default {DEFAULT_OVERLAP})")
+    p.add_argument("--norm", default="auto", metavar="auto|FILE|none",
+                   help="normalisation of Kaldi features: auto (default) the training file's "
+                        "norm/ statistics, FILE a feature file or .npz (mean, std), none; an "
+                        ".h5 input's own norm/ is always applied")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: CUDA if available (one GPU per rank on a host)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="autocast of the forward (the softmax is fp32); auto: the training's "
+                        "if fp32 or bf16, else fp32")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it shows on rank 0 when stdout is a terminal)")
+    return p
+
+
+def resolve_priors(spec: str, loaded: LoadedModel) -> tuple[Priors | None, str]:
+    """The priors ``--priors`` names, and one line saying which."""
+    if spec == "none":
+        return None, "none (--priors none): writing log-posteriors"
+    if spec == "auto":
+        found = loaded.run_dir / PRIORS_FILE if loaded.run_dir is not None else None
+        if found is None or not found.is_file():
+            where = f"no {PRIORS_FILE} in {loaded.run_dir}" if loaded.run_dir else \
+                "the checkpoint is not in a run directory"
+            return None, (f"none ({where}): writing log-posteriors; for pseudo-log-"
+                          f"likelihoods pass --priors {loaded.train_file or 'TRAIN.h5'}")
+        spec = str(found)
+    priors = load_priors(spec)
+    return priors, (f"{spec} ({priors.num_classes} classes, {priors.frames:.0f} frames, "
+                    "add-one smoothed): writing pseudo-log-likelihoods")
+
+
+def _precision(flag: str, loaded: LoadedModel) -> str:
+    if flag != "auto":
+        return flag
+    return loaded.precision if loaded.precision in ("fp32", "bf16") else "fp32"
+
+
+def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
+    """Every check, agreed by every rank, before any work; then the start-up lines."""
+
+    def local() -> tuple[Job, str, str]:
+        out = parse_output(args.output)
+        if topo.size > 1 and not out.in_files:
+            raise ForwardError(f"--output {args.output}: under mpirun every rank writes a part "
+                               "of the output, which needs files; write ark,scp:out.ark,"
+                               "out.scp or out.h5, or run one process to pipe it")
+        loaded = load_model(args.model)
+        priors, priors_line = resolve_priors(args.priors, loaded)
+        chunk_len = args.chunk_len if args.chunk_len is not None else loaded.chunk_len
+        opts = Options(args.context, chunk_len, args.chunk_overlap,
+                       _precision(args.precision, loaded),
+                       progress=not args.no_progress and sys.stdout.isatty())
+        features, norm_line = open_features(args.features, args.norm, loaded.train_file)
+        return Job(loaded, features, out, priors, opts), priors_line, norm_line
+
+    job, priors_line, norm_line = agree(topo, local)
+    loaded, features, opts = job.loaded, job.features, job.opts
+    learn_index(topo, features)
+    agree(topo, lambda: check_shapes(loaded, features, job.priors))
+    if topo.rank == 0:
+        log(f"model: {describe(loaded)}")
+        log(f"features: {features.name}, normalisation {norm_line}")
+        log(f"priors: {priors_line}")
+        log(f"context: {opts.describe()}, {opts.precision} on {topo.size} rank(s), "
+            f"{topo.device}")
+    return job
+
+
+def _fail(err: BaseException, topo: comm.Topology) -> int:
+    """Report ``err`` from this rank and end the job (every rank of it).
+
+    Exit 2 for a user's error found while running (a bad utterance), 1 for anything else
+    (with its traceback).
+    """
+    user = isinstance(err, ForwardError)
+    if not user and not isinstance(err, KeyboardInterrupt):
+        traceback.print_exception(err)
+    prefix = f"rank {topo.rank}: " if topo.size > 1 else ""
+    print(f"hadpsgd.forward: {prefix}error: {err}", file=sys.stderr, flush=True)
+    code = EXIT_USER_ERROR if user else EXIT_FAILED
+    if topo.size > 1:
+        topo.abort(code)  # the peers may wait in a collective this rank never joins
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = parser().parse_args(argv)
+    try:
+        topo = comm.init(device=args.device, intra_backend="mpi")
+    except comm.TopologyError as err:
+        print(f"hadpsgd.forward: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        job = setup(args, topo)
+    except ForwardError as err:  # every rank found it (agree): all end alike, one line
+        if topo.rank == 0:
+            print(f"hadpsgd.forward: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except BaseException as err:  # noqa: BLE001 - reported, then the whole job ends
+        return _fail(err, topo)
+    try:
+        summary = run(topo, job)
+    except BaseException as err:  # noqa: BLE001 - reported, then the whole job ends
+        return _fail(err, topo)
+    if topo.rank == 0:
+        rate = summary["frames"] / max(summary["seconds"], 1e-9)
+        log(f"wrote {summary['utterances']} utterances, {summary['frames']} frames to "
+            f"{', '.join(map(str, summary['files']))} in {summary['seconds']:.1f} s "
+            f"({rate:,.0f} frames/s)")
+    topo.close()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

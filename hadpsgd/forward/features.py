@@ -1,0 +1,214 @@
+"""The utterances to run the model on: our HDF5 feature file, or a Kaldi table via kaldiio.
+
+An HDF5 file knows every utterance's length up front and reads any of them at will; its own
+normalisation statistics (``norm/``) are applied on read, as in training. A Kaldi table
+(``scp:feats.scp``, ``ark:feats.ark``, ``ark:cmd |``) is read as kaldiio gives it: the
+features are normalised with the statistics training used (``--norm``), since raw Kaldi
+features are not what the model was trained on. Under mpirun its lengths are learnt in one
+pass on rank 0 (an ``scp`` is then read at random, an ``ark`` streamed again by every rank);
+one process streams it once, so ``ark:-`` (standard input) works there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hadpsgd.data import FeatureFile, FeatureFileError
+from hadpsgd.forward.model import ForwardError
+
+# A Kaldi rspecifier: "scp:..." / "ark:..." with options ("ark,t:", "scp,p:").
+_RSPEC = re.compile(r"^(ark|scp)(,[a-z]+)*:")
+
+Norm = tuple[np.ndarray, np.ndarray] | None
+
+
+def is_kaldi(spec: str) -> bool:
+    """Whether ``--features`` names a Kaldi table rather than an HDF5 file."""
+    return bool(_RSPEC.match(spec))
+
+
+def _kaldiio() -> Any:
+    try:
+        import kaldiio
+    except ImportError:
+        raise ForwardError("reading Kaldi features needs kaldiio: pip install 'hadpsgd[kaldi]' "
+                           "(or pip install kaldiio), or convert them with python -m "
+                           "hadpsgd.data.kaldi") from None
+    return kaldiio
+
+
+class Features:
+    """Utterances in input order: ``index`` (ids and lengths, when known) and ``read``."""
+
+    feat_dim: int
+    num_classes: int | None = None
+    """The file's class count (an HDF5 file's; a Kaldi table has none)."""
+    index: list[tuple[str, int]] | None = None
+    """``(utterance id, frames)`` of every utterance in order, if known."""
+    name: str
+
+    def read(self, first: int = 0, stop: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """``(id, float32 [frames, feat_dim])`` of utterances ``first`` .. ``stop`` - 1."""
+        raise NotImplementedError
+
+
+class H5Features(Features):
+    """An HDF5 feature file (:class:`hadpsgd.data.FeatureFile`)."""
+
+    def __init__(self, path: str) -> None:
+        self.file = FeatureFile(path)
+        self.name = str(path)
+        self.feat_dim, self.num_classes = self.file.feat_dim, self.file.num_classes
+        lengths = np.diff(self.file.offsets)
+        self.index = list(zip(self.file.utt_ids, map(int, lengths), strict=True))
+
+    def read(self, first: int = 0, stop: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """The utterances ``first`` .. ``stop`` - 1, normalised as in training."""
+        offsets, ids = self.file.offsets, self.file.utt_ids
+        for u in range(first, self.file.num_utts if stop is None else stop):
+            yield ids[u], self.file.read(int(offsets[u]), int(offsets[u + 1]))[0]
+
+
+class KaldiFeatures(Features):
+    """A Kaldi table read through kaldiio, normalised with ``norm`` (mean, std) if given."""
+
+    def __init__(self, rspec: str, norm: Norm) -> None:
+        self.kaldiio = _kaldiio()
+        self.rspec, self.name, self.norm = rspec, rspec, norm
+        self.feat_dim = 0  # known once the first utterance is read
+        self._stream: Iterator[tuple[str, np.ndarray]] | None = None
+        self._peeked: tuple[str, np.ndarray] | None = None
+        spec = self.kaldiio.utils.parse_specifier(rspec)
+        self.scp: str | None = spec["scp"]
+        self.stdin = spec["ark"] == "-"
+
+    def peek_dim(self) -> int:
+        """Open the stream and read the first utterance's dimension (kept for :meth:`read`)."""
+        try:
+            self._stream = iter(self.kaldiio.ReadHelper(self.rspec))
+            self._peeked = next(self._stream, None)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise ForwardError(f"--features {self.rspec} cannot be read ({err}); check the "
+                               "rspecifier and the files it names") from None
+        if self._peeked is None:
+            raise ForwardError(f"--features {self.rspec} holds no utterance; check the table")
+        self.feat_dim = self._dim(*self._peeked)
+        self._check_norm()
+        return self.feat_dim
+
+    def _dim(self, utt: str, mat: np.ndarray) -> int:
+        if mat.ndim != 2:
+            raise ForwardError(f"--features {self.rspec}: utterance {utt!r} is not a matrix "
+                               f"(shape {list(mat.shape)}); pass a feature table")
+        return int(mat.shape[1])
+
+    def learn_index(self) -> list[tuple[str, int]]:
+        """Every utterance's id and length, in one pass over the table."""
+        index: list[tuple[str, int]] = []
+        for utt, raw in self._all():
+            if not index:
+                self.feat_dim = self._dim(utt, np.asarray(raw))
+            index.append((utt, len(raw)))
+        if not index:
+            raise ForwardError(f"--features {self.rspec} holds no utterance; check the table")
+        self.index = index
+        self._check_norm()
+        return index
+
+    def _check_norm(self) -> None:
+        if self.norm is not None and self.norm[0].shape != (self.feat_dim,):
+            raise ForwardError(f"--norm: the statistics have dimension {self.norm[0].shape[0]} "
+                               f"but {self.rspec} has {self.feat_dim}-dim features; pass the "
+                               "statistics of these features' training set")
+
+    def _all(self) -> Iterator[tuple[str, np.ndarray]]:
+        if self._stream is not None:  # the stream peek_dim opened, its first item put back
+            stream, first = self._stream, self._peeked
+            self._stream = self._peeked = None
+            if first is not None:
+                yield first
+            yield from stream
+            return
+        yield from self.kaldiio.ReadHelper(self.rspec)
+
+    def _prepared(self, utt: str, raw: Any) -> np.ndarray:
+        mat = np.asarray(raw, dtype=np.float32)
+        if self._dim(utt, mat) != self.feat_dim:
+            raise ForwardError(f"--features {self.rspec}: utterance {utt!r} has "
+                               f"{mat.shape[1]}-dim features, the first had {self.feat_dim}; "
+                               "one table must hold one kind of features")
+        if not np.isfinite(mat).all():
+            raise ForwardError(f"--features {self.rspec}: utterance {utt!r} holds NaN or Inf; "
+                               "fix or drop it")
+        if self.norm is not None:
+            mat = (mat - self.norm[0]) / self.norm[1]
+        return mat
+
+    def read(self, first: int = 0, stop: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """The utterances ``first`` .. ``stop`` - 1 (an scp at random, an ark streamed)."""
+        if self.scp is not None and self.index is not None:
+            table = self.kaldiio.load_scp(self.scp)  # random access: only this range is read
+            for utt, _ in self.index[first:stop]:
+                yield utt, self._prepared(utt, table[utt])
+            return
+        for position, (utt, raw) in enumerate(self._all()):
+            if stop is not None and position >= stop:
+                return
+            if position >= first:
+                yield utt, self._prepared(utt, raw)
+
+
+def training_norm(train_file: str | None, features: str) -> tuple[Norm, str]:
+    """``--norm auto`` for a Kaldi table: the statistics of the training file the run named.
+
+    Raises:
+        ForwardError: If the training file is not here (its statistics are then unknown).
+    """
+    if train_file is not None and Path(train_file).is_file():
+        try:
+            ff = FeatureFile(train_file)
+        except FeatureFileError as err:
+            raise ForwardError(f"--norm auto: {err}; pass --norm FILE or --norm none") from None
+        if ff.norm_mean is None or ff.norm_std is None:
+            return None, f"none (the training file {train_file} has no norm/)"
+        return (ff.norm_mean, ff.norm_std), f"the training file's, {train_file}"
+    raise ForwardError(f"--norm auto: the training file {train_file} that the checkpoint's "
+                       f"config names is not here, so the normalisation the model expects of "
+                       f"{features} is unknown; pass --norm TRAIN.h5 (or an .npz with mean and "
+                       "std), or --norm none if training used unnormalised features")
+
+
+def open_features(spec: str, norm: str, train_file: str | None) -> tuple[Features, str]:
+    """The features ``--features`` names and a description of their normalisation.
+
+    Raises:
+        ForwardError: For a missing or malformed input, or a ``--norm`` that does not apply.
+    """
+    if not is_kaldi(spec):
+        if norm != "auto":
+            raise ForwardError(f"--norm {norm} applies to Kaldi features only: an .h5 file's "
+                               f"own norm/ statistics are applied as in training; drop --norm")
+        try:
+            h5 = H5Features(spec)
+        except FeatureFileError as err:
+            raise ForwardError(f"--features {err}; pass an .h5 feature file or a Kaldi "
+                               "rspecifier (scp:feats.scp, ark:feats.ark)") from None
+        stats = "the file's norm/" if h5.file.norm_mean is not None else "none (no norm/)"
+        return h5, stats
+    if norm == "none":
+        return KaldiFeatures(spec, None), "none (--norm none)"
+    if norm == "auto":
+        stats, described = training_norm(train_file, spec)
+        return KaldiFeatures(spec, stats), described
+    from hadpsgd.data.kaldi import load_norm
+
+    try:
+        return KaldiFeatures(spec, load_norm(norm)), f"from {norm}"
+    except (ValueError, OSError) as err:
+        raise ForwardError(f"--norm {norm}: {err}; pass a feature file with norm/ or an .npz "
+                           "with mean and std") from None

@@ -1,0 +1,201 @@
+"""One forward job: the checks every rank agrees on, its share of the utterances, the parts.
+
+Under mpirun the utterances are split into contiguous runs, one per rank, balanced by frames
+(:func:`split_by_frames`); each rank writes its part and rank 0 makes one output of them
+(:mod:`hadpsgd.forward.output`). One process is the same job with one part, written in place.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hadpsgd.comm import Topology
+from hadpsgd.data import FeatureFileError, Priors, PriorsError
+from hadpsgd.forward.chunks import batches, check_windows, forward_batch
+from hadpsgd.forward.features import Features, KaldiFeatures
+from hadpsgd.forward.model import ForwardError, LoadedModel
+from hadpsgd.forward.output import OutputSpec, merge, open_writer, part_spec
+
+USER_ERRORS = (ForwardError, FeatureFileError, PriorsError, ValueError, FileNotFoundError,
+               ImportError)
+"""Errors a user causes, found before any work: one line, exit 2."""
+
+T = TypeVar("T")
+
+
+def log(message: str) -> None:
+    """A status line on standard error (standard output may carry the archive: ``ark:-``)."""
+    print(f"[hadpsgd.forward] {message}", file=sys.stderr, flush=True)
+
+
+def agree(topo: Topology, check: Callable[[], T]) -> T:
+    """Run ``check`` on every rank; if it fails anywhere, fail everywhere with that message.
+
+    Raises:
+        ForwardError: The first failing rank's message (named by rank under mpirun).
+    """
+    result: T | None = None
+    problem = None
+    try:
+        result = check()
+    except USER_ERRORS as err:
+        problem = str(err) or type(err).__name__
+    problems = topo.allgather_object(problem) if topo.size > 1 else [problem]
+    for rank, found in enumerate(problems):
+        if found is not None:
+            raise ForwardError(found if topo.size == 1 or rank == 0 else f"rank {rank}: {found}")
+    return result  # type: ignore[return-value] - set whenever no rank failed
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run the model (the CLI's flags, resolved)."""
+
+    context: str
+    chunk_len: int
+    overlap: int
+    precision: str
+    progress: bool
+
+    def __post_init__(self) -> None:
+        if self.context == "chunks":
+            check_windows(self.chunk_len, self.overlap)
+
+    def describe(self) -> str:
+        """The context as one phrase."""
+        if self.context == "whole":
+            return "whole utterances"
+        return (f"windows of {self.chunk_len} frames, {self.overlap} of context each side, "
+                f"keeping {self.chunk_len - 2 * self.overlap}")
+
+
+def split_by_frames(lengths: list[int], size: int) -> list[tuple[int, int]]:
+    """Contiguous utterance ranges ``[first, stop)``, one per rank, of about equal frames.
+
+    Utterance ``u`` goes to the rank whose share of the frames holds its middle frame, so
+    ranks differ by at most about one utterance, and rank order is input order.
+    """
+    lens = np.asarray(lengths, dtype=np.float64)
+    total = lens.sum()
+    if total == 0:
+        owner = np.minimum(np.arange(len(lens)) * size // max(len(lens), 1), size - 1)
+    else:
+        middle = np.cumsum(lens) - lens / 2
+        owner = np.minimum((middle * size / total).astype(np.int64), size - 1)
+    bounds = np.searchsorted(owner, np.arange(size + 1), side="left")
+    return [(int(bounds[r]), int(bounds[r + 1])) for r in range(size)]
+
+
+def learn_index(topo: Topology, features: Features) -> None:
+    """Make a Kaldi table's index known to every rank (rank 0 reads it once)."""
+    if not isinstance(features, KaldiFeatures):
+        return
+    if topo.size == 1:  # streamed once; the first utterance tells the dimension
+        agree(topo, features.peek_dim)
+        return
+    if features.stdin:
+        raise ForwardError("--features ark:- (standard input) reaches rank 0 only; under "
+                           "mpirun write the features to a file (ark:feats.ark) or an scp")
+
+    def rank0() -> Any:
+        return features.learn_index() if topo.rank == 0 else None
+
+    agree(topo, rank0)
+    mine = (features.index, features.feat_dim) if topo.rank == 0 else None
+    features.index, features.feat_dim = topo.bcast_object(mine, root=0)
+
+
+def check_shapes(loaded: LoadedModel, features: Features, priors: Priors | None) -> None:
+    """Refuse features or priors that do not fit the checkpoint, naming both numbers."""
+    if features.feat_dim != loaded.input_dim:
+        raise ForwardError(
+            f"feature dimension mismatch: checkpoint {loaded.checkpoint} was trained on "
+            f"{loaded.input_dim}-dim features but --features {features.name} has "
+            f"{features.feat_dim}-dim ones; pass features made like its training set's "
+            f"({loaded.train_file or 'see its config.json'}), or the model trained on these")
+    if features.num_classes is not None and features.num_classes != loaded.num_classes:
+        raise ForwardError(
+            f"class count mismatch: checkpoint {loaded.checkpoint} has {loaded.num_classes} "
+            f"output classes but --features {features.name} has {features.num_classes} classes; "
+            "pass features labelled with the training's tree (e.g. imported with --like TRAIN.h5), "
+            "or the model trained on these")
+    if priors is not None and priors.num_classes != loaded.num_classes:
+        raise ForwardError(
+            f"class count mismatch: checkpoint {loaded.checkpoint} has {loaded.num_classes} "
+            f"output classes but the priors {priors.source} have {priors.num_classes}; pass "
+            "the priors of its own run (--priors auto) or --priors none")
+
+
+@dataclass
+class Job:
+    """Everything one forward run needs, checked."""
+
+    loaded: LoadedModel
+    features: Features
+    out: OutputSpec
+    priors: Priors | None
+    opts: Options
+
+
+def run(topo: Topology, job: Job) -> dict[str, Any]:
+    """Run the model over this rank's utterances, write its part, and (rank 0) merge.
+
+    Returns:
+        On rank 0: ``utterances``, ``frames``, ``seconds``, ``files``; elsewhere the rank's
+        own counts.
+    """
+    loaded, features, out, priors, opts = job.loaded, job.features, job.out, job.priors, \
+        job.opts
+    start = time.perf_counter()
+    first, stop, total = 0, None, None
+    if features.index is not None:
+        ranges = split_by_frames([n for _, n in features.index], topo.size)
+        first, stop = ranges[topo.rank]
+        total = sum(n for _, n in features.index[first:stop])
+    model = loaded.model.to(topo.device).eval()
+    log_priors = None
+    if priors is not None:
+        log_priors = torch.as_tensor(np.log(priors.priors), dtype=torch.float32,
+                                     device=topo.device)
+    mine = part_spec(out, topo.rank) if topo.size > 1 else out
+    attrs = {"kind": "pseudo-log-likelihoods" if priors else "log-posteriors",
+             "priors": priors.source if priors else "", "checkpoint": str(loaded.checkpoint),
+             "context": opts.context, "chunk_len": opts.chunk_len,
+             "chunk_overlap": opts.overlap, "precision": opts.precision}
+    writer = open_writer(mine, loaded.num_classes, attrs)
+    utts = frames = 0
+    bar = tqdm(total=total, unit="frame", unit_scale=True, file=sys.stderr, leave=False,
+               desc="forward" if topo.size == 1 else f"forward (rank 0 of {topo.size})",
+               disable=not (opts.progress and topo.rank == 0))
+    try:
+        for group in batches(features.read(first, stop), loaded.num_classes):
+            inputs = [torch.from_numpy(feats).to(topo.device) for _, feats in group]
+            outputs = forward_batch(model, inputs, opts.context, opts.chunk_len, opts.overlap,
+                                    opts.precision)
+            for (utt, feats), scores in zip(group, outputs, strict=True):
+                if log_priors is not None:
+                    scores = scores - log_priors  # log p(s|x) - log p(s)
+                writer.write(utt, scores.cpu().numpy())
+                utts, frames = utts + 1, frames + len(feats)
+                bar.update(len(feats))
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    counts = topo.gather_object((utts, frames)) if topo.size > 1 else [(utts, frames)]
+    if topo.rank != 0:
+        return {"utterances": utts, "frames": frames}
+    assert counts is not None
+    files = merge(out, topo.size) if topo.size > 1 else [out.describe()]
+    return {"utterances": sum(u for u, _ in counts), "frames": sum(f for _, f in counts),
+            "seconds": time.perf_counter() - start, "files": files}

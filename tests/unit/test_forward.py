@@ -1,0 +1,247 @@
+"""The forward pass for decoding: equal to the model's own evaluation, priors, outputs, refusals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from hadpsgd.data import PRIORS_FILE, ChunkDataset, FeatureFile, load_priors, priors_of, save_priors
+from hadpsgd.data.loader import IGNORE
+from hadpsgd.forward import ForwardError, forward_utterance, load_model, window_plan
+from hadpsgd.forward.__main__ import parser, setup
+from hadpsgd.forward.job import run, split_by_frames
+from hadpsgd.forward.output import merge, open_writer, parse_output, part_spec
+from hadpsgd.models import build_model
+from hadpsgd.train import evaluate
+from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
+from tests.fakes import OneLearner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> object:
+    """One torch thread: the tiny model gains nothing from more, and on a shared machine
+    OMP's waiting threads made these tests thirty times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_run(out: Path, train: Path, input_dim: int, num_classes: int, seed: int = 0) -> Path:
+    """A run directory with one checkpoint of a tiny BLSTM (random weights) and its priors."""
+    torch.manual_seed(seed)
+    model = build_model("tiny", input_dim, num_classes)
+    config = {"data": {"train": str(train), "chunk_len": 21},
+              "model": {"preset": "tiny", "lstm_layout": "auto"}, "train": {"precision": "fp32"}}
+    state = {"model": model.state_dict(), "config": config,
+             "progress": {"epoch": 0, "step_in_epoch": 0, "global_step": 5}}
+    save_checkpoint(state, checkpoint_path(out / "checkpoints", 5), meta={"step": 5})
+    if num_classes == FeatureFile(train).num_classes:
+        save_priors(priors_of(train), out / PRIORS_FILE)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_run(tmp_path_factory.mktemp("run"), tiny_data[0], 260, 12)
+
+
+def forward(*argv: str | Path) -> None:
+    """``python -m hadpsgd.forward ARGV`` in this process, on one CPU learner."""
+    topo = OneLearner()
+    run(topo, setup(parser().parse_args([str(a) for a in argv] + ["--no-progress"]), topo))
+
+
+def read_h5(path: Path) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
+    with h5py.File(path, "r") as h5:
+        return (h5["loglikes"][()], h5["offsets"][()], list(h5["utt_ids"].asstr()[()]),
+                dict(h5.attrs))
+
+
+def test_whole_equals_the_models_log_softmax(run_dir: Path, tiny_data: tuple[Path, Path],
+                                             tmp_path: Path) -> None:
+    out = tmp_path / "out.h5"
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", out, "--priors", "none")
+    scores, offsets, ids, attrs = read_h5(out)
+    ff, model = FeatureFile(tiny_data[1]), load_model(run_dir).model
+    assert ids == ff.utt_ids and np.array_equal(offsets, ff.offsets)
+    assert attrs["kind"] == "log-posteriors" and attrs["num_classes"] == 12
+    with torch.no_grad():
+        for u in range(ff.num_utts):
+            x = torch.from_numpy(ff.read(int(offsets[u]), int(offsets[u + 1]))[0])
+            ref = F.log_softmax(model(x[None]), dim=-1)[0]
+            # One utterance alone is exactly model(utterance); the packed batches of the
+            # command equal it within float32 rounding.
+            assert torch.equal(forward_utterance(model, x), ref)
+            torch.testing.assert_close(torch.from_numpy(scores[offsets[u]:offsets[u + 1]]), ref)
+
+
+def test_chunks_without_overlap_equal_the_evaluations_chunks(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out.h5"
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", out, "--priors", "none",
+            "--context", "chunks", "--chunk-overlap", "0")  # chunk_len: the training's 21
+    scores = read_h5(out)[0]
+    model, dataset = load_model(run_dir).model, ChunkDataset(tiny_data[1], 21)
+    covered = []
+    with torch.no_grad():
+        for i in range(len(dataset)):
+            feats, labels = dataset[i]
+            counted = labels != IGNORE
+            frames = int(dataset.starts[i]) + torch.arange(21)[counted]
+            ref = F.log_softmax(model(feats[None]), dim=-1)[0][counted]
+            torch.testing.assert_close(torch.from_numpy(scores[frames.numpy()]), ref)
+            covered.append(frames)
+    assert torch.equal(torch.cat(covered).sort().values, torch.arange(len(scores)))
+    labels = FeatureFile(tiny_data[1]).read(0, len(scores))[1]
+    held_out = evaluate(model, dataset, OneLearner())  # type: ignore[arg-type]
+    assert float((scores.argmax(1) == labels).mean()) == pytest.approx(held_out.accuracy,
+                                                                       abs=1e-12)
+
+
+def test_pseudo_log_likelihoods_are_log_posteriors_minus_log_priors(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "post.h5",
+            "--priors", "none")
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "pll.h5")
+    post, pll = read_h5(tmp_path / "post.h5"), read_h5(tmp_path / "pll.h5")
+    assert pll[3]["kind"] == "pseudo-log-likelihoods"  # --priors auto found RUN/priors.json
+    priors = load_priors(run_dir / PRIORS_FILE).priors
+    np.testing.assert_allclose(pll[0] - post[0], np.broadcast_to(-np.log(priors), post[0].shape),
+                               rtol=0, atol=1e-5)
+
+
+def test_ark_read_back_with_kaldiio_equals_the_h5(run_dir: Path, tiny_data: tuple[Path, Path],
+                                                  tmp_path: Path) -> None:
+    kaldiio = pytest.importorskip("kaldiio")
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5")
+    forward("--model", run_dir, "--features", tiny_data[1], "--output",
+            f"ark,scp:{tmp_path / 'o.ark'},{tmp_path / 'o.scp'}")
+    scores, offsets, ids, _ = read_h5(tmp_path / "o.h5")
+    table = kaldiio.load_scp(str(tmp_path / "o.scp"))
+    assert list(table) == ids
+    for u, utt in enumerate(ids):
+        assert np.array_equal(table[utt], scores[offsets[u]:offsets[u + 1]])
+    streamed = dict(kaldiio.ReadHelper(f"ark:{tmp_path / 'o.ark'}"))
+    assert all(np.array_equal(streamed[utt], table[utt]) for utt in ids)
+
+
+def test_kaldi_features_take_the_trainings_normalisation(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    kaldiio = pytest.importorskip("kaldiio")
+    ff = FeatureFile(tiny_data[1])
+    raw = ff.feats_dataset[()]  # as stored: not normalised
+    with kaldiio.WriteHelper(f"ark:{tmp_path / 'raw.ark'}") as writer:
+        for u, utt in enumerate(ff.utt_ids):
+            writer(utt, raw[ff.offsets[u]:ff.offsets[u + 1]])
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "h5.h5")
+    forward("--model", run_dir, "--features", f"ark:{tmp_path / 'raw.ark'}", "--output",
+            tmp_path / "kaldi.h5")  # --norm auto: the training file's statistics
+    a, b = read_h5(tmp_path / "h5.h5"), read_h5(tmp_path / "kaldi.h5")
+    assert a[2] == b[2]
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dims,named", [((7, 12), ("7-dim", "260-dim")),
+                                        ((260, 5), ("5 output classes", "12 classes"))])
+def test_a_checkpoint_that_does_not_fit_is_refused_naming_both(
+        tiny_data: tuple[Path, Path], tmp_path: Path, dims: tuple[int, int],
+        named: tuple[str, str]) -> None:
+    bad = make_run(tmp_path / "bad", tiny_data[0], *dims)
+    with pytest.raises(ForwardError) as err:
+        forward("--model", bad, "--features", tiny_data[1], "--output", tmp_path / "o.h5")
+    assert all(n in str(err.value) for n in named), err.value
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_priors_of_another_class_count_are_refused(run_dir: Path, tiny_data: tuple[Path, Path],
+                                                   tmp_path: Path) -> None:
+    (tmp_path / "counts.txt").write_text("[ 3 4 5 ]\n")
+    with pytest.raises(ForwardError, match="12 output classes.*have 3"):
+        forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5",
+                "--priors", tmp_path / "counts.txt")
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--model", "/nonexistent/run"], "--model /nonexistent/run does not exist"),
+    (["--output", "out.txt"], "--output out.txt is neither"),
+    (["--output", "/nonexistent/dir/o.h5"], "directory /nonexistent/dir does not exist"),
+    (["--context", "chunks", "--chunk-overlap", "11"], "--chunk-overlap 11"),
+    (["--norm", "none"], "--norm none applies to Kaldi features only"),
+])
+def test_user_errors_name_the_flag(run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path,
+                                   flags: list[str], named: str) -> None:
+    base = {"--model": str(run_dir), "--features": str(tiny_data[1]),
+            "--output": str(tmp_path / "o.h5")}
+    argv = [a for k, v in base.items() if k not in flags for a in (k, v)] + flags
+    with pytest.raises(ForwardError, match=named.replace("-", r"\-")):
+        forward(*argv)
+
+
+def test_the_command_reports_a_user_error_in_one_line(tiny_data: tuple[Path, Path],
+                                                      tmp_path: Path) -> None:
+    bad = make_run(tmp_path / "bad", tiny_data[0], 7, 12)
+    res = subprocess.run([sys.executable, "-m", "hadpsgd.forward", "--model", str(bad),
+                          "--features", str(tiny_data[1]), "--output", str(tmp_path / "o.h5")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()]
+    assert res.stderr.startswith("hadpsgd.forward: error: feature dimension mismatch")
+
+
+@pytest.mark.parametrize("length,chunk_len,overlap", [(21, 21, 0), (22, 21, 0), (100, 21, 0),
+                                                      (100, 21, 5), (100, 21, 10), (50, 41, 10),
+                                                      (64, 8, 3)])
+def test_windows_keep_every_frame_once_inside_the_utterance(length: int, chunk_len: int,
+                                                            overlap: int) -> None:
+    win, lo, hi = window_plan(length, chunk_len, overlap)
+    assert np.array_equal(np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]),
+                          np.arange(length))
+    assert (win >= 0).all() and (win + chunk_len <= length).all()
+    assert (win <= lo).all() and (hi <= win + chunk_len).all()
+
+
+def test_split_by_frames_is_contiguous_complete_and_balanced() -> None:
+    lengths = list(np.random.default_rng(0).integers(1, 500, size=97))
+    for size in (1, 2, 3, 8):
+        ranges = split_by_frames(lengths, size)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(lengths)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        shares = [sum(lengths[a:b]) for a, b in ranges]
+        assert max(shares) - min(shares) <= 2 * max(lengths)
+
+
+@pytest.mark.parametrize("spec", ["o.h5", "ark:o.ark", "ark,scp:o.ark,o.scp"])
+def test_parts_merge_into_one_output_in_rank_order(tmp_path: Path, spec: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    kaldiio = pytest.importorskip("kaldiio")
+    monkeypatch.chdir(tmp_path)
+    out = parse_output(spec)
+    rng = np.random.default_rng(1)
+    mats = {f"u{i}": rng.standard_normal((i + 2, 4)).astype(np.float32) for i in range(5)}
+    for rank, keys in enumerate((["u0", "u1"], [], ["u2", "u3", "u4"])):
+        writer = open_writer(part_spec(out, rank), 4, {"kind": "log-posteriors"})
+        for key in keys:
+            writer.write(key, mats[key])
+        writer.close()
+    merge(out, 3)
+    if out.h5 is not None:
+        scores, offsets, ids, _ = read_h5(tmp_path / "o.h5")
+        got = {u: scores[offsets[i]:offsets[i + 1]] for i, u in enumerate(ids)}
+        assert not list(tmp_path.glob("o.*.h5"))
+    else:
+        source = "scp:o.scp" if out.scp else "ark:o.ark"
+        got = dict(kaldiio.ReadHelper(source))
+    assert list(got) == list(mats)
+    assert all(np.array_equal(got[k], mats[k]) for k in mats)
