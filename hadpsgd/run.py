@@ -20,6 +20,7 @@ from hadpsgd.assembly.footprint import (
     epoch_note,
     peak_line,
     peak_rss_mb,
+    pss_mb,
     startup_line,
 )
 from hadpsgd.cli import ConfigError
@@ -59,7 +60,7 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     clock.mark("data, model and algorithm")
     # Every rank's start-up and memory, gathered once: at 64 ranks on a host they decide
     # whether a run fits, so the run says what they were.
-    every = topo.allgather_object((clock.phases(), peak_rss_mb()))
+    every = topo.allgather_object((clock.phases(), peak_rss_mb(), pss_mb()))
     if topo.rank == 0:
         print(f"[hadpsgd] comm: {topo.describe()}", flush=True)
         for note in topo.notes:  # a slower path than asked for, and how to get the fast one
@@ -67,8 +68,7 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
         short = epoch_note(len(trainer.train_set), cfg.train.batch_size, topo.size)
         if short:
             print(f"[hadpsgd] note: {short}", flush=True)
-        print(f"[hadpsgd] {startup_line([p for p, _ in every], [r for _, r in every])}",
-              flush=True)
+        print(f"[hadpsgd] {startup_line(*map(list, zip(*every, strict=True)))}", flush=True)
         if cfg.train.precision == "fp16" and topo.device.type == "cpu":
             print("[hadpsgd] note: --precision fp16 on CPU runs the LSTM in fp32 (oneDNN has "
                   "no fp16 LSTM) and the layers after it in fp16; on CPU use fp32 or bf16",
@@ -88,9 +88,9 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
         history = trainer.run()
     trainer.close()
     trainer.metrics.close()
-    rss = topo.allgather_object(peak_rss_mb())
+    memory = topo.allgather_object((peak_rss_mb(), pss_mb()))
     if topo.rank == 0:
-        print(f"[hadpsgd] {peak_line(rss)}", flush=True)
+        print(f"[hadpsgd] {peak_line(*map(list, zip(*memory, strict=True)))}", flush=True)
     if topo.rank == 0 and not trainer.stopped_by:
         first, last = history[0], history[-1]
         out = trainer.ckpt_dir.parent

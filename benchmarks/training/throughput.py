@@ -128,15 +128,16 @@ def add_ratios(rows: Sequence[dict[str, Any]]) -> None:
     plain = {(r["preset"], r["threads_per_rank"], _precision(r)): r for r in rows
              if r["mode"] == "plain"}
     ddp = {(r["preset"], r["ranks"], _precision(r)): r for r in rows if r["mode"] == "ddp"}
-    fp32 = {(r["preset"], r["ranks"], r["mode"], _wire(r)): r for r in rows
-            if _precision(r) == "fp32"}
+    # Keyed by threads too: the plain loop runs once per thread count with one rank.
+    fp32 = {(r["preset"], r["ranks"], r["threads_per_rank"], r["mode"], _wire(r)): r
+            for r in rows if _precision(r) == "fp32"}
     for r in rows:
         base = plain.get((r["preset"], r["threads_per_rank"], _precision(r)))
         r["ratio_vs_plain"] = r["frames_per_s"] / base["frames_per_s"] if base else None
         ref = ddp.get((r["preset"], r["ranks"], _precision(r))) if r["mode"] != "plain" \
             else None
         r["time_vs_ddp"] = r["sec_per_step"] / ref["sec_per_step"] if ref else None
-        same = fp32.get((r["preset"], r["ranks"], r["mode"], _wire(r)))
+        same = fp32.get((r["preset"], r["ranks"], r["threads_per_rank"], r["mode"], _wire(r)))
         r["time_vs_fp32"] = r["sec_per_step"] / same["sec_per_step"] if same else None
 
 

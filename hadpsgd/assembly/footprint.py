@@ -38,6 +38,23 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def pss_mb() -> float:
+    """This process's proportional set size now, in MiB (NaN where ``/proc`` lacks it).
+
+    The resident set counts every shared library page in every process that maps it (torch's
+    ~100 MiB of them, in each of 64 ranks); the proportional set divides shared pages among
+    their processes, so the ranks' sum is the memory the job really takes.
+    """
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return float("nan")
+
+
 @dataclass
 class StartupClock:
     """Marks of the start-up phases of one rank, from the process's start.
@@ -63,22 +80,29 @@ class StartupClock:
         return out
 
 
-def startup_line(every: list[dict[str, float]], rss: list[float]) -> str:
-    """The start-up report from every rank's phases and resident memory (rank order)."""
+def _memory(rss: list[float], pss: list[float]) -> str:
+    top = max(range(len(rss)), key=rss.__getitem__)
+    text = (f"max {rss[top]:.0f} MiB (rank {top}), mean {sum(rss) / len(rss):.0f} MiB "
+            f"resident")
+    if pss and all(p == p for p in pss):  # NaN where /proc has no smaps_rollup
+        text += (f"; {sum(pss) / 1024:.1f} GiB proportional over {len(pss)} ranks (shared "
+                 "libraries counted once)")
+    return text
+
+
+def startup_line(every: list[dict[str, float]], rss: list[float],
+                 pss: list[float] | None = None) -> str:
+    """The start-up report from every rank's phases and memory (rank order)."""
     total = [sum(p.values()) for p in every]
     slowest = max(range(len(total)), key=total.__getitem__)
     parts = ", ".join(f"{name} {sec:.1f}" for name, sec in every[slowest].items())
-    top = max(range(len(rss)), key=rss.__getitem__)
     return (f"start-up {total[slowest]:.1f} s on the slowest rank ({slowest}: {parts}); "
-            f"resident memory after start-up: max {rss[top]:.0f} MiB (rank {top}), mean "
-            f"{sum(rss) / len(rss):.0f} MiB, {sum(rss) / 1024:.1f} GiB over {len(rss)} ranks")
+            f"memory after start-up: {_memory(rss, pss or [])}")
 
 
-def peak_line(rss: list[float]) -> str:
-    """The end-of-run report of every rank's peak resident memory (rank order)."""
-    top = max(range(len(rss)), key=rss.__getitem__)
-    return (f"peak resident memory per rank: max {rss[top]:.0f} MiB (rank {top}), mean "
-            f"{sum(rss) / len(rss):.0f} MiB, {sum(rss) / 1024:.1f} GiB over {len(rss)} ranks")
+def peak_line(rss: list[float], pss: list[float] | None = None) -> str:
+    """The end-of-run report: every rank's peak resident memory and its memory now."""
+    return f"memory per rank at the end: peak {_memory(rss, pss or [])}"
 
 
 def epoch_note(chunks: int, batch_size: int, world_size: int) -> str | None:
@@ -95,4 +119,4 @@ def epoch_note(chunks: int, batch_size: int, world_size: int) -> str | None:
 
 
 __all__ = ["MIN_EPOCH_STEPS", "StartupClock", "epoch_note", "peak_line", "peak_rss_mb",
-           "process_age", "startup_line"]
+           "process_age", "pss_mb", "startup_line"]

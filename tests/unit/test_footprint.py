@@ -11,6 +11,7 @@ from hadpsgd.assembly.footprint import (
     peak_line,
     peak_rss_mb,
     process_age,
+    pss_mb,
     startup_line,
 )
 
@@ -33,12 +34,13 @@ def test_clock_phases_add_up_to_the_process_age() -> None:
     phases = clock.phases()
     assert list(phases) == ["first", "second"] and phases["second"] >= 0.05
     assert abs(sum(phases.values()) - clock.marks[-1][1]) < 1e-9
-    assert 0 < process_age() < 3600 and peak_rss_mb() > 10
+    assert 0 < process_age() < 3600 and peak_rss_mb() > 10 and 0 < pss_mb() <= peak_rss_mb()
 
 
 def test_reports_name_the_slowest_rank_and_the_largest_memory() -> None:
     every = [{"imports": 1.0, "mpi": 0.5}, {"imports": 2.0, "mpi": 1.0}]
-    line = startup_line(every, [200.0, 300.0])
+    line = startup_line(every, [200.0, 300.0], [100.0, 156.0])
     assert line.startswith("start-up 3.0 s on the slowest rank (1: imports 2.0, mpi 1.0)")
-    assert "max 300 MiB (rank 1), mean 250 MiB" in line
+    assert "max 300 MiB (rank 1), mean 250 MiB resident; 0.2 GiB proportional" in line
     assert "max 300 MiB (rank 1)" in peak_line([200.0, 300.0])
+    assert "proportional" not in peak_line([200.0, 300.0], [float("nan"), 1.0])
