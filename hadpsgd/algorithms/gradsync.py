@@ -48,6 +48,11 @@ def _wide(t: torch.Tensor) -> torch.dtype | None:
     return torch.float32 if t.element_size() < 4 else None
 
 
+def _ring_bytes(nbytes: int, n: int) -> int:
+    """What a rank sends in a ring allreduce of ``nbytes`` over ``n`` learners."""
+    return 2 * (n - 1) * nbytes // n
+
+
 def total(t: torch.Tensor) -> torch.Tensor:
     """The sum of ``t`` (float32 for half precision): NaN or Inf if any element is."""
     return t.sum(dtype=_wide(t))
@@ -133,7 +138,7 @@ class GradSync:
         if self.wire == "bf16" and view.dtype == torch.float32:
             self._reduce_half(view, scope, n)
             return
-        self.wire_bytes += 2 * (n - 1) * view.numel() * view.element_size() // n
+        self.wire_bytes += _ring_bytes(view.numel() * view.element_size(), n)
         # On NCCL the mean is queued on NCCL's stream and joined once in finish(): waiting
         # here would make backward's next kernels wait for every bucket's allreduce.
         if view.is_cuda and self.topo.mean_deferred_(view, scope):
@@ -149,7 +154,7 @@ class GradSync:
         if view.is_cuda:
             half = view.to(torch.bfloat16)
             if self.topo.mean_deferred_(half, scope):
-                self.wire_bytes += 2 * (n - 1) * half.numel() * 2 // n
+                self.wire_bytes += _ring_bytes(half.numel() * half.element_size(), n)
                 self._halves.append((view, half))
                 self._deferred = True
                 return

@@ -16,16 +16,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import h5py
 import numpy as np
 
-from hadpsgd.data._schema import LABELS
 from hadpsgd.data.loader import ChunkDataset
-from hadpsgd.data.priors import SMOOTHING, smooth
+from hadpsgd.data.priors import SMOOTHING, count_file_labels, smooth
 from hadpsgd.data.reader import FeatureFileError
 
 _SHOWN = 10  # classes listed by count, most and least frequent
-_BLOCK = 1 << 22  # labels read per block
 _SHOWN_PRIORS = 5  # classes listed by prior, most and least probable
 
 
@@ -37,13 +34,8 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
     """
     dataset = ChunkDataset(path, chunk_len)  # opening validates, as for training
     with dataset.file as ff:
-        counts = np.zeros(ff.num_classes, np.int64)
         # Labels only, a block at a time: the features of a real corpus do not fit in memory.
-        with h5py.File(path, "r", locking=False) as h5:
-            labels = h5[LABELS]
-            for start in range(0, ff.num_frames, _BLOCK):
-                block = labels[start:start + _BLOCK].astype(np.int64)
-                counts += np.bincount(block, minlength=ff.num_classes)[:ff.num_classes]
+        counts = count_file_labels(ff)
         lengths = np.diff(ff.offsets)
         order = np.argsort(-counts, kind="stable")
         out: dict[str, Any] = {

@@ -88,7 +88,11 @@ def count_labels(path: str | os.PathLike[str]) -> np.ndarray:
     Raises:
         FeatureFileError: If the file is missing or malformed (it is validated on open).
     """
-    ff = FeatureFile(path)
+    return count_file_labels(FeatureFile(path))
+
+
+def count_file_labels(ff: FeatureFile) -> np.ndarray:
+    """Frames per class of the opened (validated) feature file ``ff``, block by block."""
     counts = np.zeros(ff.num_classes, np.int64)
     with h5py.File(ff.path, "r", locking=False) as h5:
         labels = h5[LABELS]
@@ -160,5 +164,5 @@ def load_priors(path: str | os.PathLike[str]) -> Priors:
     return Priors(_checked(counts, path), str(path.resolve()))
 
 
-__all__ = ["FORMAT", "PRIORS_FILE", "SMOOTHING", "Priors", "PriorsError", "count_labels",
-           "load_priors", "priors_of", "save_priors", "smooth"]
+__all__ = ["FORMAT", "PRIORS_FILE", "SMOOTHING", "Priors", "PriorsError", "count_file_labels",
+           "count_labels", "load_priors", "priors_of", "save_priors", "smooth"]
