@@ -30,6 +30,7 @@ from hadpsgd.exit_codes import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from hadpsgd.models import count_parameters
 from hadpsgd.train import Trainer
 from hadpsgd.train.checkpoint import CheckpointError, CheckpointWriteError
+from hadpsgd.train.evaluate import speech_note
 from hadpsgd.train.loop import NonFiniteError
 from hadpsgd.train.stop import FLAG
 
@@ -96,7 +97,7 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
         out = trainer.ckpt_dir.parent
         print(f"[hadpsgd] done in {time.perf_counter() - start:.1f} s: held-out loss "
               f"{first.loss:.4f} (first evaluation) -> {last.loss:.4f} (last), frame accuracy "
-              f"{last.accuracy:.4f}\n[hadpsgd] metrics: {trainer.metrics.path}\n"
+              f"{last.accuracy:.4f}{speech_note(last)}\n[hadpsgd] metrics: {trainer.metrics.path}\n"
               f"[hadpsgd] checkpoint: {trainer.last_checkpoint}\n"
               f"[hadpsgd] config: {out / 'config.json'}", flush=True)
 

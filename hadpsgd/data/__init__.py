@@ -19,7 +19,7 @@ from hadpsgd.data.priors import (
 )
 from hadpsgd.data.reader import FeatureFile
 from hadpsgd.data.sampler import ChunkBatchSampler, PooledBatchSampler, chunk_starts
-from hadpsgd.data.writer import FeatureWriter, write_features
+from hadpsgd.data.writer import FeatureWriter, mark_silence, write_features
 
 if TYPE_CHECKING:
     from hadpsgd.data.synth import SynthSpec, default_dataset, generate
@@ -40,4 +40,4 @@ def __getattr__(name: str) -> Any:
 __all__ = ["FORMAT_VERSION", "PRIORS_FILE", "ChunkBatchSampler", "ChunkDataset", "FeatureFile",
            "FeatureFileError", "FeatureWriter", "PooledBatchSampler", "Priors", "PriorsError",
            "SynthSpec", "chunk_starts", "default_dataset", "generate", "load_priors",
-           "make_loader", "priors_of", "save_priors", "write_features"]
+           "make_loader", "mark_silence", "priors_of", "save_priors", "write_features"]

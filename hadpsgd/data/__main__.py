@@ -6,6 +6,10 @@ many ``--chunk-len`` chunks training cuts from it, and the class priors a decode
 (:mod:`hadpsgd.data.priors`: add-one smoothed; the text shows the most and least probable
 classes, ``--json`` the whole vector). Opening the file validates its structure
 (the same checks as training); ``--json`` prints one JSON object per file instead.
+
+``python -m hadpsgd.data mark-silence FILE CLASS ...`` records which classes are silence in a
+file written by another tool (its ``silence_classes`` attribute), so that held-out evaluation
+reports the accuracy on speech frames beside frame accuracy.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import numpy as np
 
 from hadpsgd.data.loader import ChunkDataset
 from hadpsgd.data.priors import SMOOTHING, count_file_labels, smooth
-from hadpsgd.data.reader import FeatureFileError
+from hadpsgd.data.reader import FeatureFile, FeatureFileError
+from hadpsgd.data.writer import mark_silence
 
 _SHOWN = 10  # classes listed by count, most and least frequent
 _SHOWN_PRIORS = 5  # classes listed by prior, most and least probable
@@ -49,6 +54,9 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
             "least_frequent": [[int(c), int(counts[c])] for c in order[::-1][:_SHOWN]
                                if counts[c] > 0],
             "normalisation": None,
+            "silence_classes": list(ff.silence_classes),
+            "silence_fraction": (float(counts[list(ff.silence_classes)].sum() / counts.sum())
+                                 if ff.silence_classes else None),
         }
         priors = smooth(counts)
         out["priors"] = {
@@ -74,6 +82,11 @@ def _text(info: dict[str, Any]) -> str:
     lines.append(f"  labels, most frequent (class: frames): {top}")
     low = ", ".join(f"{c}: {n}" for c, n in info["least_frequent"])
     lines.append(f"  labels, least frequent: {low}")
+    sil = info["silence_classes"]
+    lines.append(f"  silence classes: {', '.join(map(str, sil))} ({info['silence_fraction']:.1%} "
+                 "of the frames; evaluation reports speech-frame accuracy apart)" if sil else
+                 "  silence classes: none named (python -m hadpsgd.data mark-silence FILE "
+                 "CLASS... names them)")
     empty = info["classes_without_frames"]
     lines.append(f"  classes without frames: {len(empty)}"
                  + (f" ({', '.join(map(str, empty[:20]))}{' ...' if len(empty) > 20 else ''})"
@@ -102,7 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--chunk-len", type=int, default=21,
                       help="training chunk length to count chunks for (default 21)")
     info.add_argument("--json", action="store_true", help="one JSON object per file")
+    mark = sub.add_parser("mark-silence", help="record which classes of a feature file are "
+                                               "silence (its silence_classes attribute)")
+    mark.add_argument("file", metavar="FILE")
+    mark.add_argument("classes", nargs="*", type=int, metavar="CLASS",
+                      help="class ids of silence (none: remove the attribute)")
     args = parser.parse_args(argv)
+    if args.command == "mark-silence":
+        return _mark(args.file, args.classes)
     status = 0
     for path in args.files:
         try:
@@ -113,6 +133,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(json.dumps(summary) if args.json else _text(summary))
     return status
+
+
+def _mark(path: str, classes: list[int]) -> int:
+    """``mark-silence``: stamp the attribute after the file opened as training would."""
+    try:
+        FeatureFile(path).close()
+        recorded = mark_silence(path, classes)
+    except (FeatureFileError, ValueError, OSError) as err:
+        print(f"hadpsgd.data: error: {path}: {err}", file=sys.stderr)
+        return 2
+    print(f"{path}: silence classes {', '.join(map(str, recorded)) or 'none'}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ dataset        dtype / shape                 meaning
 ``norm/std``   float32 ``[D]`` (optional)    every frame is divided by it on read
 =============  ============================  ==================================================
 
-File attributes: ``num_classes``, ``feat_dim``, ``format_version`` (= :data:`FORMAT_VERSION`).
+File attributes: ``num_classes``, ``feat_dim``, ``format_version`` (= :data:`FORMAT_VERSION`);
+optional ``silence_classes`` (int32 ``[S]``): the classes that are silence, so evaluation can
+report the accuracy on speech frames apart (:data:`SILENCE_CLASSES`).
 
 Its names and version live here, shared by the reader and the writer; kept in a module of
 its own so that :mod:`hadpsgd.data.reader` and
@@ -33,6 +35,10 @@ UTT_IDS = "utt_ids"
 VALIDATED = "validated"
 """File attribute: the writer's stamp (JSON) that every frame was finite and every label in
 range when it was written, with the shape it vouches for."""
+SILENCE_CLASSES = "silence_classes"
+"""Optional file attribute: the class ids of silence (a Kaldi silence phone has several pdfs).
+A quarter of a speech corpus's frames can be silence, which frame accuracy then mostly
+measures; held-out evaluation reports the accuracy over the other frames beside it."""
 NORM_MEAN = "norm/mean"
 NORM_STD = "norm/std"
 REQUIRED_DATASETS = (FEATS, LABELS, OFFSETS, UTT_IDS)

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,7 @@ def import_kaldi(
     like: str | os.PathLike[str] | None = None,
     norm_from: str | os.PathLike[str] | None = None,
     utt2spk: str | os.PathLike[str] | None = None, cmvn_vars: bool = False,
+    silence_classes: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Convert a Kaldi feature table and its pdf-id alignments to one feature file.
 
@@ -161,6 +163,8 @@ def import_kaldi(
             ``mean`` and ``std``).
         utt2spk: Kaldi's ``utt2spk``: per-speaker mean normalisation before anything else.
         cmvn_vars: With ``utt2spk``, normalise the per-speaker variance too.
+        silence_classes: The pdf-ids of the silence phones, recorded in the file so that
+            evaluation reports speech-frame accuracy apart; default ``like``'s, else none.
 
     Returns:
         Summary: ``utts``, ``frames``, ``feat_dim``, ``num_classes``, ``out``, ``norm``
@@ -183,6 +187,8 @@ def import_kaldi(
             raise ValueError(f"--num-classes {num_classes} disagrees with {like} "
                              f"({template.num_classes} classes); drop one of them")
         num_classes = template.num_classes
+        if silence_classes is None:
+            silence_classes = template.silence_classes
         if compute_norm and norm_from is None:
             norm_from = like
     if norm_from is not None and compute_norm:
@@ -246,7 +252,8 @@ def import_kaldi(
                         raise ValueError(f"normalisation statistics {norm_source} have "
                                          f"dimension {norm[0].shape[0]}, the features "
                                          f"{mat.shape[1]}")
-                    writer = FeatureWriter(out, mat.shape[1], num_classes)
+                    writer = FeatureWriter(out, mat.shape[1], num_classes,
+                                           silence_classes=silence_classes or ())
                 writer.append(utt, cmvn.apply(utt, mat) if cmvn is not None else mat, labels)
         if writer is None:
             raise ValueError(f"no utterance of {feats_scp} could be imported ({len(seen)} in "
@@ -268,6 +275,11 @@ def import_kaldi(
         log.warning("%s: skipped %d utterance(s): %s", feats_scp, sum(skipped.values()),
                     dict(skipped))
     return summary
+
+
+def _class_list(text: str) -> list[int]:
+    """``--silence-classes 0,1,2`` as ints (argparse turns the ValueError into a usage error)."""
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Kaldi utt2spk: per-speaker mean normalisation (CMVN) first")
     parser.add_argument("--cmvn-vars", action="store_true",
                         help="with --utt2spk, normalise the per-speaker variance too")
+    parser.add_argument("--silence-classes", type=_class_list, default=None, metavar="A,B,...",
+                        help="pdf-ids of the silence phones (e.g. from show-transitions "
+                             "phones.txt final.mdl), recorded so that evaluation reports the "
+                             "accuracy on speech frames too (default: --like's, else none)")
     parser.add_argument("--out", type=Path, required=True, help="output .h5 file")
     parser.add_argument("--no-norm", action="store_true",
                         help="do not store normalisation statistics (norm/mean, norm/std)")
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = import_kaldi(args.feats, args.alignments, args.out,
                                num_classes=args.num_classes, compute_norm=not args.no_norm,
                                like=args.like, norm_from=args.norm_from, utt2spk=args.utt2spk,
-                               cmvn_vars=args.cmvn_vars)
+                               cmvn_vars=args.cmvn_vars, silence_classes=args.silence_classes)
     except (ImportError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from hadpsgd.data._schema import (
     OFFSETS,
     REQUIRED_ATTRS,
     REQUIRED_DATASETS,
+    SILENCE_CLASSES,
     UTT_IDS,
     VALIDATED,
     FeatureFileError,
@@ -157,6 +158,7 @@ class FeatureFile:
         if not self.stamped:
             self._validate_labels(labels)
         self._validate_norm(h5)
+        self._validate_silence(h5)
 
     def _validate_offsets(self, ds: h5py.Dataset) -> None:
         if ds.ndim != 1 or ds.dtype.kind not in "iu" or ds.shape[0] < 1:
@@ -209,6 +211,22 @@ class FeatureFile:
                     f"label {int(block[frame - lo])} at frame {frame} (utterance index "
                     f"{self.utterance_of(frame)}) is outside [0, num_classes={self.num_classes})"
                     f"; the num_classes attribute is too small or the labels are corrupt")
+
+    def _validate_silence(self, h5: h5py.File) -> None:
+        self.silence_classes: tuple[int, ...] = ()
+        if SILENCE_CLASSES not in h5.attrs:
+            return
+        raw = np.atleast_1d(np.asarray(h5.attrs[SILENCE_CLASSES]))
+        if raw.ndim != 1 or raw.dtype.kind not in "iu":
+            raise self._error(f"attribute {SILENCE_CLASSES} must be a list of class ids, got "
+                              f"{raw.tolist()!r}; rewrite it with python -m hadpsgd.data "
+                              "mark-silence")
+        bad = [int(c) for c in raw if not 0 <= int(c) < self.num_classes]
+        if bad:
+            raise self._error(f"attribute {SILENCE_CLASSES} names {bad}, outside [0, "
+                              f"num_classes={self.num_classes}); rewrite it with python -m "
+                              "hadpsgd.data mark-silence")
+        self.silence_classes = tuple(sorted({int(c) for c in raw}))
 
     def _validate_norm(self, h5: h5py.File) -> None:
         self.norm_mean: np.ndarray | None = None

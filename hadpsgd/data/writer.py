@@ -19,6 +19,7 @@ from hadpsgd.data._schema import (
     NORM_MEAN,
     NORM_STD,
     OFFSETS,
+    SILENCE_CLASSES,
     UTT_IDS,
     VALIDATED,
     stamp,
@@ -46,11 +47,13 @@ class FeatureWriter:
         feat_dim: Feature dimension D of every utterance.
         num_classes: Labels must lie in ``[0, num_classes)``.
         chunk_frames: Frames per HDF5 chunk of ``feats``.
+        silence_classes: The classes that are silence (the ``silence_classes`` attribute;
+            evaluation then reports the accuracy on the other, speech frames too).
     """
 
     def __init__(
         self, path: str | os.PathLike[str], feat_dim: int, num_classes: int,
-        chunk_frames: int = 4096,
+        chunk_frames: int = 4096, silence_classes: Sequence[int] = (),
     ) -> None:
         for name, value in (("feat_dim", feat_dim), ("num_classes", num_classes),
                             ("chunk_frames", chunk_frames)):
@@ -59,6 +62,7 @@ class FeatureWriter:
         self.path = Path(path)
         self.feat_dim = int(feat_dim)
         self.num_classes = int(num_classes)
+        self.silence_classes = check_silence_classes(silence_classes, self.num_classes)
         if not self.path.parent.is_dir():
             raise ValueError(f"cannot write {self.path}: directory {self.path.parent} "
                              "does not exist")
@@ -181,6 +185,8 @@ class FeatureWriter:
             h5.attrs["format_version"] = FORMAT_VERSION
             h5.attrs["num_classes"] = self.num_classes
             h5.attrs["feat_dim"] = self.feat_dim
+            if self.silence_classes:
+                h5.attrs[SILENCE_CLASSES] = np.asarray(self.silence_classes, dtype=np.int32)
             # append() checked every frame and label: say so, for the readers to trust.
             h5.attrs[VALIDATED] = json.dumps(stamp(self.num_frames, self.num_utts,
                                                    self.num_classes, self.feat_dim))
@@ -235,6 +241,7 @@ def write_features(
     norm_mean: np.ndarray | None = None,
     norm_std: np.ndarray | None = None,
     chunk_frames: int = 4096,
+    silence_classes: Sequence[int] = (),
 ) -> None:
     """Write utterances held in memory to one feature file, atomically.
 
@@ -248,6 +255,7 @@ def write_features(
         norm_std: Optional per-dimension standard deviation ``[D]``, all > 0.
         chunk_frames: Frames per HDF5 chunk of ``feats`` (capped at the total frame count so
             small files stay small).
+        silence_classes: The classes that are silence (see :class:`FeatureWriter`).
 
     Raises:
         ValueError: If the inputs are inconsistent (lengths, shapes, label range, norm).
@@ -265,8 +273,44 @@ def write_features(
                          f"for utterance {utt_ids[0]!r}")
     total = sum(len(f) for f in feats)
     writer = FeatureWriter(path, first.shape[1], num_classes,
-                           chunk_frames=max(1, min(int(chunk_frames), total)))
+                           chunk_frames=max(1, min(int(chunk_frames), total)),
+                           silence_classes=silence_classes)
     with writer:
         for utt, f, lab in zip(utt_ids, feats, labels, strict=True):
             writer.append(utt, f, lab)
         writer.commit(None if norm_mean is None else (norm_mean, norm_std))
+
+
+def check_silence_classes(classes: Sequence[int], num_classes: int) -> tuple[int, ...]:
+    """``classes`` as sorted distinct ints, each in ``[0, num_classes)``.
+
+    Raises:
+        ValueError: Naming the class outside the range.
+    """
+    out = tuple(sorted({int(c) for c in classes}))
+    bad = [c for c in out if not 0 <= c < num_classes]
+    if bad:
+        raise ValueError(f"silence classes {bad} are outside [0, num_classes={num_classes}); "
+                         "give the class ids of silence in the labels")
+    return out
+
+
+def mark_silence(path: str | os.PathLike[str], classes: Sequence[int]) -> tuple[int, ...]:
+    """Record in an existing feature file which classes are silence (its attribute only).
+
+    For files written by other tools: the frames and the writer's stamp are untouched, and
+    an empty ``classes`` removes the attribute.
+
+    Returns:
+        The classes recorded.
+
+    Raises:
+        ValueError: If a class is outside the file's ``[0, num_classes)``.
+    """
+    with h5py.File(path, "r+") as h5:
+        recorded = check_silence_classes(classes, int(h5.attrs["num_classes"]))
+        if recorded:
+            h5.attrs[SILENCE_CLASSES] = np.asarray(recorded, dtype=np.int32)
+        elif SILENCE_CLASSES in h5.attrs:
+            del h5.attrs[SILENCE_CLASSES]
+    return recorded

@@ -19,7 +19,7 @@ from hadpsgd.data.loader import IGNORE
 from hadpsgd.precision import autocast
 from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
-from hadpsgd.train.evaluate import EvalResult, evaluate
+from hadpsgd.train.evaluate import EvalResult, evaluate, speech_note
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.plan import EpochPlan
 from hadpsgd.train.pooled import POOL_SLOTS, PooledPlan, ticket_taker
@@ -380,11 +380,15 @@ class Trainer:
                               batch_size=4 * self.opts.batch_size,
                               precision=self.opts.precision)
         self.history.append(result)
+        speech = ({} if result.speech_accuracy is None else
+                  {"heldout_speech_acc": result.speech_accuracy,
+                   "speech_frames": result.speech_frames})
         self.metrics.write("eval", self.pos.global_step, epoch=self.pos.epoch,
                            heldout_loss=result.loss, heldout_acc=result.accuracy,
-                           frames=result.frames)
+                           frames=result.frames, **speech)
         if self.topo.rank == 0:
             print(f"[hadpsgd] epoch {self.pos.epoch} step {self.pos.global_step}: held-out "
-                  f"loss {result.loss:.4f}, frame accuracy {result.accuracy:.4f}", flush=True)
+                  f"loss {result.loss:.4f}, frame accuracy {result.accuracy:.4f}"
+                  + speech_note(result), flush=True)
         self.guard.heldout(result.loss, self.pos.global_step)
         return result

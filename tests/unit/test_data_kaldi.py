@@ -183,3 +183,17 @@ def test_info_tool(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert info["classes_without_frames"] == sorted(set(range(12)) - set(labels.tolist()))
     assert data_main(["info", str(kaldi_dir / "missing.h5")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_silence_classes_recorded_and_inherited(kaldi_dir: Path) -> None:
+    train = kaldi_dir / "train.h5"
+    assert main(["--feats", str(kaldi_dir / "feats.scp"), "--alignments",
+                 str(kaldi_dir / "ali.ark"), "--out", str(train),
+                 "--silence-classes", "0,1"]) == 0
+    assert FeatureFile(train).silence_classes == (0, 1)
+    held = kaldi_dir / "heldout.h5"
+    import_kaldi(str(kaldi_dir / "feats.scp"), str(kaldi_dir / "ali.ark"), held, like=train)
+    assert FeatureFile(held).silence_classes == (0, 1)  # the training set's, by default
+    with pytest.raises(ValueError, match=r"silence classes \[12\] are outside"):
+        import_kaldi(str(kaldi_dir / "feats.scp"), str(kaldi_dir / "ali.ark"),
+                     kaldi_dir / "x.h5", silence_classes=[12])
