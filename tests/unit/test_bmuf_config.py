@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hadpsgd.algorithms import BMUF, BMUFOptions, get
+from hadpsgd.algorithms.bmuf.algorithm import default_block_momentum
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, corrected_coefficients
 from hadpsgd.assembly import build_algorithm
 from hadpsgd.assembly.build import build_optimizer
@@ -69,11 +70,32 @@ def test_flags_reach_the_algorithm():
 
 def test_default_recipe():
     cfg, algo = _built(["--algo", "bmuf"])
-    assert algo.options == BMUFOptions()  # every option at its default
+    # SGD workers at the global rate, their momentum kept (the measured default)
+    assert algo.options == BMUFOptions(adam_moments="local", worker_lr="global")
+    assert (cfg.optim.optimizer, cfg.optim.momentum) == ("sgd", 0.9)
+    assert algo.started and algo.eta == 0.0  # the global rate: plain averaging
+    assert algo.moments.strategy == "local" and algo.options.sync_period == 8
+    assert algo.update_batch(32) == 32  # one learner: the world is the super-learner
+
+
+def test_paper_recipe_is_one_flag_away():
+    cfg, algo = _built(["--algo", "bmuf", "--optimizer", "adam"])
+    assert algo.options == BMUFOptions()  # every option at its (the paper's) default
     assert (cfg.optim.optimizer, cfg.optim.beta1) == ("adam", 0.5)  # BMUF-Adam's recipe
     assert algo.started and algo.eta == 0.0  # one super-learner: eta = 1 - 1/1
-    assert algo.moments.strategy == "corrected" and algo.options.sync_period == 8
+    assert algo.moments.strategy == "corrected"
     assert len(algo.fragments) == 1 and algo.exchange.side is None  # blocking fp32: no side
+
+
+@pytest.mark.parametrize(("worker_lr", "workers", "eta"), [
+    ("single", 4, 0.75), ("single", 16, 0.9375), ("global", 4, 0.0), ("global", 16, 0.0)])
+def test_default_block_momentum_keeps_the_steady_update(worker_lr, workers, eta):
+    # Eq. 4: a steady Delta is tau / (1 - eta) mini-batches of the worker's rate. It must be
+    # N blocks at the single learner's rate: r * tau / (1 - eta) = N * tau for a worker at
+    # r times that rate (r = 1 single, r = N global).
+    assert default_block_momentum(worker_lr, workers) == eta
+    r = 1 if worker_lr == "single" else workers
+    assert r / (1 - eta) == pytest.approx(workers)
 
 
 def test_options_object_or_keywords():
@@ -124,7 +146,8 @@ def test_config_file_keys_are_the_flags(tmp_path):
         "bmuf_warmup_moments": "reset", "max_staleness": 3}}))
     cfg = parse_config(["--config", str(path)])
     assert cfg.algo_options() == BMUFOptions(warmup_steps=5, block_overlap=True, fragments=2,
-                                             warmup_moments="reset")
+                                             warmup_moments="reset", adam_moments="local",
+                                             worker_lr="global")
     again = json.loads(json.dumps(to_dict(cfg)))["algo"]
     assert again["bmuf_warmup_steps"] == 5 and again["bmuf_overlap"] is True
 
@@ -238,10 +261,12 @@ def test_mid_block_state_dict_round_trip_and_evaluation_swap():
 
 @pytest.mark.parametrize(("argv", "expect"), [
     # (optimizer, beta1, lr at base batch 128, adam_moments)
-    (["--algo", "bmuf"], ("adam", 0.5, 0.004, "corrected")),        # the BMUF-Adam recipe
-    (["--algo", "bmuf", "--optimizer", "sgd"], ("sgd", 0.9, 0.5, "reset")),
+    (["--algo", "bmuf"], ("sgd", 0.9, 0.5, "local")),                # the measured default
+    (["--algo", "bmuf", "--optimizer", "adam"], ("adam", 0.5, 0.004, "corrected")),  # paper
+    (["--algo", "bmuf", "--optimizer", "sgd"], ("sgd", 0.9, 0.5, "local")),
     (["--algo", "bmuf", "--optimizer", "adamw"], ("adamw", 0.5, 0.004, "corrected")),
-    (["--algo", "bmuf", "--beta1", "0.9", "--adam-moments", "average", "--lr", "0.01"],
+    (["--algo", "bmuf", "--optimizer", "adam", "--beta1", "0.9", "--adam-moments", "average",
+      "--lr", "0.01"],
      ("adam", 0.9, 0.01, "average")),                                # what the user says wins
     (["--algo", "bmuf", "--optimizer", "sgd", "--adam-moments", "corrected"],
      ("sgd", 0.9, 0.5, "corrected")),
@@ -257,7 +282,8 @@ def test_help_states_the_recipe(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--algo bmuf defaults to the BMUF-Adam paper's recipe" in out
+    assert "--algo bmuf defaults to SGD workers at the global rate" in out
+    assert "--optimizer adam gives the BMUF-Adam paper's recipe" in out
     assert "--bmuf-warmup-moments" in out and "--max-loss-ratio" in out
 
 

@@ -29,8 +29,8 @@ def test_command_line_wins_and_recipe_yields_to_the_file(tmp_path):
                                                                                  "epochs": 2}})
     cfg = parse_config(["--config", path, "--epochs", "3"])
     assert cfg.train.algo == "bmuf" and cfg.train.epochs == 3
-    # the file chose SGD: the BMUF recipe then resets SGD's buffer instead of Adam defaults
-    assert (cfg.optim.optimizer, cfg.optim.lr, cfg.algo.adam_moments) == ("sgd", 0.2, "reset")
+    # the file chose SGD: the BMUF recipe's SGD defaults (its buffer kept) fill the rest
+    assert (cfg.optim.optimizer, cfg.optim.lr, cfg.algo.adam_moments) == ("sgd", 0.2, "local")
 
 
 def test_other_algorithms_options_in_the_file_are_dropped(tmp_path):
@@ -65,8 +65,8 @@ def test_print_config_prints_the_resolved_json(capsys):
         parse_config(["--algo", "bmuf", "--print-config"])
     assert err.value.code == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["optim"]["optimizer"] == "adam" and out["optim"]["beta1"] == 0.5
-    assert out["train"]["algo"] == "bmuf" and out["optim"]["lr"] == 0.004
+    assert out["optim"]["optimizer"] == "sgd" and out["algo"]["bmuf_worker_lr"] == "global"
+    assert out["train"]["algo"] == "bmuf" and out["optim"]["lr"] == 0.5
 
 
 @pytest.mark.parametrize(("section", "body", "message"), [

@@ -34,6 +34,17 @@ from hadpsgd.comm import Topology
 from hadpsgd.comm.overlap import GradScope
 
 
+def default_block_momentum(worker_lr: str, num_workers: int) -> float:
+    """Eta such that a steady block update is N blocks at the single learner's rate.
+
+    In the steady state the filter amplifies the averaged block update by ``1 / (1 - eta)``
+    (Eq. 4: rho_n -> tau / (1 - eta)); a worker at r times the single learner's rate needs
+    ``1 - r / N`` for N workers: ``1 - 1/N`` (the BMUF papers) at the single rate (r = 1),
+    0 (plain model averaging) at the global rate (r = N).
+    """
+    return 0.0 if worker_lr == "global" else 1.0 - 1.0 / num_workers
+
+
 @register("bmuf", "blockwise model-update filtering with block momentum every tau steps, "
                   "and the Adam moment correction (BMUF-Adam)")
 class BMUF(Algorithm):
@@ -75,9 +86,9 @@ class BMUF(Algorithm):
                  **options: Any) -> None:
         super().__init__(model, optimizer, topo, **options)
         opts = self.options
-        self.eta = 1.0 - 1.0 / topo.num_nodes if opts.block_momentum is None else float(
-            opts.block_momentum)
-        """The block momentum in use: ``block_momentum``, or ``1 - 1/N`` for N super-learners."""
+        self.eta = default_block_momentum(opts.worker_lr, topo.num_nodes) if (
+            opts.block_momentum is None) else float(opts.block_momentum)
+        """The block momentum in use: ``block_momentum``, or its default for ``worker_lr``."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
         self.moments = BlockMoments(optimizer, opts.adam_moments, self._layout())
@@ -223,11 +234,15 @@ class BMUF(Algorithm):
         return {**super().metrics(), "wire_bytes": float(self.wire_bytes)}
 
     def update_batch(self, per_learner: int) -> int:
-        """A local step averages one super-learner's batch.
+        """The batch the rate is scaled to: one super-learner's, or the world's.
 
-        The BMUF paper keeps the single learner's learning rate on every worker; block
-        momentum accounts for the rest. (The optional SSGD warm-up runs at this rate too.)
+        ``worker_lr`` single: the BMUF paper keeps the single learner's learning rate on
+        every worker, and block momentum accounts for the rest. global: every worker steps
+        at SSGD's rate for the world's batch, and the block sync averages (block momentum 0
+        by default). The optional SSGD warm-up runs at this rate too.
         """
+        if self.options.worker_lr == "global":
+            return per_learner * self.topo.size
         return per_learner * self.topo.local_size
 
     def restart_from_model(self) -> None:
