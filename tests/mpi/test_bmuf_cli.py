@@ -69,7 +69,7 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     assert any(not torch.equal(full["model"][n], full["eval_model"][n]) for n in full["model"])
 
 
-def test_default_is_bmuf_adam_and_one_node_is_reported(tiny_data, tmp_path):
+def test_default_recipe_and_one_node_is_reported(tiny_data, tmp_path):
     import json
 
     # Two ranks on one (real) node: a single super-learner, which the run must say.
@@ -80,9 +80,10 @@ def test_default_is_bmuf_adam_and_one_node_is_reported(tiny_data, tmp_path):
     assert res.stderr.count("[hadpsgd] warning: bmuf with a single super-learner") == 1
     assert "--ranks-per-node 1" in res.stderr
     cfg = json.loads((tmp_path / "config.json").read_text())
-    # The recipe, resolved and recorded: Adam, beta1 0.5, corrected moments, Adam's rate.
-    assert (cfg["optim"]["optimizer"], cfg["optim"]["beta1"], cfg["algo"]["adam_moments"],
-            cfg["optim"]["lr"]) == ("adam", 0.5, "corrected", 0.004)
+    # The recipe, resolved and recorded: SGD at the global rate, its momentum kept, clipped.
+    assert (cfg["optim"]["optimizer"], cfg["algo"]["bmuf_worker_lr"], cfg["algo"]["adam_moments"],
+            cfg["optim"]["lr"], cfg["optim"]["max_grad_norm"]) == ("sgd", "global", "local", 0.5,
+                                                                  1.0)
 
 
 def test_overlapped_streaming_int8_resume_is_bit_exact(tiny_data, tmp_path):

@@ -72,7 +72,7 @@ def test_default_recipe():
     cfg, algo = _built(["--algo", "bmuf"])
     # SGD workers at the global rate, their momentum kept (the measured default)
     assert algo.options == BMUFOptions(adam_moments="local", worker_lr="global")
-    assert (cfg.optim.optimizer, cfg.optim.momentum) == ("sgd", 0.9)
+    assert (cfg.optim.optimizer, cfg.optim.momentum, cfg.optim.max_grad_norm) == ("sgd", 0.9, 1.0)
     assert algo.started and algo.eta == 0.0  # the global rate: plain averaging
     assert algo.moments.strategy == "local" and algo.options.sync_period == 8
     assert algo.update_batch(32) == 32  # one learner: the world is the super-learner
@@ -82,6 +82,7 @@ def test_paper_recipe_is_one_flag_away():
     cfg, algo = _built(["--algo", "bmuf", "--optimizer", "adam"])
     assert algo.options == BMUFOptions()  # every option at its (the paper's) default
     assert (cfg.optim.optimizer, cfg.optim.beta1) == ("adam", 0.5)  # BMUF-Adam's recipe
+    assert cfg.optim.max_grad_norm == 0.0  # no clipping in the paper
     assert algo.started and algo.eta == 0.0  # one super-learner: eta = 1 - 1/1
     assert algo.moments.strategy == "corrected"
     assert len(algo.fragments) == 1 and algo.exchange.side is None  # blocking fp32: no side
@@ -283,6 +284,7 @@ def test_help_states_the_recipe(capsys):
         parse_config(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--algo bmuf defaults to SGD workers at the global rate" in out
+    assert "--max-grad-norm 1" in out
     assert "--optimizer adam gives the BMUF-Adam paper's recipe" in out
     assert "--bmuf-warmup-moments" in out and "--max-loss-ratio" in out
 

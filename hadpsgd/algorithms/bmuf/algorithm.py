@@ -77,9 +77,10 @@ class BMUF(Algorithm):
     needs_equal_nodes = True
     Options = BMUFOptions
     options: BMUFOptions
-    divergence_hint = ("BMUF's block momentum amplifies each block's update about N times; "
-                       "use the BMUF-Adam recipe (the default: no --optimizer and "
-                       "--adam-moments), --adam-moments reset with SGD, or a smaller "
+    divergence_hint = ("BMUF's block momentum amplifies each block's update up to N times, "
+                       "and --bmuf-worker-lr global steps every worker at the world's rate; "
+                       "use the defaults (--optimizer and --adam-moments unset), the BMUF-Adam "
+                       "recipe (--optimizer adam), a smaller --lr, or a smaller "
                        "--block-momentum. ")
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,

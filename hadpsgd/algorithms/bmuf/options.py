@@ -71,20 +71,24 @@ class BMUFOptions(AlgoOptions):
     leaves this open)."""
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
-                   "kept, averaged every tau steps (--bmuf-worker-lr global --adam-moments "
-                   "local, block momentum 0): SSGD's word error rate on unseen speakers at "
-                   "1/tau of its traffic. --optimizer adam gives the BMUF-Adam paper's recipe "
-                   "(--beta1 0.5 --adam-moments corrected --bmuf-worker-lr single, block "
-                   "momentum 1 - 1/N).")
+                   "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
+                   "--bmuf-worker-lr global --adam-moments local --max-grad-norm 1, block "
+                   "momentum 0): SSGD's word error rate on unseen speakers at 1/tau of its "
+                   "traffic. --optimizer adam gives the BMUF-Adam paper's recipe (--beta1 0.5 "
+                   "--adam-moments corrected --bmuf-worker-lr single, block momentum 1 - 1/N).")
 
     @classmethod
     def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
         """The measured defaults of ``--algo bmuf``, for what the user left out.
 
         SGD (the default): every worker at the global rate, its momentum buffer kept over
-        block syncs, block momentum 0 (from ``worker_lr``), which matched SSGD on unseen
-        speakers; a reset buffer loses most of every block's momentum, and the BMUF papers'
-        single-learner rate with block momentum 1 - 1/N under-trained (docs/results.md).
+        block syncs, block momentum 0 (from ``worker_lr``), the worker's gradient clipped to
+        norm 1, which matched SSGD on unseen speakers at 4 and 16 workers. A reset buffer
+        loses most of every block's momentum; the BMUF papers' single-learner rate with
+        block momentum 1 - 1/N under-trained; a worker takes the world's rate on 1/N of its
+        batch, which diverged at 16 workers unclipped (Kaldi's parallel training, which
+        also multiplies the rate by the number of jobs, bounds each step with its
+        max-change). Measured: docs/results.md, *BMUF on unseen human voices*.
         Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5, corrected moments, the
         single learner's rate, block momentum 1 - 1/N).
         """
@@ -95,7 +99,7 @@ class BMUFOptions(AlgoOptions):
             out.update(adam_moments="corrected", bmuf_worker_lr="single",
                        beta1=0.5)  # the paper's choice for BMUF-Adam (section 2.2)
         else:
-            out.update(adam_moments="local", bmuf_worker_lr="global")
+            out.update(adam_moments="local", bmuf_worker_lr="global", max_grad_norm=1.0)
         return {k: v for k, v in out.items() if k not in given}
 
     def __post_init__(self) -> None:
