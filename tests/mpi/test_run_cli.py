@@ -176,3 +176,37 @@ def test_overlapped_reduction_through_the_main_command(tiny_data, tmp_path):
                 if m["kind"] == "eval"]
 
     assert run("on") == run("off")
+
+
+def test_speech_frame_accuracy_where_the_data_names_silence(tiny_data, tmp_path):
+    # The held-out file names classes 0 and 1 silence: every evaluation reports the accuracy
+    # over the other frames too, counted once over all ranks' shards.
+    import shutil
+
+    import numpy as np
+
+    from hadpsgd.data import mark_silence
+
+    heldout = tmp_path / "heldout.h5"
+    shutil.copy(tiny_data[1], heldout)
+    mark_silence(heldout, [0, 1])
+    with h5py.File(heldout, "r") as h5:
+        speech = int(np.isin(h5["labels"][()], [0, 1], invert=True).sum())
+    out = tmp_path / "run"
+    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                      str(heldout), "--preset", "tiny", "--max-steps", "4", "--batch-size", "8",
+                      "--out-dir", str(out), "--no-progress"])
+    assert_ok(res)
+    evals = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
+    assert evals and all(e["speech_frames"] == speech for e in evals)
+    assert all(0.0 <= e["heldout_speech_acc"] <= 1.0 for e in evals)
+    assert f"on speech frames {evals[-1]['heldout_speech_acc']:.4f}" in res.stdout
+    # Without the attribute (the training file): no speech figure, nothing else changes.
+    plain = tmp_path / "plain"
+    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                      str(tiny_data[1]), "--preset", "tiny", "--max-steps", "4", "--batch-size",
+                      "8", "--out-dir", str(plain), "--no-progress"])
+    assert_ok(res)
+    again = [m for m in read_metrics(plain / "metrics.jsonl") if m["kind"] == "eval"]
+    assert "heldout_speech_acc" not in again[-1] and "on speech frames" not in res.stdout
+    assert again[-1]["heldout_acc"] == evals[-1]["heldout_acc"]
