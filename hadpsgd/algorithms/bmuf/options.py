@@ -46,9 +46,10 @@ class BMUFOptions(AlgoOptions):
     adam_moments: str = field(default="corrected", metadata={"choices": STRATEGIES})
     """BMUF: optimizer moment buffers at a block sync: corrected (the paper's Eq. 18, with
     fractional Adam step), average (Eq. 13), local (kept) or reset (zeroed). SGD's momentum
-    buffer is treated the same way with beta = --momentum. Default: corrected with Adam/AdamW,
-    reset with SGD (corrected extrapolates SGD's unnormalised buffer and diverged on real
-    speech; see docs/results.md)."""
+    buffer is treated the same way with beta = --momentum. Default with --algo bmuf:
+    corrected with Adam/AdamW, local with SGD (a reset loses most of each block's momentum,
+    and corrected extrapolates SGD's unnormalised buffer, which diverged on real speech; see
+    docs/results.md). Constructed directly, the algorithm's default is corrected."""
     warmup_steps: int = field(default=0, metadata={"flag": "bmuf-warmup-steps"})
     """BMUF: synchronous SGD over all learners for this many steps, then BMUF starts from the
     warmed model with Delta = 0."""
