@@ -23,6 +23,7 @@ its own so that :mod:`hadpsgd.data.reader` and
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 FORMAT_VERSION = 1
@@ -91,3 +92,17 @@ def stamp(frames: int, utts: int, num_classes: int, feat_dim: int) -> dict[str, 
     """The ``validated`` stamp of a file of this shape (what a reader compares)."""
     return {"finite": True, "labels_in_range": True, "frames": int(frames), "utts": int(utts),
             "num_classes": int(num_classes), "feat_dim": int(feat_dim)}
+
+
+def check_silence_classes(classes: Sequence[int], num_classes: int) -> tuple[int, ...]:
+    """``classes`` as sorted distinct ints, each in ``[0, num_classes)``.
+
+    Raises:
+        ValueError: Naming the class outside the range.
+    """
+    out = tuple(sorted({int(c) for c in classes}))
+    bad = [c for c in out if not 0 <= c < num_classes]
+    if bad:
+        raise ValueError(f"silence classes {bad} are outside [0, num_classes={num_classes}); "
+                         "give the class ids of silence in the labels")
+    return out

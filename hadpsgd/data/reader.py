@@ -26,6 +26,7 @@ from hadpsgd.data._schema import (
     UTT_IDS,
     VALIDATED,
     FeatureFileError,
+    check_silence_classes,
     path_problem,
     stamp,
 )
@@ -217,16 +218,14 @@ class FeatureFile:
         if SILENCE_CLASSES not in h5.attrs:
             return
         raw = np.atleast_1d(np.asarray(h5.attrs[SILENCE_CLASSES]))
+        fix = "rewrite it with python -m hadpsgd.data mark-silence"
         if raw.ndim != 1 or raw.dtype.kind not in "iu":
             raise self._error(f"attribute {SILENCE_CLASSES} must be a list of class ids, got "
-                              f"{raw.tolist()!r}; rewrite it with python -m hadpsgd.data "
-                              "mark-silence")
-        bad = [int(c) for c in raw if not 0 <= int(c) < self.num_classes]
-        if bad:
-            raise self._error(f"attribute {SILENCE_CLASSES} names {bad}, outside [0, "
-                              f"num_classes={self.num_classes}); rewrite it with python -m "
-                              "hadpsgd.data mark-silence")
-        self.silence_classes = tuple(sorted({int(c) for c in raw}))
+                              f"{raw.tolist()!r}; {fix}")
+        try:
+            self.silence_classes = check_silence_classes(raw.tolist(), self.num_classes)
+        except ValueError as err:
+            raise self._error(f"attribute {SILENCE_CLASSES}: {err}; {fix}") from err
 
     def _validate_norm(self, h5: h5py.File) -> None:
         self.norm_mean: np.ndarray | None = None

@@ -22,6 +22,7 @@ from hadpsgd.data._schema import (
     SILENCE_CLASSES,
     UTT_IDS,
     VALIDATED,
+    check_silence_classes,
     stamp,
 )
 
@@ -279,20 +280,6 @@ def write_features(
         for utt, f, lab in zip(utt_ids, feats, labels, strict=True):
             writer.append(utt, f, lab)
         writer.commit(None if norm_mean is None else (norm_mean, norm_std))
-
-
-def check_silence_classes(classes: Sequence[int], num_classes: int) -> tuple[int, ...]:
-    """``classes`` as sorted distinct ints, each in ``[0, num_classes)``.
-
-    Raises:
-        ValueError: Naming the class outside the range.
-    """
-    out = tuple(sorted({int(c) for c in classes}))
-    bad = [c for c in out if not 0 <= c < num_classes]
-    if bad:
-        raise ValueError(f"silence classes {bad} are outside [0, num_classes={num_classes}); "
-                         "give the class ids of silence in the labels")
-    return out
 
 
 def mark_silence(path: str | os.PathLike[str], classes: Sequence[int]) -> tuple[int, ...]:
