@@ -243,7 +243,7 @@ class BMUF(Algorithm):
         by default). The optional SSGD warm-up runs at this rate too.
         """
         if self.options.worker_lr == "global":
-            return per_learner * self.topo.size
+            return super().update_batch(per_learner)  # the world's batch, as SSGD's
         return per_learner * self.topo.local_size
 
     def restart_from_model(self) -> None:
