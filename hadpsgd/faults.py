@@ -20,7 +20,8 @@ Keys:
         gossip thread; the default for ``raise-gossip``), ``ckpt-data`` (a checkpoint's data
         file is written), ``ckpt-manifest`` (its manifest is written), ``ckpt-rename`` (it
         has been renamed into place, before the ``latest`` pointer moves), ``ckpt-wait`` (a
-        rank other than 0, the writer, while rank 0 writes the checkpoint).
+        rank other than 0, the writer, while rank 0 writes the checkpoint), ``ckpt-part`` (a
+        node leader, after writing its node's part of a sharded checkpoint).
     count: How many consecutive steps a ``nan`` or ``overflow`` fault lasts (default 1).
 
 Each fault fires at most once per process (``nan`` and ``overflow`` for ``count`` steps).
@@ -41,7 +42,8 @@ from hadpsgd.env import EnvError
 
 ENV = env.FAULT
 KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "overflow", "signal")
-POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait")
+POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait",
+          "ckpt-part")
 
 
 class InjectedFault(RuntimeError):

@@ -15,6 +15,7 @@ from hadpsgd.config import RunConfig
 from hadpsgd.train.checkpoint import latest_checkpoint, load_checkpoint
 from hadpsgd.train.evaluate import EvalResult
 from hadpsgd.train.loop import Position, Trainer
+from hadpsgd.train.shards import PART_KEY, load_part
 
 
 def _say(topo: Topology, msg: str) -> None:
@@ -77,10 +78,12 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
                        "exactly)")
     if old_algo != cfg.train.algo:
         changed.append(f"--algo {old_algo} (now {cfg.train.algo})")
-    nodes = state.get("node_states")  # BMUF mid-block: one local state per worker (node)
-    if nodes is not None and len(nodes) != topo.num_nodes:
-        changed.append(f"{len(nodes)} BMUF workers mid-block (now {topo.num_nodes}; the same "
-                       "--ranks-per-node resumes exactly)")
+    # Super-learners' own parts (BMUF mid-block: one local state per worker, i.e. node).
+    legacy = state.get("node_states")  # gathered into state.pt before parts were sharded
+    nodes = state.get(PART_KEY, len(legacy) if legacy is not None else None)
+    if nodes is not None and nodes != topo.num_nodes:
+        changed.append(f"{nodes} super-learners (nodes) each with its own state (now "
+                       f"{topo.num_nodes}; the same -np and --ranks-per-node resume exactly)")
     if changed and not cfg.train.allow_resume_change:
         raise ConfigError(f"checkpoint {path} was written with {' and '.join(changed)}; "
                           "resume it as it was written, or pass --allow-resume-change to carry "
@@ -91,7 +94,8 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
         trainer.metrics.resumed_at(trainer.pos.global_step)
         _say(topo, f"resumed from {path} with a change ({'; '.join(changed)}): {summary}")
         return
-    trainer.load_state_dict(state)
+    # Every rank reads its own node's part only: memory does not grow with the nodes.
+    trainer.load_state_dict(state, load_part(path, topo.node) if state.get(PART_KEY) else None)
     trainer.metrics.resumed_at(trainer.pos.global_step)
     _say(topo, f"resumed from {path} at step {trainer.pos.global_step}")
 

@@ -2,14 +2,18 @@
 
 Layout under ``<out-dir>/checkpoints``::
 
-    step-00000120/state.pt        the torch.save'd state
+    step-00000120/state.pt        the torch.save'd state (rank 0's, common to all)
+    step-00000120/node-00003.pt   a super-learner's own part, where they differ (BMUF
+                                  mid-block): written by that node's leader (sharded)
     step-00000120/MANIFEST.json   size and SHA-256 of every file, step, world size, algorithm
     latest                        name of the newest complete checkpoint (informative)
 
 A checkpoint is written into a hidden temporary directory (data file fsynced, then the
 manifest fsynced, then the directory), renamed into place (atomic on POSIX) and the parent
 directory fsynced; only then does ``latest`` move and old checkpoints get pruned. A crash at
-any point leaves either the previous checkpoints untouched or the new one complete. Readers
+any point leaves either the previous checkpoints untouched or the new one complete. The
+node parts go into the same temporary directory before rank 0 writes the manifest
+(:mod:`hadpsgd.train.shards`), so the rename publishes all parts or none. Readers
 never trust a name alone: :func:`latest_checkpoint` verifies the manifest and the checksums
 and skips, by name, any checkpoint that is truncated or corrupted.
 """
@@ -101,9 +105,75 @@ class _HashingWriter:
         self.fh.flush()
 
 
+def staging_dir(path: Path) -> Path:
+    """Make the hidden temporary directory checkpoint ``path`` is written into; returns it.
+
+    Raises:
+        CheckpointWriteError: If it cannot be made (naming the directory and the fix).
+    """
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as err:
+        raise CheckpointWriteError(f"checkpoint {path.name} could not be started in "
+                                   f"{path.parent} ({err.strerror or err}); the previous "
+                                   "checkpoints are intact: fix that, then continue with "
+                                   "--resume auto") from None
+    return tmp
+
+
+def write_file(path: Path, obj: Any) -> dict[str, Any]:
+    """``torch.save`` plain data ``obj`` to ``path``, fsynced; returns its manifest entry.
+
+    Raises:
+        TypeError: If ``obj`` is not plain data (a bug of ours).
+        OSError, RuntimeError: As the write fails (the caller names the checkpoint).
+    """
+    problem = plain_data_problem(obj)
+    if problem is not None:  # a bug of ours: the checkpoint would not load back
+        raise TypeError(f"checkpoint state must be plain data (see plain_data_problem): "
+                        f"{problem}")
+    with open(path, "wb") as fh:
+        writer = _HashingWriter(fh)
+        torch.save(obj, writer)  # type: ignore[arg-type] - any object with write()
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"bytes": writer.size, "sha256": writer.sha.hexdigest()}
+
+
+def write_error(err: BaseException, path: Path, obj: Any) -> CheckpointWriteError | None:
+    """The :class:`CheckpointWriteError` for a failed write of ``obj`` into checkpoint
+    ``path``, or None where ``err`` is not a file-system failure (a bug: re-raise it)."""
+    cause = _os_error(err)  # torch.save reports a failed write as a RuntimeError
+    if cause is None:
+        return None
+    if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CheckpointWriteError(_no_space(path.parent, path, obj))
+    return CheckpointWriteError(f"checkpoint {path.name} could not be written in {path.parent} "
+                                f"({cause.strerror or cause}); the previous checkpoints are "
+                                "intact: fix that, then continue with --resume auto")
+
+
+def has_room(path: Path, obj: Any) -> None:
+    """Refuse, before a byte is written, a write of ``obj`` that does not fit beside ``path``.
+
+    Raises:
+        CheckpointWriteError: Naming the directory, the space needed and the fix.
+    """
+    parent = Path(path).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(parent).free < _state_bytes(obj):
+        raise CheckpointWriteError(_no_space(parent, Path(path), obj))
+
+
 def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
                     meta: dict[str, Any] | None = None,
-                    on_phase: Callable[[str], None] | None = None) -> Path:
+                    on_phase: Callable[[str], None] | None = None,
+                    staged: Path | None = None,
+                    parts: dict[str, dict[str, Any]] | None = None) -> Path:
     """Write ``state`` as the checkpoint directory ``path``, crash-safely.
 
     Args:
@@ -114,36 +184,31 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
         meta: Extra manifest fields (world size, algorithm, ...), readable without loading.
         on_phase: Called with ``"ckpt-data"``, ``"ckpt-manifest"`` and ``"ckpt-rename"`` as
             each phase completes (the fault-injection hook of the tests).
+        staged: The temporary directory (:func:`staging_dir`) that already holds ``parts``,
+            written by other ranks (:mod:`hadpsgd.train.shards`); None makes one.
+        parts: The manifest entries (:func:`write_file`) of the files in ``staged``.
 
     Returns:
         ``path``.
     """
-    problem = plain_data_problem(state)
-    if problem is not None:  # a bug of ours: the checkpoint would not load back
-        raise TypeError(f"checkpoint state must be plain data (see plain_data_problem): "
-                        f"{problem}")
     path = Path(path)
     parent = path.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    if shutil.disk_usage(parent).free < _state_bytes(state):
-        # Refused before a byte is written: the previous checkpoints stay as they are.
-        raise CheckpointWriteError(_no_space(parent, path, state))
-    tmp = parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
-        with open(tmp / STATE_FILE, "wb") as fh:
-            writer = _HashingWriter(fh)
-            torch.save(state, writer)  # type: ignore[arg-type] - any object with write()
-            fh.flush()
-            os.fsync(fh.fileno())
+        has_room(path, state)  # refused before a byte is written: the previous ones stand
+    except CheckpointWriteError:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
+    tmp = staged if staged is not None else staging_dir(path)
+    try:
+        files = {STATE_FILE: write_file(tmp / STATE_FILE, state), **(parts or {})}
         if on_phase:
             on_phase("ckpt-data")
         manifest = {
             "format": FORMAT,
             "name": path.name,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "files": {STATE_FILE: {"bytes": writer.size, "sha256": writer.sha.hexdigest()}},
+            "files": files,
             **(meta or {}),
         }
         _write_synced(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
@@ -160,15 +225,10 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
         _fsync_dir(parent)
     except (OSError, RuntimeError) as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        cause = _os_error(err)  # torch.save reports a failed write as a RuntimeError
-        if cause is None:
+        failed = write_error(err, path, state)
+        if failed is None:
             raise
-        if cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CheckpointWriteError(_no_space(parent, path, state)) from None
-        raise CheckpointWriteError(f"checkpoint {path.name} could not be written in {parent} "
-                                   f"({cause.strerror or cause}); the previous checkpoints "
-                                   "are intact: fix that, then continue with --resume auto"
-                                   ) from None
+        raise failed from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -17,7 +17,7 @@ from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
 from hadpsgd.precision import autocast
-from hadpsgd.train.checkpoint import checkpoint_path, save_checkpoint
+from hadpsgd.train.checkpoint import checkpoint_path
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate, speech_note
 from hadpsgd.train.metrics import MetricsWriter
@@ -25,6 +25,7 @@ from hadpsgd.train.plan import EpochPlan
 from hadpsgd.train.pooled import POOL_SLOTS, PooledPlan, ticket_taker
 from hadpsgd.train.progress import Progress
 from hadpsgd.train.schedule import LRSchedule, set_lr
+from hadpsgd.train.shards import PART_KEY, write_sharded
 from hadpsgd.train.stop import FLAG, StopFlag
 from hadpsgd.train.trace import ChunkTrace, Recorder
 
@@ -131,12 +132,12 @@ class Trainer:
         return self.control.nonfinite
 
     # ------------------------------------------------------------------ state
-    def state_dict(self, node_states: list[Any] | None = None) -> dict[str, Any]:
+    def state_dict(self, node_parts: int | None = None) -> dict[str, Any]:
         """Checkpoint content: model, algorithm (with optimizer), position, config.
 
         Args:
-            node_states: Every node's :meth:`Algorithm.node_state`, by node (see
-                :meth:`checkpoint`), when the algorithm has one.
+            node_parts: How many node parts (:meth:`Algorithm.node_state`, one per node, in
+                files of their own: :mod:`hadpsgd.train.shards`) the checkpoint has, if any.
         """
         evaluated = None
         if self.algo.separate_eval_model:
@@ -157,39 +158,46 @@ class Trainer:
         state.update(self.plan.state_dict())
         if self.algo.separate_eval_model:
             state["eval_model"] = evaluated
-        if node_states is not None:
-            state["node_states"] = node_states
+        if node_parts is not None:
+            state[PART_KEY] = node_parts
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint written by :meth:`state_dict`."""
+    def load_state_dict(self, state: dict[str, Any], node_state: Any = None) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict`.
+
+        Args:
+            state: The checkpoint's common state (``state.pt``).
+            node_state: This node's own part (:func:`hadpsgd.train.shards.load_part`) where
+                the checkpoint has parts.
+        """
         self.algo.model.load_state_dict(state["model"])
         self.algo.load_state_dict(state["algo"])
         self.pos = Position(**state["progress"])
         self.history = [EvalResult(**r) for r in state.get("history", [])]
         self.control.nonfinite[:] = [tuple(e) for e in state.get("nonfinite", [])]
         self.guard.load_state_dict(state.get("divergence", {}))
-        if state.get("node_states") is not None:
+        if node_state is not None:
+            self.algo.load_node_state(node_state)
+        elif state.get("node_states") is not None:  # written before parts were sharded
             self.algo.load_node_state(state["node_states"][self.topo.node])
         self.plan.load_state_dict(state, self.pos)
 
     def checkpoint(self) -> Path:
-        """Write a checkpoint (rank 0 writes, with every node's own part; all ranks wait)."""
+        """Write a checkpoint (collective; rank 0 writes the common state, each node leader
+        its super-learner's own part where they differ; every rank waits for the whole)."""
         self.algo.sync()
         step = self.pos.global_step
         path = checkpoint_path(self.ckpt_dir, step)
         with self.topo.doing(f"writing checkpoint {path.name}"):
-            node_states = self._node_states()
-            if self.topo.rank == 0:
-                hook = None
-                if faults.active():
-                    def hook(phase: str) -> None:
-                        faults.hit(phase, self.topo.rank, step)
-                meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
-                        "algo": self.algo.name}
-                save_checkpoint(self.state_dict(node_states), path, keep=self.opts.keep_checkpoints,
-                                meta=meta, on_phase=hook)
-            elif faults.active():
+            hook = None
+            if self.topo.rank == 0 and faults.active():
+                def hook(phase: str) -> None:
+                    faults.hit(phase, self.topo.rank, step)
+            meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
+                    "algo": self.algo.name}
+            write_sharded(self.topo, path, self.state_dict, self.algo.node_state(),
+                          keep=self.opts.keep_checkpoints, meta=meta, on_phase=hook)
+            if self.topo.rank != 0 and faults.active():
                 # A learner that is not the writer dies while rank 0 writes (the tests' hook).
                 faults.hit("ckpt-wait", self.topo.rank, step)
             self.topo.barrier()
@@ -198,18 +206,6 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ loop
-    def _node_states(self) -> list[Any] | None:
-        """Every node's part of the algorithm's state on rank 0, by node (collective)."""
-        mine = self.algo.node_state()
-        if mine is None:  # the same answer on every rank: nobody enters the gather
-            return None
-        gathered = self.topo.gather_object(
-            (self.topo.node, mine if self.topo.local_rank == 0 else None))
-        if gathered is None:
-            return None
-        by_node: dict[int, Any] = {node: st for node, st in gathered if st is not None}
-        return [by_node[n] for n in range(self.topo.num_nodes)]
-
     def _done(self) -> bool:
         return bool(self.opts.max_steps) and self.pos.global_step >= self.opts.max_steps
 

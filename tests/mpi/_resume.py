@@ -28,10 +28,16 @@ def train(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
 
 
 def final_state(out: Path) -> dict:
-    """The newest valid checkpoint of run directory ``out``."""
+    """The newest valid checkpoint of run directory ``out``, with every node's own part (a
+    sharded checkpoint's ``node-NNNNN.pt`` files) as the list ``node_states``."""
     from hadpsgd.train import latest_checkpoint, load_checkpoint
+    from hadpsgd.train.shards import PART_KEY, load_part
 
-    return load_checkpoint(latest_checkpoint(out / "checkpoints"))
+    path = latest_checkpoint(out / "checkpoints")
+    state = load_checkpoint(path)
+    if state.get(PART_KEY):
+        state["node_states"] = [load_part(path, n) for n in range(state[PART_KEY])]
+    return state
 
 
 def kill_then_resume(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
@@ -76,7 +82,7 @@ def assert_same_run(full: Path, resumed: Path) -> dict:
     """Final parameters, optimizer/algorithm state, position and chunk sequence all equal."""
     a, b = final_state(full), final_state(resumed)
     assert b["progress"] == a["progress"]
-    for key in ("model", "eval_model", "algo"):
+    for key in ("model", "eval_model", "algo", "node_states"):
         assert (key in a) == (key in b), key
         if key in a:
             assert_equal(a[key], b[key], key)

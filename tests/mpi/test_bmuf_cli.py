@@ -1,5 +1,6 @@
 """``python -m hadpsgd.run --algo bmuf`` under mpirun: checkpoint, resume bit for bit."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,12 +56,18 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     # The mid-block checkpoint holds one local state per worker: another layout is refused
     # (naming the fix) before anything is trained.
     mid = tmp_path / "full" / "checkpoints" / f"step-{k:08d}"
+    # Sharded: each node leader wrote its own part; the manifest checksums every part.
+    manifest = json.loads((mid / "MANIFEST.json").read_text())
+    assert sorted(manifest["files"]) == ["node-00000.pt", "node-00001.pt", "state.pt"]
+    assert manifest["node_parts"] == 2
+    assert "node_states" not in torch.load(mid / "state.pt", weights_only=True)
     res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
                       str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path / "x"),
                       "--no-progress", "--algo", "bmuf", "--resume", str(mid)],
                   env={"HADPSGD_RANKS_PER_NODE": "2"})
     assert res.returncode == 2, res.output[-3000:]
-    assert "2 BMUF workers mid-block (now 1; the same --ranks-per-node" in res.stderr
+    assert "2 super-learners (nodes) each with its own state (now 1; the same -np and " \
+        "--ranks-per-node" in res.stderr
     bmuf = full["algo"]["bmuf"]
     assert bmuf["started"] and bmuf["num_syncs"] >= 5 and bmuf["rho"] > 3
     step = full["algo"]["optimizer"]["state"][0]["step"]
@@ -110,3 +117,21 @@ def test_overlapped_streaming_int8_resume_is_bit_exact(tiny_data, tmp_path):
              .splitlines() if '"train"' in line]
     assert train and all(r["wire_bytes"] > 0 for r in train)  # bytes on the wire, logged
     assert len(full["algo"]["bmuf"]["fragments"]) == 2
+
+
+def test_a_leader_dying_with_its_part_written_leaves_the_previous_checkpoint(tiny_data,
+                                                                             tmp_path):
+    """Node 1's leader dies after writing its part of the mid-block checkpoint at step 10:
+    nothing is published (no step-00000010, ``latest`` still names step 5, the block-boundary
+    checkpoint), and --resume auto from step 5 ends bit-identical to an uninterrupted run."""
+    from tests.mpi._resume import assert_same_run
+
+    common = ("--max-steps", "14", "--checkpoint-every", "5")
+    _train(tiny_data, tmp_path / "full", *common)
+    assert _train(tiny_data, tmp_path / "part", *common,
+                  fault="kind=kill,rank=1,step=10,at=ckpt-part") is None
+    ckpts = tmp_path / "part" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-00000005"
+    assert not (ckpts / "step-00000010").exists()
+    _train(tiny_data, tmp_path / "part", *common, "--resume", "auto")
+    assert_same_run(tmp_path / "full", tmp_path / "part")
