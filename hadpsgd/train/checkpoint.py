@@ -145,8 +145,12 @@ def write_file(path: Path, obj: Any) -> dict[str, Any]:
 
 
 def write_error(err: BaseException, path: Path, obj: Any) -> CheckpointWriteError | None:
-    """The :class:`CheckpointWriteError` for a failed write of ``obj`` into checkpoint
-    ``path``, or None where ``err`` is not a file-system failure (a bug: re-raise it)."""
+    """The error to raise for a failed write of ``obj`` into checkpoint ``path``.
+
+    Returns:
+        A :class:`CheckpointWriteError` naming the directory and the fix, or None where
+        ``err`` is not a file-system failure (a bug: the caller re-raises it).
+    """
     cause = _os_error(err)  # torch.save reports a failed write as a RuntimeError
     if cause is None:
         return None

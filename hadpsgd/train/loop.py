@@ -183,8 +183,11 @@ class Trainer:
         self.plan.load_state_dict(state, self.pos)
 
     def checkpoint(self) -> Path:
-        """Write a checkpoint (collective; rank 0 writes the common state, each node leader
-        its super-learner's own part where they differ; every rank waits for the whole)."""
+        """Write a checkpoint (collective; every rank waits for the whole).
+
+        Rank 0 writes the common state, each node leader its super-learner's own part where
+        they differ (:mod:`hadpsgd.train.shards`).
+        """
         self.algo.sync()
         step = self.pos.global_step
         path = checkpoint_path(self.ckpt_dir, step)
