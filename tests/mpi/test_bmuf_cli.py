@@ -61,6 +61,10 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     assert sorted(manifest["files"]) == ["node-00000.pt", "node-00001.pt", "state.pt"]
     assert manifest["node_parts"] == 2
     assert "node_states" not in torch.load(mid / "state.pt", weights_only=True)
+    from hadpsgd.forward.model import load_model
+
+    loaded = load_model(mid)  # forward verifies every part and takes the global model
+    assert loaded.checkpoint == mid and loaded.weights == "eval_model"
     res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
                       str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path / "x"),
                       "--no-progress", "--algo", "bmuf", "--resume", str(mid)],
