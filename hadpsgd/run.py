@@ -23,6 +23,7 @@ from hadpsgd.assembly.footprint import (
     pss_mb,
     startup_line,
 )
+from hadpsgd.assembly.runlock import release_runs
 from hadpsgd.cli import ConfigError
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
@@ -145,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(err, topo, EXIT_FAILED, traceback_too=True)
     finally:
         FLAG.uninstall()
+        release_runs()  # the run directory is free for the next run (as at process exit)
     topo.close()
     return EXIT_STOPPED if trainer.stopped_by else EXIT_OK
 

@@ -8,6 +8,7 @@ training loop (:mod:`hadpsgd.train`) takes the built parts and knows no flags.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hadpsgd import algorithms
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.assembly import provenance, rundir
 from hadpsgd.assembly.data import load_data
+from hadpsgd.assembly.runlock import RunDirBusy, lock_run
 from hadpsgd.cli import ConfigError, to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
@@ -78,11 +80,24 @@ def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
     problem = None
     if topo.rank == 0 and cfg.train.out_dir is not None:
         out = Path(cfg.train.out_dir)
-        problem = rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
+        # A live run there first: its files are not a finished run's (and may be mid-write).
+        problem = _lock_problem(out) if out.is_dir() else None
+        problem = problem or rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
         problem = problem or rundir.writable_problem(out)
     problem = topo.bcast_object(problem, root=0)
     if problem is not None:
         raise ConfigError(problem)
+
+
+def _lock_problem(out: Path) -> str | None:
+    """Take the run directory's lock (rank 0): why not, or None (a no-lock note is said)."""
+    try:
+        note = lock_run(out, " ".join(sys.argv))
+    except RunDirBusy as err:
+        return str(err)
+    if note:
+        print(f"[hadpsgd] note: {note}", flush=True)
+    return None
 
 
 def make_out_dir(cfg: RunConfig, topo: Topology, train_path: Path | None = None) -> Path:
@@ -92,10 +107,18 @@ def make_out_dir(cfg: RunConfig, topo: Topology, train_path: Path | None = None)
     also writes the class priors of its labels (``priors.json``, :mod:`hadpsgd.data.priors`)
     at a fresh start, or when a resumed run has none yet, for decoding.
     """
-    out = None
+    out, problem = None, None
     if topo.rank == 0:
         out = Path(cfg.train.out_dir or f"runs/{cfg.train.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
         out.mkdir(parents=True, exist_ok=True)
+        # Held since check_out_dir where the directory was there; taken now where it is new
+        # (two starts racing to make it: the second is refused before writing anything).
+        problem = _lock_problem(out)
+    problem = topo.bcast_object(problem, root=0)
+    if problem is not None:
+        raise ConfigError(problem)
+    if topo.rank == 0:
+        assert out is not None
         if cfg.train.overwrite:
             removed = rundir.clear_run(out)
             if removed:

@@ -113,8 +113,17 @@ def clear_run(out: Path) -> list[str]:
             (out / name).unlink()
             removed.append(name)
     for name in RUN_DIRS:
-        if (out / name).is_dir():
-            shutil.rmtree(out / name)
+        folder = out / name
+        if folder.is_symlink() and folder.is_dir():
+            # A folder kept elsewhere (a bigger disk): empty it and keep the link the user made.
+            for child in folder.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+            removed.append(f"{name}/ (the contents of {folder.resolve()})")
+        elif folder.is_dir():
+            shutil.rmtree(folder)
             removed.append(f"{name}/")
     return removed
 

@@ -346,9 +346,24 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} is unreadable ({err})") \
             from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} is not a JSON object "
+                              "(damaged)")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: format {manifest.get('format')!r} is not "
                               f"{FORMAT!r}")
+    files = manifest.get("files")
+    # The manifest vouches for the data only if it lists state.pt with a size and a checksum:
+    # an empty or malformed list would verify nothing.
+    if not isinstance(files, dict) or STATE_FILE not in files:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} does not list {STATE_FILE} "
+                              "(damaged)")
+    for name, want in files.items():
+        if (not isinstance(want, dict) or type(want.get("bytes")) is not int
+                or not isinstance(want.get("sha256"), str) or "/" in name or name in ("", ".",
+                                                                                    "..")):
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE}'s entry for {name!r} "
+                                  "has no valid size and SHA-256 (damaged)")
     return manifest
 
 

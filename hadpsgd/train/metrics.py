@@ -27,6 +27,7 @@ class MetricsWriter:
         self._fh = None
         if not enabled:
             return
+        _drop_torn_tail(self.path)
         self._fh = self.path.open("a", encoding="utf-8")
         if tensorboard:
             try:
@@ -74,7 +75,53 @@ class MetricsWriter:
             self._tb = None
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a record that a killed run left half-written at the end of ``path``.
+
+    Records are whole lines, each flushed on its own; a last line without its newline is a
+    write the run did not finish. Appending after it would glue the next record onto it.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        # Find the last newline from the end, in blocks (records are short).
+        pos = size
+        while pos > 0:
+            start = max(0, pos - 4096)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                fh.truncate(start + cut + 1)
+                return
+            pos = start
+        fh.truncate(0)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Read a ``metrics.jsonl`` back as a list of records."""
+    """Read a ``metrics.jsonl`` back as a list of records.
+
+    A half-written last line (a run killed mid-write) is left out; a damaged line elsewhere
+    raises ``ValueError`` naming its line number.
+    """
     with Path(path).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        lines = fh.read().split("\n")
+    records = []
+    last = len(lines) - 1
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:
+            if number == last:  # no newline after it: the write was cut short
+                break
+            raise ValueError(f"{path}: line {number + 1} is not a JSON record ({err})") from None
+    return records

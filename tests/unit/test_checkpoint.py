@@ -67,7 +67,8 @@ def test_same_step_rewritten_in_place(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "bitflip", "no-manifest", "bad-manifest",
-                                    "no-state"])
+                                    "no-state", "list-manifest", "no-files", "empty-files",
+                                    "bad-entry", "path-entry"])
 def test_corrupt_newest_is_named_and_skipped(tmp_path: Path, damage: str) -> None:
     _save(tmp_path, 10)
     newest = _save(tmp_path, 20)
@@ -83,13 +84,29 @@ def test_corrupt_newest_is_named_and_skipped(tmp_path: Path, damage: str) -> Non
         (newest / MANIFEST_FILE).unlink()
     elif damage == "bad-manifest":
         (newest / MANIFEST_FILE).write_text("{not json")
+    elif damage == "list-manifest":
+        (newest / MANIFEST_FILE).write_text("[1, 2]")
+    elif damage in ("no-files", "empty-files", "bad-entry", "path-entry"):
+        manifest = json.loads((newest / MANIFEST_FILE).read_text())
+        if damage == "no-files":
+            del manifest["files"]
+        elif damage == "empty-files":
+            manifest["files"] = {}
+        elif damage == "bad-entry":
+            manifest["files"][STATE_FILE]["bytes"] = "12"
+        else:
+            manifest["files"]["../elsewhere"] = dict(manifest["files"][STATE_FILE])
+        (newest / MANIFEST_FILE).write_text(json.dumps(manifest))
     else:
         state.unlink()
     reports: list[str] = []
     assert latest_checkpoint(tmp_path, report=reports.append) == checkpoint_path(tmp_path, 10)
     assert len(reports) == 1 and "step-00000020" in reports[0]
     reason = {"truncate": "truncated", "bitflip": "checksum", "no-manifest": "no MANIFEST",
-              "bad-manifest": "unreadable", "no-state": "missing"}[damage]
+              "bad-manifest": "unreadable", "no-state": "missing",
+              "list-manifest": "not a JSON object", "no-files": "does not list",
+              "empty-files": "does not list", "bad-entry": "no valid size",
+              "path-entry": "no valid size"}[damage]
     assert reason in reports[0]
     with pytest.raises(CheckpointError, match="step-00000020"):
         load_checkpoint(newest)

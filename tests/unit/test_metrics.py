@@ -1,3 +1,5 @@
+import pytest
+
 from hadpsgd.train.metrics import MetricsWriter, read_metrics
 
 
@@ -55,3 +57,19 @@ def test_plain_log_lines_where_there_is_no_bar(tmp_path, capsys, monkeypatch):
     quiet.log(1, 0, 0.1, 1.0)
     assert capsys.readouterr().out == ""
     writer.close()
+
+
+def test_a_torn_last_record_is_cut_on_reopen_and_skipped_on_read(tmp_path):
+    """A run killed mid-write leaves a last line without its newline: the reader leaves it
+    out, and a resumed writer cuts it instead of gluing its first record onto it."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "train", "step": 1}\n{"kind": "train", "st')
+    assert read_metrics(path) == [{"kind": "train", "step": 1}]
+    writer = MetricsWriter(tmp_path)
+    writer.resumed_at(1)
+    writer.close()
+    records = read_metrics(path)
+    assert [r["kind"] for r in records] == ["train", "resume"], records
+    path.write_text('{"kind": "train", "step": 1}\n{"bad\n{"kind": "eval", "step": 2}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_metrics(path)

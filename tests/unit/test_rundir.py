@@ -54,3 +54,51 @@ def test_an_out_dir_that_is_a_file_or_cannot_be_made_is_named(tmp_path):
     assert writable_problem(tmp_path / "new" / "run") is None
     # Nothing is left behind: no directory made, the probe removed.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_overwrite_empties_a_symlinked_folder_and_keeps_the_link(tmp_path):
+    """checkpoints/ linked to another disk: --overwrite empties it, keeps the link, and
+    deletes config.json only with the rest (no crash half-way)."""
+    run, disk = tmp_path / "run", tmp_path / "disk"
+    (disk / "step-00000001").mkdir(parents=True)
+    (disk / "latest").write_text("step-00000001\n")
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "checkpoints").symlink_to(disk)
+    removed = clear_run(run)
+    assert removed[0] == "config.json" and removed[1].startswith("checkpoints/ (the contents")
+    assert (run / "checkpoints").is_symlink() and list(disk.iterdir()) == []
+
+
+_HOLD = """
+import sys, time
+from hadpsgd.assembly.runlock import lock_run
+lock_run(sys.argv[1], "the first run")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_live_run_holds_its_directory_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    """A second run is refused naming the first (host, pid, start, command); once the first
+    process is gone (killed: its lock goes with it) the directory is taken over."""
+    import signal
+    import subprocess
+    import sys
+
+    from hadpsgd.assembly.runlock import RunDirBusy, lock_run, release_runs
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirBusy) as err:
+            lock_run(tmp_path)
+        msg = str(err.value)
+        assert f"pid {holder.pid} on host" in msg and "the first run" in msg
+        assert "another --out-dir" in msg
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert lock_run(tmp_path) is None  # stale: the dead run's lock is free
+    release_runs()
