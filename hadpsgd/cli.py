@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -19,6 +20,37 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the option and the fix."""
+
+
+def finite_float(text: str) -> float:
+    """Argparse's type of every float option: a finite number (NaN and infinity refused).
+
+    ``float()`` reads ``nan``, ``inf`` and ``1e400``; none is a learning rate, a momentum or
+    a bucket size, and a NaN passes every ``<`` range check after it.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def check_finite(obj: Any) -> None:
+    """Refuse a float field of dataclass ``obj`` that is NaN or infinite, naming its flag.
+
+    For values that come from elsewhere than the command line (``--config`` files, direct
+    construction); call it first in ``__post_init__``.
+
+    Raises:
+        ConfigError: For the first such field.
+    """
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{flag(option_name(f), obj)} must be a finite number, got "
+                              f"{value}")
 
 
 @functools.cache
@@ -113,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
                                default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
             continue
         choices = _choices(f, base)
-        conv = str if get_origin(base) is Literal else base
+        conv = str if get_origin(base) is Literal else finite_float if base is float else base
         metavar = None if choices else ("N" if base is int else "X" if base is float else "STR")
         group.add_argument(
             flag(dest), dest=dest, type=conv, choices=choices, metavar=metavar,

@@ -9,6 +9,7 @@ over the file; the file wins over the defaults and over an algorithm's recipe.
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -53,6 +54,8 @@ def checked_value(where: str, value: Any, tp: Any) -> Any:
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           str: lambda v: isinstance(v, str)}.get(base)
     if ok is None or ok(value):
+        if base is float and not math.isfinite(value):  # json reads NaN, Infinity, 1e400
+            raise ConfigError(f"{where} must be a finite number, got {value}")
         return float(value) if base is float else value
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     raise ConfigError(f"{where} must be {names[base]}, got {json.dumps(value)}")

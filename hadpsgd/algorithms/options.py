@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hadpsgd.cli import ConfigError, flag, option_name
+from hadpsgd.cli import ConfigError, check_finite, flag, option_name
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class AlgoOptions:
         Raises:
             ConfigError: For the first such field.
         """
+        check_finite(self)  # NaN and infinity pass every range check after this
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

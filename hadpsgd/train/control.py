@@ -77,6 +77,14 @@ class DivergenceGuard:
         Raises:
             DivergedError: If it is over the limit.
         """
+        if not math.isfinite(loss):
+            # Evaluation skips nothing: a NaN or infinite held-out loss is a model whose
+            # weights are no longer finite (the held-out frames were checked at start-up).
+            # No ratio describes it, and no later step recovers it.
+            raise DivergedError(
+                f"the run diverged: the held-out loss after step {step} is {loss} (the model "
+                f"is no longer finite). {self.hint}Lower --lr or set --max-grad-norm, then "
+                "start again (a resume would continue from the diverged model)")
         if self.max_ratio and self.start is not None and loss > self.max_ratio * self.start:
             self._fail(f"the held-out loss {loss:.4g} after step {step}", loss)
 

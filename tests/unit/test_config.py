@@ -123,3 +123,26 @@ def test_abbreviated_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--batch", "8"])
     assert "--batch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--momentum", "--weight-decay", "--max-grad-norm",
+                                  "--max-loss-ratio", "--bucket-mb", "--block-lr"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400"])
+def test_every_float_flag_refuses_nan_and_infinity_by_name(capsys, flag, value):
+    from hadpsgd.config import parse_config
+
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--algo", "bmuf", flag, value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {flag}: must be a finite number" in err, err
+
+
+def test_nonfinite_values_built_directly_are_refused_by_name():
+    from hadpsgd.algorithms.bmuf import BMUFOptions
+    from hadpsgd.cli import ConfigError
+    from hadpsgd.config import OptimConfig
+
+    with pytest.raises(ConfigError, match="--momentum must be a finite number"):
+        OptimConfig(momentum=float("nan"))
+    with pytest.raises(ConfigError, match="--block-lr must be a finite number"):
+        BMUFOptions(block_lr=float("inf"))

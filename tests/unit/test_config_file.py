@@ -93,3 +93,17 @@ def test_whole_numbers_are_valid_floats_and_null_is_valid_where_optional(tmp_pat
     path.write_text(json.dumps({"optim": {"lr": 1}, "train": {"resume": None}}))
     cfg = parse_config(["--config", str(path)])
     assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float) and cfg.train.resume is None
+
+
+@pytest.mark.parametrize("text", ['{"optim": {"lr": NaN}}', '{"optim": {"lr": 1e400}}',
+                                  '{"momentum": Infinity}', '{"block_lr": NaN}'])
+def test_nonfinite_numbers_in_a_config_file_are_refused_by_name(tmp_path, capsys, text):
+    """Python's json reads NaN, Infinity and 1e400 (as inf): each is refused, naming it."""
+    from hadpsgd.config import parse_config
+
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--algo", "bmuf", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "finite" in err, err

@@ -67,3 +67,13 @@ def test_given_reference_is_fixed_and_named():
     with pytest.raises(DivergedError, match=r"held-out loss 45 after step 30 is 13.1x the "
                                             r"loss of a uniform guess \(ln 31\)"):
         g.heldout(45.0, 30)
+
+
+@pytest.mark.parametrize("ratio", [5.0, 0.0])
+def test_a_nonfinite_heldout_loss_is_divergence_even_without_a_reference(ratio):
+    """Evaluation skips nothing: a NaN held-out loss is a model that is no longer finite."""
+    g = DivergenceGuard(ratio, hint="H. ")
+    for loss in (math.nan, math.inf):
+        with pytest.raises(DivergedError, match="held-out loss after step 7 is") as err:
+            g.heldout(loss, 7)
+        assert "no longer finite" in str(err.value) and "H. " in str(err.value)
