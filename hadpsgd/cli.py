@@ -147,10 +147,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         choices = _choices(f, base)
         conv = str if get_origin(base) is Literal else finite_float if base is float else base
         metavar = None if choices else ("N" if base is int else "X" if base is float else "STR")
+        # A field whose metadata has a "const" takes an optional value: the flag alone is it.
+        extra = {"nargs": "?", "const": f.metadata["const"]} if "const" in f.metadata else {}
         group.add_argument(
             flag(dest), dest=dest, type=conv, choices=choices, metavar=metavar,
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default}{', optional' if optional else ''})",
+            **extra,
         )
 
 

@@ -188,10 +188,14 @@ class TrainConfig:
     """Start afresh in an --out-dir that already holds a run, deleting its config.json,
     metrics.jsonl, checkpoints/ and tb/ first (without it such a start is refused: continue
     the run with --resume auto, or choose another --out-dir)."""
-    allow_resume_change: bool = False
-    """Let --resume take a checkpoint written with another number of ranks or another --algo:
-    its deployable model (and optimizer state if the optimizer matches) and its epoch position
-    are carried over; the algorithm's own state starts afresh, so the result is not exact."""
+    allow_resume_change: str | None = field(default=None, metadata={"const": "all"})
+    """A resume runs the run's own configuration: a flag given on it that differs from the
+    run's is refused, except --epochs, --max-steps, --log-every, --progress, --tensorboard,
+    --checkpoint-every, --keep-checkpoints, --num-workers and --max-nonfinite. This lets the
+    flags it names (comma-separated, e.g. lr,batch-size; np for another number of ranks), or
+    all of them (the flag alone), differ. Another -np, --algo, --optimizer or --batch-size
+    carries over the deployable model (and optimizer state if the optimizer matches) and the
+    epoch position; the algorithm's own state starts afresh, so the result is not exact."""
     keep_checkpoints: int = 3
     """Keep only the newest this many checkpoints in --out-dir (0 keeps all)."""
     control_every: int = 10
@@ -240,6 +244,8 @@ class TrainConfig:
                               f"check), got {self.max_loss_ratio}")
         if self.resume == "auto" and self.out_dir is None:
             raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
+        if isinstance(self.allow_resume_change, bool):  # a config.json of an older version
+            self.allow_resume_change = "all" if self.allow_resume_change else None
         if self.overwrite and self.resume is not None:
             raise ConfigError("--overwrite deletes the run in --out-dir and --resume continues "
                               "it: pass one of them")
@@ -353,6 +359,14 @@ class RunConfig:
         # algorithm, and run.main asks it for the layout (ADPSGD's super-learners).
         self._algo_options = algorithms.spec(self.train.algo).options.from_section(self.algo)
 
+    def given(self) -> dict[str, Any]:
+        """The options the user gave (command line and ``--config`` file), by option name.
+
+        Empty for a configuration built in code. A resume takes every other option from the
+        run it continues (:mod:`hadpsgd.assembly.resume_config`).
+        """
+        return dict(getattr(self, "_given", {}))
+
     def algo_options(self) -> algorithms.AlgoOptions:
         """The options of ``--algo``'s algorithm, picked from :attr:`algo` and validated.
 
@@ -397,6 +411,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         algo = getattr(ns, "algo", from_file.get("algo", TrainConfig.algo))
         for name, value in merge(vars(ns), from_file, algo, owners).items():
             setattr(ns, name, value)
+    given = dict(vars(ns))  # before the recipe: what the user said, not what it implies
     # The chosen algorithm's recipe fills options the user left out (BMUF: BMUF-Adam).
     algo = getattr(ns, "algo", TrainConfig.algo)
     if algo in algorithms.names():
@@ -411,6 +426,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         # Silently ignoring them would run something else than the user asked for.
         parser.error(f"--algo {cfg.train.algo} does not read {', '.join(foreign)}; drop it or "
                      "choose that algorithm")
+    cfg._given = given  # type: ignore[attr-defined]
     if show:
         print(json.dumps(to_dict(cfg), indent=2))
         raise SystemExit(0)

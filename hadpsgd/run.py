@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hadpsgd import comm, env
-from hadpsgd.assembly import build_trainer, resume
+from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
 from hadpsgd.assembly.footprint import (
     StartupClock,
     epoch_note,
@@ -56,6 +56,8 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
 
 def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     """Every part, and the resumed state if asked for; then the start-up lines."""
+    if cfg.train.resume:
+        check_layout(cfg, topo)  # another -np or layout: refused before anything is written
     trainer = build_trainer(cfg, topo)
     if cfg.train.resume:
         resume(trainer, cfg, topo)
@@ -119,6 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = StartupClock()
     clock.mark("python and imports")
     cfg = parse_config(argv)
+    problem: Exception | None = None
+    try:
+        # A resume runs its run's own configuration, layout included: read before MPI starts
+        # (every rank alike, from the same files), refused before anything is written.
+        cfg, _ = resumed_config(cfg)
+    except ConfigError as err:
+        problem = err  # said once MPI is up, the way every user error is
     options = cfg.algo_options()
     try:
         # The algorithm may group ranks into super-learners (ADPSGD's --super-learner-size).
@@ -132,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _format_warning
     try:
         try:
+            if problem is not None:
+                raise problem
             trainer = _setup(cfg, topo, clock)
         except USER_ERRORS as err:
             return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)

@@ -8,6 +8,8 @@ flags.
 """
 
 from hadpsgd.assembly.build import algorithm_kwargs, build_algorithm, build_trainer
-from hadpsgd.assembly.resume import resume
+from hadpsgd.assembly.resume import check_layout, resume
+from hadpsgd.assembly.resume_config import resumed_config
 
-__all__ = ["algorithm_kwargs", "build_algorithm", "build_trainer", "resume"]
+__all__ = ["algorithm_kwargs", "build_algorithm", "build_trainer", "check_layout", "resume",
+           "resumed_config"]

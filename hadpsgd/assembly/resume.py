@@ -7,12 +7,19 @@ state (same optimizer only), and the epoch position scaled to the new global bat
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from hadpsgd.cli import ConfigError
+from hadpsgd.assembly.resume_config import allowed, resume_checkpoint
+from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import Topology
 from hadpsgd.config import RunConfig
-from hadpsgd.train.checkpoint import latest_checkpoint, load_checkpoint
+from hadpsgd.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    read_manifest,
+)
 from hadpsgd.train.evaluate import EvalResult
 from hadpsgd.train.loop import Position, Trainer
 from hadpsgd.train.shards import PART_KEY, load_part
@@ -71,25 +78,22 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
         return
     state = load_checkpoint(path, verify=False)  # rank 0 verified the checksums
     _check_model(path, state, cfg, trainer)
-    old_world, old_algo = state.get("world_size"), state.get("algo", {}).get("name")
-    changed = []
-    if old_world != topo.size:
-        changed.append(f"{old_world} learners (now {topo.size}; same -np {old_world} resumes "
-                       "exactly)")
+    legacy = state.get("node_states")  # gathered into state.pt before parts were sharded
+    changed = layout_changes(path, state.get("world_size"),
+                             state.get(PART_KEY, len(legacy) if legacy is not None else None),
+                             cfg, topo)
+    # Allowed by --allow-resume-change (resumed_config refused them otherwise): these change
+    # what the saved state means, so it is carried over rather than loaded.
+    saved = state.get("config", {})
+    old_algo = state.get("algo", {}).get("name")
     if old_algo != cfg.train.algo:
         changed.append(f"--algo {old_algo} (now {cfg.train.algo})")
-    # Super-learners' own parts (BMUF mid-block: one local state per worker, i.e. node).
-    legacy = state.get("node_states")  # gathered into state.pt before parts were sharded
-    nodes = state.get(PART_KEY, len(legacy) if legacy is not None else None)
-    if nodes is not None and nodes != topo.num_nodes:
-        changed.append(f"{nodes} super-learners (nodes) each with its own state (now "
-                       f"{topo.num_nodes}; the same -np and --ranks-per-node resume exactly)")
-    if changed and not cfg.train.allow_resume_change:
-        raise ConfigError(f"checkpoint {path} was written with {' and '.join(changed)}; "
-                          "resume it as it was written, or pass --allow-resume-change to carry "
-                          "over its model and epoch (not an exact resume)")
+    for sec, name in (("optim", "optimizer"), ("train", "batch_size"), ("data", "chunk_len")):
+        old = saved.get(sec, {}).get(name)
+        if old is not None and old != getattr(getattr(cfg, sec), name):
+            changed.append(f"{flag(name)} {old} (now {getattr(getattr(cfg, sec), name)})")
     if changed:
-        same_opt = state["config"]["optim"]["optimizer"] == cfg.optim.optimizer
+        same_opt = saved.get("optim", {}).get("optimizer") == cfg.optim.optimizer
         summary = adopt(trainer, state, same_optimizer=same_opt)
         trainer.metrics.resumed_at(trainer.pos.global_step)
         _say(topo, f"resumed from {path} with a change ({'; '.join(changed)}): {summary}")
@@ -98,6 +102,44 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
     trainer.load_state_dict(state, load_part(path, topo.node) if state.get(PART_KEY) else None)
     trainer.metrics.resumed_at(trainer.pos.global_step)
     _say(topo, f"resumed from {path} at step {trainer.pos.global_step}")
+
+
+def layout_changes(path: str | Path, world: int | None, nodes: int | None, cfg: RunConfig,
+                   topo: Topology) -> list[str]:
+    """How the checkpoint's layout differs from this job's, in words (empty: it is the same).
+
+    Raises:
+        ConfigError: If it differs and ``--allow-resume-change`` does not name ``np``.
+    """
+    changed = []
+    if world is not None and world != topo.size:
+        changed.append(f"{world} learners (now {topo.size}; the same -np {world} resumes "
+                       "exactly)")
+    # Super-learners' own parts (BMUF mid-block: one local state per worker, i.e. node).
+    if nodes is not None and nodes != topo.num_nodes:
+        changed.append(f"{nodes} super-learners (nodes) each with its own state (now "
+                       f"{topo.num_nodes}; the same -np and --ranks-per-node resume exactly)")
+    if changed and not {"all", "np"} & allowed(cfg):
+        raise ConfigError(f"checkpoint {path} was written with {' and '.join(changed)}; "
+                          "resume it as it was written, or pass --allow-resume-change np to "
+                          "carry over its model and epoch (not an exact resume)")
+    return changed
+
+
+def check_layout(cfg: RunConfig, topo: Topology) -> None:
+    """Refuse a resume at another layout before anything is written (from the manifest).
+
+    Raises:
+        ConfigError: As :func:`layout_changes`.
+    """
+    path = resume_checkpoint(cfg)
+    if path is None:
+        return
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError:
+        return  # resume() names the broken checkpoint (or skips it under --resume auto)
+    layout_changes(path, manifest.get("world_size"), manifest.get(PART_KEY), cfg, topo)
 
 
 def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:

@@ -196,8 +196,10 @@ class Trainer:
             if self.topo.rank == 0 and faults.active():
                 def hook(phase: str) -> None:
                     faults.hit(phase, self.topo.rank, step)
+            # The configuration too: a resume reads it (and the layout) before MPI starts.
             meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
-                    "algo": self.algo.name}
+                    "num_nodes": self.topo.num_nodes, "algo": self.algo.name,
+                    "config": self.config}
             write_sharded(self.topo, path, self.state_dict, self.algo.node_state(),
                           keep=self.opts.keep_checkpoints, meta=meta, on_phase=hook)
             if self.topo.rank != 0 and faults.active():

@@ -1,0 +1,47 @@
+"""A resume runs the run it resumes: its own configuration, differences refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests._mpi import assert_ok, run_mpi
+from tests.mpi._resume import run_args
+
+pytestmark = pytest.mark.mpi
+
+
+def _config(out) -> dict:
+    return json.loads((out / "config.json").read_text())
+
+
+def test_a_resume_takes_the_runs_configuration_and_refuses_other_values(tiny_data, tmp_path):
+    """The run had --lr 0.1 --momentum 0.5 --batch-size 8: a resume that repeats none of them
+    keeps them (not the defaults); one with another batch and seed is refused with exit 2
+    naming both and writing nothing; --max-steps may change; --allow-resume-change optimizer
+    carries the model over to Adam (no KeyError)."""
+    out = tmp_path / "hp"
+    assert_ok(run_mpi(1, run_args(tiny_data, out, "--lr", "0.1", "--momentum", "0.5",
+                                  "--batch-size", "8", "--max-steps", "4")))
+    before = (out / "config.json").read_text()
+    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--batch-size", "16",
+                              "--seed", "7", "--max-steps", "8"))
+    assert res.returncode == 2, res.output[-3000:]
+    assert "--batch-size 16 (the run has 8)" in res.stderr
+    assert "--seed 7 (the run has 0)" in res.stderr
+    assert "--allow-resume-change batch-size,seed" in res.stderr
+    assert "Traceback" not in res.output
+    assert (out / "config.json").read_text() == before  # nothing written
+    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "8"))
+    assert_ok(res)
+    assert "resumed from" in res.stdout and "at step 4" in res.stdout
+    cfg = _config(out)
+    assert cfg["optim"]["lr"] == 0.1 and cfg["optim"]["momentum"] == 0.5
+    assert cfg["train"]["batch_size"] == 8 and cfg["train"]["max_steps"] == 8
+    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "10",
+                              "--optimizer", "adam", "--lr", "0.001",
+                              "--allow-resume-change", "optimizer,lr"))
+    assert_ok(res)
+    assert "with a change" in res.stdout and "--optimizer sgd (now adam)" in res.stdout
+    assert _config(out)["optim"]["optimizer"] == "adam"
