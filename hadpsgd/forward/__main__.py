@@ -25,6 +25,7 @@ from hadpsgd.forward.features import open_features
 from hadpsgd.forward.job import Job, Options, agree, check_shapes, learn_index, log, run
 from hadpsgd.forward.model import ForwardError, LoadedModel, describe, load_model
 from hadpsgd.forward.output import parse_output
+from hadpsgd.precision import set_tf32
 
 DEFAULT_CONTEXT = "whole"
 """The default ``--context`` (docs/forward.md, *Whole utterances or windows*)."""
@@ -69,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="autocast of the forward (the softmax is fp32); auto: the training's "
                         "if fp32 or bf16, else fp32")
+    p.add_argument("--tf32", action="store_true",
+                   help="let fp32 matmuls and cuDNN's LSTM use TF32 on CUDA (off: fp32 is IEEE "
+                        "fp32, as in training without --tf32)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it shows on rank 0 when stdout is a terminal)")
     return p
@@ -116,6 +120,7 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
         return Job(loaded, features, out, priors, opts), priors_line, norm_line
 
     job, priors_line, norm_line = agree(topo, local)
+    set_tf32(topo.device, args.tf32)  # process-wide; decided here, not left to torch's default
     loaded, features, opts = job.loaded, job.features, job.opts
     learn_index(topo, features)
     agree(topo, lambda: check_shapes(loaded, features, job.priors))
@@ -123,7 +128,9 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
         log(f"model: {describe(loaded)}")
         log(f"features: {features.name}, normalisation {norm_line}")
         log(f"priors: {priors_line}")
-        log(f"context: {opts.describe()}, {opts.precision} on {topo.size} rank(s), "
+        tf32 = (" (TF32 allowed: --tf32)" if args.tf32 else " (no TF32)") \
+            if topo.device.type == "cuda" and opts.precision == "fp32" else ""
+        log(f"context: {opts.describe()}, {opts.precision}{tf32} on {topo.size} rank(s), "
             f"{topo.device}")
     return job
 

@@ -107,9 +107,11 @@ def forward_utterance(model: nn.Module, feats: torch.Tensor, context: str = "who
         return _log_probs(model, feats[None], precision)[0]
     if context != "chunks":
         raise ValueError(f"--context must be one of {', '.join(CONTEXTS)}, got {context!r}")
-    win_start, keep_start, keep_stop = window_plan(length, chunk_len, overlap)
+    _, keep_start, keep_stop = window_plan(length, chunk_len, overlap)
     step = chunk_len - 2 * overlap
-    starts = torch.as_tensor(win_start, device=feats.device)
+    # window_plan's starts, made on the device: a copy from host memory would wait for it.
+    starts = (torch.arange(0, length, step, device=feats.device) - overlap).clamp_(
+        0, max(length - chunk_len, 0))
     positions = torch.arange(chunk_len, device=feats.device)
     out = torch.empty(length, model.num_classes, device=feats.device)
     for lo in range(0, len(starts), MAX_WINDOWS):
@@ -153,9 +155,8 @@ def _packed_log_probs(model: BLSTM, utts: list[torch.Tensor], precision: str
     with autocast(precision, utts[0].device):
         hidden: object = pack_padded_sequence(pad_sequence(utts, batch_first=True), lengths,
                                               batch_first=True, enforce_sorted=False)
-        # BLSTM.forward's layers (either LSTM layout), on the packed batch.
-        for layer in (model.lstm if model.per_layer else [model.lstm]):  # type: ignore[union-attr]
-            hidden, _ = layer(hidden)
+        # BLSTM.forward's layers (either LSTM layout, in the same precision), packed.
+        hidden = model.run_lstm(hidden)  # type: ignore[arg-type]
         padded, _ = pad_packed_sequence(hidden, batch_first=True)  # type: ignore[arg-type]
         logits = model.out(model.proj(padded))
     probs = F.log_softmax(logits.float(), dim=-1)

@@ -22,7 +22,14 @@ from hadpsgd.data import FeatureFileError, Priors, PriorsError
 from hadpsgd.forward.chunks import batches, check_windows, forward_batch
 from hadpsgd.forward.features import Features, KaldiFeatures
 from hadpsgd.forward.model import ForwardError, LoadedModel
-from hadpsgd.forward.output import OutputSpec, merge, open_writer, part_spec
+from hadpsgd.forward.output import (
+    ArkWriter,
+    H5Writer,
+    OutputSpec,
+    merge,
+    open_writer,
+    part_spec,
+)
 
 USER_ERRORS = (ForwardError, FeatureFileError, PriorsError, ValueError, FileNotFoundError,
                ImportError)
@@ -145,6 +152,57 @@ class Job:
     opts: Options
 
 
+def _to_device(feats: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """The utterances' features on ``device``.
+
+    On CUDA in one copy from pinned memory that the host does not wait for (a copy per
+    utterance from pageable memory waited for each); elsewhere the arrays themselves.
+    """
+    if device.type != "cuda":
+        return [torch.from_numpy(f).to(device) for f in feats]
+    lengths = [len(f) for f in feats]
+    host = torch.empty((sum(lengths), feats[0].shape[1]), pin_memory=True,
+                       dtype=torch.from_numpy(feats[0][:0]).dtype)
+    np.concatenate(feats, out=host.numpy())
+    return list(host.to(device, non_blocking=True).split(lengths))
+
+
+class _Scores:
+    """A group's scores on their way to the host: one copy, waited for when written.
+
+    The host synchronises with the GPU once per group (on a blocking-sync event, which
+    sleeps instead of spinning a core), not once per utterance.
+    """
+
+    def __init__(self, group: list[tuple[str, np.ndarray]], outputs: list[torch.Tensor],
+                 log_priors: torch.Tensor | None) -> None:
+        self.ids = [utt for utt, _ in group]
+        self.lengths = [len(feats) for _, feats in group]
+        self.frames = sum(self.lengths)
+        flat = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+        if log_priors is not None:
+            flat = flat - log_priors  # log p(s|x) - log p(s)
+        self.done: torch.cuda.Event | None = None
+        if flat.device.type == "cuda":
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            self.done = torch.cuda.Event(blocking=True)
+            self.done.record()
+            flat = host
+        self.host = flat
+
+    def write(self, writer: H5Writer | ArkWriter, bar: tqdm) -> int:
+        """Wait for the copy, write every utterance, and return how many."""
+        if self.done is not None:
+            self.done.synchronize()
+        rows = self.host.numpy()
+        for utt, start, length in zip(self.ids, np.cumsum([0, *self.lengths[:-1]]),
+                                      self.lengths, strict=True):
+            writer.write(utt, rows[start:start + length])
+            bar.update(length)
+        return len(self.ids)
+
+
 def run(topo: Topology, job: Job) -> dict[str, Any]:
     """Run the model over this rank's utterances, write its part, and (rank 0) merge.
 
@@ -175,17 +233,19 @@ def run(topo: Topology, job: Job) -> dict[str, Any]:
     bar = tqdm(total=total, unit="frame", unit_scale=True, file=sys.stderr, leave=False,
                desc="forward" if topo.size == 1 else f"forward (rank 0 of {topo.size})",
                disable=not (opts.progress and topo.rank == 0))
+    pending: _Scores | None = None
     try:
         for group in batches(features.read(first, stop), loaded.num_classes):
-            inputs = [torch.from_numpy(feats).to(topo.device) for _, feats in group]
+            inputs = _to_device([feats for _, feats in group], topo.device)
             outputs = forward_batch(model, inputs, opts.context, opts.chunk_len, opts.overlap,
                                     opts.precision)
-            for (utt, feats), scores in zip(group, outputs, strict=True):
-                if log_priors is not None:
-                    scores = scores - log_priors  # log p(s|x) - log p(s)
-                writer.write(utt, scores.cpu().numpy())
-                utts, frames = utts + 1, frames + len(feats)
-                bar.update(len(feats))
+            # Written one group late: the host writes group k while the GPU runs group k + 1.
+            scores = _Scores(group, outputs, log_priors)
+            if pending is not None:
+                utts, frames = utts + pending.write(writer, bar), frames + pending.frames
+            pending = scores
+        if pending is not None:
+            utts, frames = utts + pending.write(writer, bar), frames + pending.frames
         writer.close()
     except BaseException:
         writer.abort()

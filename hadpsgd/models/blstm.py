@@ -7,6 +7,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
+
+from hadpsgd.models.lstm import AutocastLSTM
 
 # One parameter of a stacked nn.LSTM (``weight_ih_l3_reverse``) and of a layer of the
 # per-layer stack (``3.weight_ih_l0_reverse``), relative to the ``lstm.`` prefix.
@@ -32,6 +35,10 @@ class BLSTM(nn.Module):
     line up), and write and read ``state_dict()`` under the stacked names
     (``lstm.weight_ih_l1``), so a checkpoint of one layout loads into the other.
 
+    Each LSTM module is an :class:`~hadpsgd.models.lstm.AutocastLSTM`: under bf16 autocast on
+    CUDA it runs in bf16 (autocast's own cuDNN LSTM would run fp16), under fp16 autocast on
+    CPU in fp32 (oneDNN has no fp16 LSTM); the projection and output layer follow autocast.
+
     Args:
         input_dim: Feature dimension per frame (260 for the paper's fused features).
         num_classes: Number of output classes (CD states).
@@ -55,7 +62,7 @@ class BLSTM(nn.Module):
         self.per_layer = per_layer
         # Always initialise the stacked LSTM: the per-layer stack takes over its tensors, so
         # both layouts start from the same values and leave the RNG where proj/out expect it.
-        stacked = nn.LSTM(
+        stacked = AutocastLSTM(
             input_size=input_dim, hidden_size=hidden, num_layers=layers,
             batch_first=True, bidirectional=True,
         )
@@ -76,35 +83,31 @@ class BLSTM(nn.Module):
         Returns:
             ``[batch, time, num_classes]`` unnormalised log-probabilities.
         """
-        if _cpu_fp16_autocast(feats):
-            # oneDNN has no fp16 LSTM ("could not create a primitive descriptor"): on CPU
-            # the LSTM stack runs in fp32 and the layers after it in fp16 (hadpsgd.precision).
-            with torch.autocast("cpu", enabled=False):
-                hidden = self._lstm(feats.float())
-        else:
-            hidden = self._lstm(feats)
+        hidden = self.run_lstm(feats)
         # The paper's projection is linear (a bottleneck), not followed by a nonlinearity.
         return self.out(self.proj(hidden))
 
+    def run_lstm(self, x: torch.Tensor | PackedSequence) -> torch.Tensor | PackedSequence:
+        """The LSTM stack's output for ``x`` (either layout), of ``x``'s kind.
 
-    def _lstm(self, feats: torch.Tensor) -> torch.Tensor:
-        """The LSTM stack's output for ``feats`` (either layout)."""
+        Args:
+            x: ``[batch, time, input_dim]`` features, or a ``PackedSequence`` of them (the
+                forward pass for decoding runs whole utterances packed).
+
+        Returns:
+            ``[batch, time, 2 * hidden]`` (or packed) in the precision the LSTM ran in: bf16
+            under bf16 autocast, fp32 under CPU fp16 autocast (:mod:`hadpsgd.models.lstm`).
+        """
         if self.per_layer:
-            hidden = feats
+            hidden = x
             for layer in self.lstm:  # type: ignore[attr-defined]
                 hidden, _ = layer(hidden)
             return hidden
-        hidden, _ = self.lstm(feats)
+        hidden, _ = self.lstm(x)
         return hidden
 
 
-def _cpu_fp16_autocast(feats: torch.Tensor) -> bool:
-    """Whether ``feats`` is on CPU inside an fp16 autocast region."""
-    return (feats.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.float16)
-
-
-def _split_layers(stacked: nn.LSTM) -> nn.ModuleList:
+def _split_layers(stacked: AutocastLSTM) -> nn.ModuleList:
     """Single-layer bidirectional LSTMs holding ``stacked``'s parameters (the same tensors).
 
     The layers are built on the meta device, which allocates nothing and draws no random
@@ -114,7 +117,7 @@ def _split_layers(stacked: nn.LSTM) -> nn.ModuleList:
     """
     layers = nn.ModuleList()
     for i in range(stacked.num_layers):
-        layer = nn.LSTM(
+        layer = AutocastLSTM(
             input_size=stacked.input_size if i == 0 else 2 * stacked.hidden_size,
             hidden_size=stacked.hidden_size, num_layers=1, batch_first=True,
             bidirectional=True, device="meta",

@@ -156,7 +156,8 @@ def test_load_still_reports_wrong_keys():
 
 @pytest.mark.parametrize(
     ("layout", "device", "expected"),
-    [("auto", "cpu", False), ("auto", "cuda", True), ("auto", torch.device("cuda", 1), True),
+    # auto is stacked on CUDA too: per-layer cost +28 % a step on an H100 (docs/gpu.md).
+    [("auto", "cpu", False), ("auto", "cuda", False), ("auto", torch.device("cuda", 1), False),
      ("stacked", "cuda", False), ("stacked", "cpu", False),
      ("per-layer", "cpu", True), ("per-layer", "cuda", True)],
 )

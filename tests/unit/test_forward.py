@@ -245,3 +245,39 @@ def test_parts_merge_into_one_output_in_rank_order(tmp_path: Path, spec: str,
         got = dict(kaldiio.ReadHelper(source))
     assert list(got) == list(mats)
     assert all(np.array_equal(got[k], mats[k]) for k in mats)
+
+
+def test_the_forward_decides_tf32(run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 means IEEE fp32 unless --tf32, as in training: the choice is set, not left to
+    torch's default (cuDNN's TF32 is on there)."""
+    import hadpsgd.forward.__main__ as command
+
+    calls: list[tuple[str, bool]] = []
+    monkeypatch.setattr(command, "set_tf32", lambda device, allow: calls.append((device.type,
+                                                                                  allow)))
+    for flags in ([], ["--tf32"]):
+        forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5",
+                "--priors", "none", *flags)
+    assert calls == [("cpu", False), ("cpu", True)]
+
+
+def test_a_groups_scores_are_written_in_order_after_one_wait() -> None:
+    from tqdm import tqdm
+
+    from hadpsgd.forward.job import _Scores
+
+    group = [("a", np.zeros((3, 2))), ("empty", np.zeros((0, 2))), ("b", np.zeros((2, 2)))]
+    outputs = [torch.arange(6.0).view(3, 2), torch.zeros(0, 2), torch.ones(2, 2)]
+    written: list[tuple[str, np.ndarray]] = []
+
+    class Writer:
+        def write(self, utt: str, mat: np.ndarray) -> None:
+            written.append((utt, mat.copy()))
+
+    scores = _Scores(group, outputs, torch.tensor([1.0, 2.0]))
+    assert scores.frames == 5
+    assert scores.write(Writer(), tqdm(disable=True)) == 3  # type: ignore[arg-type]
+    assert [u for u, _ in written] == ["a", "empty", "b"]
+    for (_, mat), out in zip(written, outputs, strict=True):
+        np.testing.assert_array_equal(mat, (out - torch.tensor([1.0, 2.0])).numpy())

@@ -1,0 +1,286 @@
+"""The BLSTM's LSTM module: an ``nn.LSTM`` that runs in the precision the run asked for.
+
+Autocast alone gets the LSTM (~80 % of the model's FLOPs) wrong in two places:
+
+- **CUDA, bf16.** torch's autocast kernel for ``_cudnn_rnn``
+  (``aten/src/ATen/cudnn/AutocastRNN.cpp``, ``_cudnn_rnn_cast_reflatten``) casts input,
+  weights and states to fp16 whatever dtype autocast was given: a bf16 run would compute its
+  LSTM in fp16, with no loss scale to keep small gradients from flushing to zero. Here
+  autocast is off around the LSTM, and the input and weights are cast to bf16 explicitly:
+  the weights once per forward, into one new buffer in the layout cuDNN gives its own flat
+  weights (asked of cuDNN), so it runs them in place; the functional LSTM
+  (``torch._VF.lstm``) runs on them, and the gradients flow back through the cast to the
+  fp32 weights (:func:`cast_lstm`).
+- **CPU, fp16.** oneDNN has no fp16 LSTM ("could not create a primitive descriptor"): the
+  LSTM runs in fp32, the layers after it in fp16.
+
+fp16 on CUDA keeps autocast's fp16 cuDNN LSTM (fp16 has a loss scale); bf16 on CPU keeps
+autocast's, which oneDNN runs in bf16. cuDNN runs a bf16 RNN only where torch was built
+against cuDNN >= 9.13 and the GPU is of compute capability 8.0 or later (torch's
+``use_cudnn`` in ``aten/src/ATen/native/RNN.cpp``; ``torch.backends.cudnn.is_acceptable``
+still names fp16, fp32 and fp64 only); elsewhere torch would run a bf16 LSTM step by step
+without cuDNN. So whether cuDNN runs it is asked once per LSTM shape and GPU, by running it
+on one frame (:func:`cuda_layout`); where it does not, the LSTM runs in fp32 and a warning
+says so once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import _VF, nn
+from torch.nn.utils.rnn import PackedSequence
+
+Hidden = tuple[torch.Tensor, torch.Tensor]
+"""An LSTM's ``(h, c)``."""
+
+_CUDNN_NODE = "CudnnRnn"
+"""The name of the autograd node of a cuDNN RNN (``CudnnRnnBackward0``)."""
+_COPY_WARNING = "contiguous chunk"
+"""What cuDNN's weight-copy warning says ("not part of single contiguous chunk of memory")."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an LSTM's weights lie in one buffer, in elements.
+
+    Attributes:
+        offsets: The start of each weight, in the module's ``_flat_weights`` order.
+        total: The buffer's length (cuDNN's may end in padding).
+    """
+
+    offsets: tuple[int, ...]
+    total: int
+
+
+def explicit_dtype(x: torch.Tensor | PackedSequence) -> torch.dtype | None:
+    """The dtype the LSTM must run in outside autocast for input ``x``, or None for autocast's.
+
+    bf16 on CUDA (see the module docstring), fp32 for fp16 on CPU; None elsewhere.
+    """
+    data = x.data if isinstance(x, PackedSequence) else x
+    kind = data.device.type
+    if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
+        return None
+    dtype = torch.get_autocast_dtype(kind)
+    if kind == "cuda" and dtype == torch.bfloat16:
+        return torch.bfloat16
+    if kind == "cpu" and dtype == torch.float16:
+        return torch.float32
+    return None
+
+
+def dense_layout(lstm: nn.LSTM) -> Layout:
+    """The weights one after another in the module's order (enough off cuDNN)."""
+    offsets, end = [], 0
+    for w in lstm._flat_weights:  # noqa: SLF001 - the weights torch's LSTM runs on
+        offsets.append(end)
+        end += w.numel()
+    return Layout(tuple(offsets), end)
+
+
+def cudnn_layout(lstm: nn.LSTM, dtype: torch.dtype) -> Layout:
+    """Where cuDNN puts ``lstm``'s weights (a CUDA module) in its flat buffer of ``dtype``.
+
+    Asked of cuDNN itself: it flattens copies of the weights, and each copy's place in the
+    buffer it returns is read back (cuDNN 9 puts every matrix first, then the biases).
+
+    Raises:
+        RuntimeError: If cuDNN cannot flatten weights of ``dtype``, or left them elsewhere.
+    """
+    from torch.backends.cudnn import rnn as cudnn_rnn
+
+    copies = [w.detach().to(dtype, copy=True) for w in lstm._flat_weights]  # noqa: SLF001
+    with torch.no_grad(), torch.cuda.device_of(copies[0]):
+        buf = torch._cudnn_rnn_flatten_weight(  # sets each copy to its view in the buffer
+            copies, 4 if lstm.bias else 2, lstm.input_size, cudnn_rnn.get_cudnn_mode("LSTM"),
+            lstm.hidden_size, lstm.proj_size, lstm.num_layers, lstm.batch_first,
+            bool(lstm.bidirectional))
+    base, size = buf.untyped_storage().data_ptr(), buf.element_size()
+    offsets = tuple((w.data_ptr() - base) // size for w in copies)
+    spans = sorted((o, o + w.numel()) for o, w in zip(offsets, copies, strict=True))
+    if (any(w.untyped_storage().data_ptr() != base for w in copies)
+            or any(a[1] > b[0] for a, b in zip(spans, spans[1:], strict=False))
+            or spans[0][0] < 0 or spans[-1][1] > buf.numel()):
+        raise RuntimeError("cuDNN left the LSTM's weights outside its flat buffer")
+    return Layout(offsets, buf.numel())
+
+
+def cast_weights(lstm: nn.LSTM, dtype: torch.dtype, layout: Layout) -> list[torch.Tensor]:
+    """``lstm``'s weights in ``dtype``, each a view of one new buffer laid out as ``layout``.
+
+    Differentiable: each is a cast of its fp32 weight, so gradients reach the weights.
+    The buffer is one ``cat`` cut by one ``split`` (whose backward is one ``cat`` too, not a
+    zero-filled buffer per weight); gaps of ``layout`` are zeros.
+    """
+    weights = lstm._flat_weights  # noqa: SLF001
+    order = sorted(range(len(weights)), key=layout.offsets.__getitem__)
+    pieces: list[torch.Tensor] = []
+    index = [0] * len(weights)
+    end = 0
+    for i in order:
+        w, start = weights[i], layout.offsets[i]
+        if start > end:
+            pieces.append(w.new_zeros(start - end, dtype=dtype))
+        index[i] = len(pieces)
+        pieces.append(w.reshape(-1).to(dtype))
+        end = start + w.numel()
+    if layout.total > end:
+        pieces.append(weights[0].new_zeros(layout.total - end, dtype=dtype))
+    parts = torch.cat(pieces).split([p.numel() for p in pieces])
+    return [parts[index[i]].view(w.shape) for i, w in enumerate(weights)]
+
+
+def cast_lstm(lstm: nn.LSTM, x: torch.Tensor | PackedSequence, dtype: torch.dtype,
+              hx: Hidden | None = None, layout: Layout | None = None,
+              ) -> tuple[torch.Tensor | PackedSequence, Hidden]:
+    """``lstm(x, hx)`` computed in ``dtype``: input, states and weights cast to it.
+
+    Runs on any device (on CPU for tests; the model takes it on CUDA under bf16). Call it
+    outside autocast, which would cast again. The result is ``dtype``; the gradients of
+    ``lstm``'s parameters arrive in their own dtype.
+
+    Args:
+        lstm: An LSTM without projections.
+        x: Batched input (``[batch, time, features]`` if ``batch_first``) or a
+            ``PackedSequence``.
+        dtype: The dtype to compute in.
+        hx: Initial ``(h, c)``; zeros if None.
+        layout: Where the cast weights lie in their buffer: :func:`cudnn_layout` for cuDNN
+            to run them in place; one after another if None.
+
+    Raises:
+        ValueError: For an LSTM with projections or unbatched input.
+    """
+    if lstm.proj_size:
+        raise ValueError("cast_lstm: LSTMs with projections (proj_size > 0) are not supported")
+    weights = cast_weights(lstm, dtype, layout or dense_layout(lstm))
+    packed = isinstance(x, PackedSequence)
+    if packed:
+        data, batch_sizes, sorted_idx, unsorted_idx = x
+        batch = int(batch_sizes[0])
+    else:
+        data = x  # type: ignore[assignment]
+        if data.dim() != 3:
+            raise ValueError(f"cast_lstm: expected batched 3-D input, got {data.dim()}-D")
+        batch = data.shape[0 if lstm.batch_first else 1]
+    data = data.to(dtype)
+    if hx is None:
+        shape = (lstm.num_layers * (2 if lstm.bidirectional else 1), batch, lstm.hidden_size)
+        hx = (data.new_zeros(shape), data.new_zeros(shape))
+    else:
+        hx = (hx[0].to(dtype), hx[1].to(dtype))
+        if packed and sorted_idx is not None:  # as nn.LSTM: states follow the sorted batch
+            hx = (hx[0].index_select(1, sorted_idx), hx[1].index_select(1, sorted_idx))
+    if not packed:
+        out, h, c = _VF.lstm(data, hx, weights, lstm.bias, lstm.num_layers,
+                             float(lstm.dropout), lstm.training, lstm.bidirectional,
+                             lstm.batch_first)
+        return out, (h, c)
+    out, h, c = _VF.lstm(data, batch_sizes, hx, weights, lstm.bias, lstm.num_layers,
+                         float(lstm.dropout), lstm.training, lstm.bidirectional)
+    if unsorted_idx is not None:
+        h, c = h.index_select(1, unsorted_idx), c.index_select(1, unsorted_idx)
+    return PackedSequence(out, batch_sizes, sorted_idx, unsorted_idx), (h, c)
+
+
+def _ran_cudnn(out: torch.Tensor) -> bool:
+    """Whether cuDNN computed ``out`` (a node of its RNN in ``out``'s autograd graph)."""
+    todo, seen = [out.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if _CUDNN_NODE in fn.name():
+            return True
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+_CUDA_LAYOUTS: dict[tuple[Any, ...], Layout | None] = {}
+_warned = False
+
+
+def cuda_layout(lstm: nn.LSTM, dtype: torch.dtype) -> Layout | None:
+    """The cuDNN layout of ``lstm``'s weights in ``dtype``, or None if cuDNN does not run it.
+
+    Asked once per shape and GPU: the layout (:func:`cudnn_layout`), then one frame through
+    :func:`cast_lstm`, which must reach cuDNN's RNN and run the weights in place (no copy
+    warning). The first None warns, once in the process, that the LSTM runs in fp32.
+    """
+    global _warned
+    w = lstm.weight_ih_l0
+    key = (w.device, dtype, lstm.input_size, lstm.hidden_size, lstm.num_layers,
+           lstm.bidirectional, lstm.bias)
+    if key not in _CUDA_LAYOUTS:
+        layout, why = _probe(lstm, dtype)
+        _CUDA_LAYOUTS[key] = layout
+        if layout is None and not _warned:
+            _warned = True
+            warnings.warn(f"the LSTM runs in fp32 under {dtype} autocast on {w.device}: {why} "
+                          f"(the layers after it run in {dtype})", RuntimeWarning, stacklevel=3)
+    return _CUDA_LAYOUTS[key]
+
+
+def _probe(lstm: nn.LSTM, dtype: torch.dtype) -> tuple[Layout | None, str]:
+    """:func:`cuda_layout`'s question, and why not where the answer is None."""
+    if not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
+        return None, "cuDNN is not available or is disabled (torch.backends.cudnn.enabled)"
+    try:
+        layout = cudnn_layout(lstm, dtype)
+    except (RuntimeError, NotImplementedError) as err:
+        return None, f"cuDNN does not lay out {dtype} LSTM weights ({_first_line(err)})"
+    x = torch.zeros(1, 1, lstm.input_size, dtype=dtype, device=lstm.weight_ih_l0.device,
+                    requires_grad=True)  # a graph to read, whatever the weights require
+    with (torch.inference_mode(False), torch.enable_grad(),
+          warnings.catch_warnings(record=True) as seen):
+        warnings.simplefilter("always")
+        try:
+            out, _ = cast_lstm(lstm, x, dtype, layout=layout)
+        except (RuntimeError, NotImplementedError) as err:  # older torch: no bf16 LSTM cell
+            return None, f"torch cannot run a {dtype} LSTM here ({_first_line(err)})"
+    if not _ran_cudnn(out):  # type: ignore[arg-type]
+        return None, (f"torch does not run a {dtype} LSTM on cuDNN here (it needs a build "
+                      "against cuDNN >= 9.13 and a GPU of compute capability 8.0 or later)")
+    if any(_COPY_WARNING in str(w.message) for w in seen):
+        return None, f"cuDNN does not take the {dtype} weights in place"
+    return layout, ""
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (torch's errors run to many)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+class AutocastLSTM(nn.LSTM):
+    """An ``nn.LSTM`` that runs in the precision autocast means (the module docstring).
+
+    The same module in every other respect: parameters, names, initial values, state dict.
+    """
+
+    def forward(self, input: Any, hx: Any = None) -> Any:
+        """``nn.LSTM.forward``, in bf16 on CUDA under bf16 autocast, fp32 on CPU under fp16."""
+        dtype = explicit_dtype(input)
+        if dtype is None:
+            return super().forward(input, hx)
+        data = input.data if isinstance(input, PackedSequence) else input
+        with torch.autocast(data.device.type, enabled=False):
+            if dtype != torch.float32:
+                layout = (cuda_layout(self, dtype) if self.weight_ih_l0.is_cuda
+                          else dense_layout(self))
+                if layout is not None:
+                    return cast_lstm(self, input, dtype, hx, layout)
+            return super().forward(_to(input, torch.float32),
+                                   None if hx is None else (hx[0].float(), hx[1].float()))
+
+
+def _to(x: torch.Tensor | PackedSequence, dtype: torch.dtype) -> torch.Tensor | PackedSequence:
+    """``x`` in ``dtype`` (a ``PackedSequence``'s data)."""
+    if isinstance(x, PackedSequence):
+        return PackedSequence(x.data.to(dtype), x.batch_sizes, x.sorted_indices,
+                              x.unsorted_indices)
+    return x.to(dtype)
