@@ -3,7 +3,15 @@
 # `python -m hadpsgd.run --device cuda` (resume included), the single-GPU checks and the
 # benchmarks, into one report (docs/gpu.md, "The first hour on a GPU machine").
 #
-#   bash scripts/gpu_check.sh [REPORT.md]        (default ./gpu-check-report.md)
+#   bash scripts/gpu_check.sh [REPORT.md] [--budget S] [--only KEY,...]
+#                                                (default ./gpu-check-report.md)
+#   bash scripts/gpu_check.sh --grid [REPORT.md] [--batch 128 --precision bf16 ...]
+#                                                (default ./gpu-grid-report.md)
+#
+# --grid runs the one-GPU grid of swb instead (benchmarks/training/gpu_grid.py: hadpsgd's
+# steady frames/s against a plain PyTorch loop per batch x precision x LSTM layout, a profile,
+# hadpsgd.forward on CUDA against CPU; at most 8 minutes, --budget 480). Arguments after the
+# report go to scripts/gpu_check.py or to the grid.
 #
 # Needs only the repository and a Python with a CUDA build of torch (PYTHON=..., default the
 # first python3 whose torch sees a GPU). It makes ./.venv-gpu on top of that Python's
@@ -13,13 +21,22 @@
 # and set PIP_NO_INDEX=1.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-report="${1:-$root/gpu-check-report.md}"
+mode=check nogpu=1
+if [ "${1:-}" = "--grid" ]; then
+  mode=grid nogpu=2  # the grid's own exit status without CUDA
+  shift
+fi
+report="$root/gpu-$mode-report.md"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is no flag: the report
+  report="$1"
+  shift
+fi
 case "$report" in /*) ;; *) report="$PWD/$report" ;; esac
 
 # Fail fast, in one line, where there is no GPU (before anything is installed).
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  echo "gpu_check: no GPU present (nvidia-smi lists none); run this on a machine with an NVIDIA GPU" >&2
-  exit 1
+  echo "gpu_$mode: no GPU present (nvidia-smi lists none); run this on a machine with an NVIDIA GPU" >&2
+  exit "$nogpu"
 fi
 py=""
 for cand in "${PYTHON:-}" python3 python; do
@@ -29,8 +46,8 @@ for cand in "${PYTHON:-}" python3 python; do
   fi
 done
 if [ -z "$py" ]; then
-  echo "gpu_check: no Python whose torch sees the GPU; install a CUDA build of torch or set PYTHON=" >&2
-  exit 1
+  echo "gpu_$mode: no Python whose torch sees the GPU; install a CUDA build of torch or set PYTHON=" >&2
+  exit "$nogpu"
 fi
 
 venv="${HADPSGD_GPU_VENV:-$root/.venv-gpu}"
@@ -58,4 +75,7 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 cd "$root"
-exec "$vpy" scripts/gpu_check.py --report "$report" "${@:2}"
+if [ "$mode" = grid ]; then
+  exec "$vpy" -m benchmarks.training.gpu_grid --report "$report" "$@"
+fi
+exec "$vpy" scripts/gpu_check.py --report "$report" "$@"

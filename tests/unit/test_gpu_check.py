@@ -1,0 +1,140 @@
+"""What the GPU check decides without a GPU: its budget, statuses, steady speed and report."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.training.steady import Steady, read_steady, steady, steady_records
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import _gpu_check as gc  # noqa: E402 - scripts/ is no package: found through sys.path
+
+
+def _train(step: int, fps: float, time: float, epoch: int = 0) -> dict:
+    return {"kind": "train", "step": step, "time": time, "epoch": epoch, "frames_per_s": fps}
+
+
+# ---------------------------------------------------------------------------- budget
+def test_a_check_starts_only_with_the_time_it_needs_left():
+    assert gc.start_limit(elapsed=100, budget=540, limit=150, need=35) == 150
+    assert gc.start_limit(elapsed=450, budget=540, limit=150, need=35) == pytest.approx(90)
+    assert gc.start_limit(elapsed=520, budget=540, limit=150, need=35) is None
+    assert gc.start_limit(elapsed=600, budget=540, limit=150, need=0) is None
+
+
+def test_a_command_ends_at_the_budget_and_says_so():
+    assert gc.launch_limit(now=10, deadline=500, limit=150) == (150, False)
+    assert gc.launch_limit(now=400, deadline=500, limit=150) == (100, True)
+    assert gc.launch_limit(now=600, deadline=500, limit=150) == (1.0, True)  # never 0
+
+
+def test_pytest_ends_each_test_before_the_run():
+    whole, per_test = gc.pytest_limits(330)
+    assert whole == 330 and per_test == gc.PER_TEST_MAX_S
+    whole, per_test = gc.pytest_limits(150)
+    assert whole == 150 and per_test == 130
+    assert gc.pytest_limits(15)[1] == 10  # a floor, not a negative limit
+
+
+# ---------------------------------------------------------------------------- statuses
+def test_only_failures_and_budget_skips_fail_the_run():
+    ok = [gc.Check("a", gc.PASS), gc.Check("b", "needs 2 GPUs"), gc.Check("c", gc.SKIPPED)]
+    assert gc.exit_status(ok) == 0
+    assert gc.exit_status([*ok, gc.Check("d", gc.OVER_BUDGET)]) == 1
+    assert gc.exit_status([*ok, gc.Check("d", gc.FAIL)]) == 1
+
+
+def test_a_skip_for_want_of_gpus_is_said_as_such():
+    assert gc.skip_status("needs 2 GPUs") == "needs 2 GPUs"
+    assert gc.skip_status("Skipped: needs 4 or more GPUs") == "needs 4 GPUs"
+    assert gc.skip_status("needs root") == gc.SKIPPED
+
+
+def test_counts_and_the_command_that_runs_what_the_budget_left_out():
+    checks = [gc.Check("a", gc.PASS), gc.Check("b", "needs 2 GPUs"),
+              gc.Check("swb", gc.OVER_BUDGET, key="swbs"),
+              gc.Check("ttp", gc.OVER_BUDGET, key="ttp")]
+    line = gc.counts_line(checks)
+    assert "**0 failed**, 1 passed" in line
+    assert "1 need more GPUs than this machine has (not a failure)" in line
+    assert "2 not run for lack of budget (a failure)" in line
+    assert gc.rerun_hint(checks, "r.md", 540) == \
+        "bash scripts/gpu_check.sh r.md --only swbs,ttp --budget 540"
+    assert gc.rerun_hint(checks[:2], "r.md", 540) is None
+
+
+# ---------------------------------------------------------------------------- settings
+def test_batch_precision_and_tf32_come_from_the_run_config_first():
+    config = {"train": {"batch_size": 16, "precision": "bf16", "tf32": True}}
+    assert gc.run_settings(config, []) == ("16", "bf16", "on")
+    args = ["--algo", "ssgd", "--batch-size", "16", "--precision=fp16", "--tf32"]
+    assert gc.run_settings(None, args) == ("16", "fp16", "on")
+    assert gc.run_settings(None, ["--algo", "ssgd"]) == ("32", "fp32", "off")
+
+
+def test_junit_record_becomes_one_row_per_test():
+    xml = """<testsuites><testsuite>
+      <testcase name="test_ok" time="1.25"/>
+      <testcase name="test_two"><skipped message="needs 2 GPUs"/></testcase>
+      <testcase name="test_bad"><failure message="assert 1 == 2">trace</failure></testcase>
+      <testcase name="test_err"><error message="boom"/></testcase>
+    </testsuite></testsuites>"""
+    rows = {c.name.split()[-1]: c for c in gc.junit_checks(xml)}
+    assert rows["test_ok"].status == gc.PASS and rows["test_ok"].seconds == pytest.approx(1.2)
+    assert rows["test_two"].status == "needs 2 GPUs"
+    assert rows["test_bad"].status == gc.FAIL and rows["test_bad"].detail == "assert 1 == 2"
+    assert rows["test_err"].status == gc.FAIL
+    assert all(c.key == "pytest" for c in rows.values())
+
+
+def test_every_row_of_the_report_has_batch_precision_and_tf32():
+    checks = [gc.Check("ssgd swb | stacked", gc.PASS, batch="16", precision="bf16", tf32="off",
+                       frames_per_s=9212.4, detail="30 steps"),
+              gc.Check("pytest tests/gpu", gc.PASS)]
+    text = gc.markdown(checks, ["- date: today"], hint="bash scripts/gpu_check.sh r --only x")
+    assert "| check | result | s | batch | precision | TF32 | frames/s | detail |" in text
+    assert "| ssgd swb / stacked | pass | 0 | 16 | bf16 | off | 9,212 | 30 steps |" in text
+    assert "| pytest tests/gpu | pass | 0 | - | - | - | - |  |" in text
+    assert "--only x" in text
+
+
+# ---------------------------------------------------------------------------- steady speed
+def test_the_first_window_of_a_run_and_of_its_resume_is_left_out():
+    records = [_train(5, 3334.0, 10.0), _train(10, 9000.0, 10.2), _train(15, 9400.0, 10.4),
+               {"kind": "resume", "step": 15}, _train(20, 2000.0, 30.0),
+               _train(25, 9200.0, 30.2)]
+    kept, warmup = steady_records(records)
+    assert [r["step"] for r in kept] == [10, 15, 25] and warmup == 2
+    speed = steady(records)
+    assert speed.frames_per_s == pytest.approx(9200.0)  # the median, not the warm-up's 3,334
+    assert speed.sec_per_step == pytest.approx(0.04)
+    assert speed.windows == 3 and speed.warmup == 2
+
+
+def test_a_new_epoch_an_evaluation_or_a_step_going_back_starts_a_segment():
+    records = [_train(10, 1.0, 1.0), _train(20, 50.0, 2.0), {"kind": "eval", "step": 20},
+               _train(30, 2.0, 5.0, epoch=1), _train(40, 60.0, 6.0, epoch=1),
+               _train(45, 3.0, 7.0, epoch=2), _train(10, 4.0, 9.0, epoch=2),
+               _train(20, 70.0, 10.0, epoch=2), {"kind": "learners", "step": 20}]
+    kept, warmup = steady_records(records)
+    assert [r["frames_per_s"] for r in kept] == [50.0, 60.0, 70.0] and warmup == 4
+    assert steady(records).frames_per_s == 60.0
+
+
+def test_a_run_with_only_its_warm_up_window_has_no_steady_speed(tmp_path):
+    assert steady([_train(5, 3334.0, 1.0)]) == Steady(None, None, 0, 1)
+    assert "no steady window" in steady([_train(5, 3334.0, 1.0)]).describe()
+    assert read_steady(tmp_path / "missing.jsonl") is None
+
+
+def test_read_steady_passes_over_a_half_written_last_record(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps(_train(s, 100.0 * s, float(s))) for s in (1, 2, 3)]
+    path.write_text("\n".join(lines) + '\n{"kind": "train", "st')
+    speed = read_steady(path)
+    assert speed is not None and speed.frames_per_s == 250.0 and speed.windows == 2
+    assert "median of 2 steady windows" in speed.describe()
