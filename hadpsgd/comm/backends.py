@@ -90,6 +90,20 @@ def _buf(t: torch.Tensor) -> Any:
     return t.numpy()
 
 
+STORE_TIMEOUT_CAP_S = 30 * 86_400.0
+"""The longest store timeout given to torch: ``HADPSGD_TIMEOUT=inf`` (no deadline) cannot
+be a ``timedelta``, and 30 days is as good as none."""
+
+
+def store_timeout(deadline_s: float) -> datetime.timedelta:
+    """The timeout of a rendezvous store and of a torch process group for ``deadline_s``.
+
+    That is hadpsgd's deadline (``HADPSGD_TIMEOUT``) itself, capped at
+    :data:`STORE_TIMEOUT_CAP_S`.
+    """
+    return datetime.timedelta(seconds=min(float(deadline_s), STORE_TIMEOUT_CAP_S))
+
+
 class MPIIntra(IntraBackend):
     """MPI collectives on the node communicator (shared-memory transport inside a node).
 
@@ -140,6 +154,9 @@ class TorchIntra(IntraBackend):
     than a host, an emulated node across hosts, a round-robin rank mapping) through a TCP
     store that local rank 0 opens on a free port of its host and whose address it
     broadcasts (a FileStore in one host's ``/tmp`` would never be seen by the others).
+    Either store waits ``HADPSGD_TIMEOUT`` (the watchdog's deadline, :func:`store_timeout`)
+    for a peer's key, not torch's default of 5 minutes: a learner that never joins the group
+    fails its peers' rendezvous at hadpsgd's deadline, like every other wait.
     Subclasses make the process group and say how to wait for one operation; the calls
     themselves are the same for both, so the CPU suite runs every one of them through gloo.
     """
@@ -153,7 +170,7 @@ class TorchIntra(IntraBackend):
         self._dist = dist
         self._path: str | None = None
         self._tcp: Any = None
-        timeout = datetime.timedelta(seconds=watchdog.timeout)
+        timeout = store_timeout(watchdog.timeout)
         hosts = allgather_object(comm, watchdog, host_name(), group=world_ranks)
         self.rendezvous = "file" if len(set(hosts)) == 1 else "tcp"
         """``file`` (one host) or ``tcp`` (the node spans hosts)."""
@@ -165,8 +182,11 @@ class TorchIntra(IntraBackend):
             path = bcast_object(comm, watchdog, path, root=0, group=world_ranks)
             self._path = path
             base = dist.FileStore(path, self.size)
+            base.set_timeout(timeout)  # torch's default otherwise (the TCP store gets it made)
         else:
             base = self._tcp_store(hosts[0], timeout)
+        self.store = base
+        """The rendezvous store (FileStore or TCPStore); its ``timeout`` is the deadline."""
         store = dist.PrefixStore(f"hadpsgd-intra-{self.name}", base)
         self.pg = self._make_group(store, timeout)
 
@@ -188,6 +208,7 @@ class TorchIntra(IntraBackend):
             return dist.TCPStore(host, port, self.size, False, timeout=timeout)
 
     def _make_group(self, store: Any, timeout: datetime.timedelta) -> Any:
+        """The process group on ``store``; ``timeout`` is :func:`store_timeout`'s."""
         raise NotImplementedError
 
     def _wait(self, work: Any, what: str) -> None:
@@ -246,6 +267,6 @@ class GlooIntra(TorchIntra):
         # own timeout bounds the wait and the watchdog then names the missing peers.
         self.watchdog.seq += 1
         try:
-            work.wait(datetime.timedelta(seconds=self.watchdog.timeout))
+            work.wait(store_timeout(self.watchdog.timeout))
         except RuntimeError:
             self.watchdog.fail(f"intra-node {what} (gloo)", self.world_ranks)

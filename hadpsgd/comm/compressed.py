@@ -8,6 +8,10 @@ order, encodes the result with a residual of its own, and every node gathers all
 on every rank; a rank sends 2 (N - 1) / N times the payload of the tensor, like a ring
 allreduce, so int8 moves ~4x fewer bytes than fp32 for any number of nodes N. The wire
 formats and error feedback are :mod:`hadpsgd.comm.codec`'s.
+
+:class:`HierarchicalHalfMean` is ``--grad-wire bf16`` across nodes: the world's mean of a
+gradient bucket with the node's sum made in full precision inside the node and only the
+inter-node leg a :class:`CompressedMean` in bfloat16.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from typing import Any
 
 import torch
 
+from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.codec import check_wire, decode_rows, encode_rows, reinterpret
 from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.staging import Stager
 
 MEAN_BUCKET_ELEMS = 1 << 22
@@ -215,6 +221,104 @@ class CompressedMean:
         return [self.num_nodes, self.slices, self.bucket_elems]
 
 
+class HierarchicalHalfMean:
+    """The world's mean of a flat tensor, in fp32 inside each node and bf16 between nodes.
+
+    ``--grad-wire bf16`` where the learners span several nodes. Inside a node the learners
+    share a fast link (NVLink, shared memory), so the node's sum is made there in full
+    precision by the intra-node backend given to :meth:`mean_` (NCCL for device tensors, MPI
+    or gloo for host ones); only the leg between nodes, where the NIC is the narrow part,
+    carries bfloat16. ``shard`` (nodes of equal size, the hierarchy's default): a
+    reduce-scatter leaves slice *j* of the node's sum on local rank *j*, which carries it
+    across the nodes (over ``inter``: local rank *j* of every node) as a
+    :class:`CompressedMean` without feedback, and an allgather gives the node every slice,
+    as :class:`~hadpsgd.comm.side.SideChannel` splits BMUF's block sync. ``leader`` (nodes of
+    any size): local rank 0 gets the node's sum, carries all of it and broadcasts the result.
+    The node's sum is divided by ``size / num_nodes`` first (its mean, for equal nodes), so
+    that the mean across nodes is the world's.
+
+    Each element is then: the node means in fp32, each rounded to bfloat16, summed in node
+    order in fp32, divided by the number of nodes and rounded to bfloat16 once more. The
+    inter-node mean is the same bits on every node and the node copies it, so every rank
+    holds the same bits. :attr:`bytes_sent` counts only what a rank sent between nodes:
+    2 (N - 1) / N of its slice in bfloat16 (N nodes), half of a ring's share of that slice
+    in fp32, which is what the fp32 hierarchical allreduce sends; the fp32 legs inside the
+    node are not counted. One call at a time (the scratch buffers are shared).
+
+    Args:
+        inter: The inter-node communicator (local rank *j* of every node, rank = node).
+        watchdog: The deadline keeper of the calling thread.
+        inter_ranks: World ranks in ``inter``, by node (to name a missing peer).
+        size: Learners in the world.
+        num_nodes: Nodes in the world.
+        shard: The ``shard`` form (needs nodes of equal size), else ``leader``.
+    """
+
+    def __init__(self, inter: Any, watchdog: Watchdog, inter_ranks: list[int], *, size: int,
+                 num_nodes: int, shard: bool) -> None:
+        self.inter, self.watchdog, self.inter_ranks = inter, watchdog, inter_ranks
+        self.scale = size / num_nodes
+        self.shard = shard
+        self.bytes_sent = 0
+        """Payload bytes this rank sent to other nodes so far."""
+        self._means: dict[tuple[int, torch.dtype, torch.device], CompressedMean] = {}
+        self._scratch: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def mean_(self, t: torch.Tensor, intra: IntraBackend) -> int:
+        """Replace the contiguous ``t`` by the world's mean, in place; a collective of all.
+
+        Args:
+            t: This learner's tensor (a type ``intra`` reduces, on a device it can read).
+            intra: The node's backend for ``t`` (the reducer's choice for its device).
+
+        Returns:
+            The payload bytes this rank sent to other nodes in this call.
+        """
+        flat, before = t.view(-1), self.bytes_sent
+        alone = intra.size == 1
+        if self.shard and not alone:
+            n, parts = flat.numel(), intra.size
+            piece = -(-n // parts)
+            padded = flat if piece * parts == n else self._buffer(flat, piece * parts, 0)
+            if padded is not flat:  # the reduce-scatter needs equal slices: pad with zeros
+                padded[:n].copy_(flat)
+                padded[n:].zero_()
+            mine = self._buffer(flat, piece, 1)
+            intra.reduce_scatter_(padded, mine)
+            self._across(mine.div_(self.scale))
+            intra.allgather_(mine, padded)
+            if padded is not flat:
+                flat.copy_(padded[:n])
+        else:
+            if not alone:
+                intra.reduce_(flat, root=0)
+            if intra.rank == 0:
+                self._across(flat.div_(self.scale))
+            if not alone:
+                intra.bcast_(flat, root=0)
+        return self.bytes_sent - before
+
+    def _across(self, part: torch.Tensor) -> None:
+        """The mean of ``part`` across the nodes, bf16 on the wire (one object per size)."""
+        key = (part.numel(), part.dtype, part.device)
+        mean = self._means.get(key)
+        if mean is None:
+            mean = self._means[key] = CompressedMean(
+                self.inter, self.watchdog, self.inter_ranks, part.numel(), part.dtype,
+                part.device, "bf16", feedback=False)
+        before = mean.bytes_sent
+        mean.mean_(part)
+        self.bytes_sent += mean.bytes_sent - before
+
+    def _buffer(self, like: torch.Tensor, numel: int, slot: int) -> torch.Tensor:
+        """Scratch ``slot`` of ``like``'s dtype and device, grown to the largest bucket."""
+        key = (slot, like.dtype, like.device)
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = self._scratch[key] = zeros(numel, like.dtype, like.device)
+        return buf[:numel]
+
+
 def _residual(out: torch.Tensor, x: torch.Tensor, sent: torch.Tensor) -> None:
     """``out = x - sent``, the error carried to the next exchange.
 
@@ -225,4 +329,4 @@ def _residual(out: torch.Tensor, x: torch.Tensor, sent: torch.Tensor) -> None:
     out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-__all__ = ["MEAN_BUCKET_ELEMS", "CompressedMean"]
+__all__ = ["MEAN_BUCKET_ELEMS", "CompressedMean", "HierarchicalHalfMean"]

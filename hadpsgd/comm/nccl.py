@@ -10,6 +10,7 @@ backend, so the CPU test suite runs the very calls NCCL receives.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 import torch
@@ -55,9 +56,13 @@ class NCCLIntra(TorchIntra):
     while NCCL works on its own stream, and :meth:`join` makes the step wait once, before
     the optimizer reads the gradients (what DDP's reducer does).
 
-    The communicator is made at construction, with a one-element allreduce under the
-    watchdog's guard: a node whose GPUs cannot talk fails at start-up, naming its ranks,
-    not inside the first training step.
+    The communicator is made at construction, under the watchdog's guard (:meth:`_connect`):
+    torch makes a process group's NCCL communicator lazily, inside its first collective,
+    unless the group is bound to a device (``init_process_group(device_id=...)``); hadpsgd
+    builds the backend itself, so it binds it here, then runs one small allreduce and waits
+    for it. A node whose GPUs cannot talk, or a learner that never joins, fails at start-up
+    naming the node's ranks, not inside the first training step. The rendezvous store waits
+    ``HADPSGD_TIMEOUT`` (:class:`~hadpsgd.comm.backends.TorchIntra`).
 
     Raises:
         ImportError: If torch was built without NCCL.
@@ -74,8 +79,47 @@ class NCCLIntra(TorchIntra):
         self.device = device
         self._deferred: list[Any] = []
         super().__init__(comm, watchdog, world_ranks)
-        probe = torch.ones(1, device=device)
-        self.allreduce_(probe)  # creates the NCCL communicator now, under the deadline
+        self.connect_s = self._connect()
+        """Seconds the communicator took to make and to pass its first allreduce."""
+
+    def _connect(self) -> float:
+        """Make the NCCL communicator now, under the deadline; return the seconds it took.
+
+        ``eager_connect_single_device`` is what ``init_process_group(device_id=...)`` calls:
+        it binds the group to this learner's GPU and makes the communicator (the NCCL unique
+        id through the store, ``ncclCommInitRank``), blocking the host with the GIL
+        released. An allreduce of one element follows: where torch makes an eagerly bound
+        communicator non-blocking, that is where it is waited for, and it shows that the
+        GPUs can talk. Every call runs under the watchdog's guard: past the deadline it
+        names the peers that never arrived and ends the job.
+
+        Raises:
+            CommTimeoutError: The store gave up waiting for a peer (named in the message).
+            RuntimeError: NCCL could not make the communicator (naming the node's ranks).
+        """
+        what = f"intra-node NCCL communicator set-up on {self.device} (nccl)"
+        start = time.monotonic()
+        probe = torch.ones(1, device=self.device)
+        try:
+            with self.watchdog.guard(what, self.world_ranks):
+                eager = getattr(self.pg, "eager_connect_single_device", None)
+                if eager is not None:  # torch >= 2.3; older ones make it in the allreduce
+                    eager(self.device)
+                self.pg.allreduce([probe]).wait()  # the stream waits (the host may, too)
+        except RuntimeError as err:
+            if "imeout" in str(err) or "imed out" in str(err):  # the store's wait: who is late
+                self.watchdog.fail(what, self.world_ranks)
+            raise RuntimeError(
+                f"rank {self.world_ranks[self.rank]}: the NCCL communicator of the node's ranks "
+                f"{self.world_ranks} could not be made on {self.device}: {err}. Check that the "
+                "node's GPUs can reach each other (nvidia-smi topo -m, NCCL_DEBUG=INFO), or "
+                "use --intra-backend mpi") from err
+        self._host_wait("start-up allreduce")
+        if float(probe.item()) != self.size:
+            raise RuntimeError(f"rank {self.world_ranks[self.rank]}: the NCCL start-up "
+                               f"allreduce over ranks {self.world_ranks} gave "
+                               f"{float(probe.item())}, not {self.size}")
+        return time.monotonic() - start
 
     def _make_group(self, store: Any, timeout: datetime.timedelta) -> Any:
         opts = self._dist.ProcessGroupNCCL.Options()

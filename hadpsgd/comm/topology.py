@@ -88,6 +88,7 @@ class Topology:
     notes: list[str] = field(default_factory=list)
     _pairs: PairChannel | None = field(repr=False, default=None)
     _half_means: dict[tuple[str, int, str], Any] = field(repr=False, default_factory=dict)
+    _hier_half: Any = field(repr=False, default=None)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -193,22 +194,30 @@ class Topology:
     def half_mean_(self, tensor: torch.Tensor, scope: str) -> int:
         """Average the contiguous fp32 ``tensor`` over ``scope`` with bf16 on the wire.
 
-        ``scope`` is ``world`` or ``node``. Each learner's tensor is rounded to bfloat16 and
-        sent in shards (all-to-all), each shard's versions are summed in fp32 in rank order,
-        rounded to bfloat16 once more and gathered by every learner (allgather): half the
-        bytes of an fp32 ring allreduce, no residual kept between calls (as DDP's bf16
-        compression hook), and the same bits on every learner of the scope. Device tensors
-        are coded on the device and staged through pinned host memory where MPI cannot read
-        them. (Where NCCL carries the whole scope, use :meth:`mean_deferred_` on a bf16 copy:
-        NCCL reduces bfloat16 itself.)
+        ``scope`` is ``world`` or ``node``. Where the scope spans several nodes (``world``),
+        only the inter-node leg is bf16: the node's sum is made in fp32 by the intra-node
+        backend (NCCL on GPUs, MPI's shared memory or gloo on host), local rank *j* carries
+        slice *j* of it across the nodes in bf16 and the node shares the result
+        (:class:`~hadpsgd.comm.compressed.HierarchicalHalfMean`). Inside one node (``node``,
+        or a world of one node) each learner's tensor is rounded to bfloat16 and sent in
+        shards (all-to-all), each shard's versions are summed in fp32 in rank order, rounded
+        to bfloat16 once more and gathered by every learner (allgather). Either way no
+        residual is kept between calls (as DDP's bf16 compression hook) and every learner of
+        the scope holds the same bits. Device tensors are coded on the device and staged
+        through pinned host memory where MPI cannot read them. (Where NCCL carries the whole
+        scope, use :meth:`mean_deferred_` on a bf16 copy: NCCL reduces bfloat16 itself.)
 
         Returns:
-            The payload bytes this rank sent.
+            The payload bytes this rank sent: across several nodes only those it sent to
+            other nodes (half of the fp32 hierarchical allreduce's), inside one node those
+            it sent to the node's learners (half of an fp32 ring's share).
         """
         from hadpsgd.comm.compressed import CompressedMean  # noqa: PLC0415 - --grad-wire only
 
         if scope not in ("world", "node"):
             raise ValueError(f"scope must be 'world' or 'node', got {scope!r}")
+        if scope == "world" and self.num_nodes > 1:
+            return self._half_mean_across_(tensor)
         comm, ranks = ((self.comm, list(range(self.size))) if scope == "world"
                        else (self.intra, self.node_ranks))
         if comm.Get_size() == 1:
@@ -222,6 +231,28 @@ class Topology:
         before = mean.bytes_sent
         mean.mean_(tensor)
         return mean.bytes_sent - before
+
+    def _half_mean_across_(self, tensor: torch.Tensor) -> int:
+        """:meth:`half_mean_` over the world of several nodes (fp32 inside, bf16 between)."""
+        from hadpsgd.comm.compressed import HierarchicalHalfMean  # noqa: PLC0415
+
+        if self._hier_half is None:
+            self._hier_half = HierarchicalHalfMean(
+                self.inter, self.watchdog, self.inter_ranks, size=self.size,
+                num_nodes=self.num_nodes, shard=self.reducer.algo == "shard")
+        dev = self.reducer.device_intra
+        backend = dev if tensor.is_cuda and dev is not None else self.reducer.intra
+        if self.local_size == 1 or not self.route(tensor).intra.endswith("via host"):
+            # (A learner alone in its node makes no intra-node call: the inter-node leg
+            # codes device tensors on the device and stages only the bf16 payload.)
+            return self._hier_half.mean_(tensor, backend)
+        # Memory the node's backend cannot take (device tensors of ranks that share a GPU
+        # without a CUDA-aware MPI, a dtype MPI lacks): the whole mean on an fp32 host copy,
+        # cut as on every other rank (the route is agreed at start-up).
+        host = tensor.to("cpu", torch.float32)
+        sent = self._hier_half.mean_(host, backend)
+        tensor.copy_(host)
+        return sent
 
     def join_deferred(self) -> None:
         """Wait (stream-wise, then once on the host under the deadline) for deferred means."""

@@ -82,6 +82,12 @@ from hadpsgd.comm.nccl import NCCLIntra
 dev = torch.device("cuda", 0)
 torch.cuda.set_device(dev)
 backend = NCCLIntra(MPI.COMM_SELF.Dup(), Watchdog(MPI.COMM_WORLD.Dup(), 30.0), [0], dev)
+# The communicator exists before any collective of the caller's: made under the deadline.
+assert backend.connect_s is not None and backend.connect_s >= 0
+if hasattr(backend.pg, "_is_initialized"):
+    assert backend.pg._is_initialized(), "the NCCL communicator was not made at start-up"
+assert backend.store.timeout.total_seconds() == 30.0, backend.store.timeout
+print(f"communicator made in {backend.connect_s:.3f} s")
 t = torch.arange(4097, dtype=torch.float32, device=dev)
 backend.allreduce_(t)
 backend.bcast_(t)
@@ -95,7 +101,8 @@ print("OK")
 
 def test_one_rank_nccl_group_reduces_blocking_and_deferred():
     # The NCCL backend on one GPU (a group of one, in its own process: MPI is not started
-    # inside pytest): the communicator is made at start-up, and blocking calls and a
+    # inside pytest): the communicator is made at start-up (bound to the GPU, before any
+    # collective of the caller's), its store waits the deadline, and blocking calls and a
     # deferred mean joined once give the identity.
     res = run_mpi(1, ["-c", ONE_RANK_NCCL])
     assert_ok(res)
@@ -111,3 +118,60 @@ def test_device_follows_the_physical_host_not_the_emulated_node():
     assert_ok(res)
     devices = set(re.findall(r"\d>cuda:(\d)", res.stdout))
     assert devices == {"0", "1"}, res.stdout
+
+
+NCCL_AT_INIT = """
+import os, time
+import torch
+from hadpsgd import comm
+from hadpsgd.comm import nccl
+
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))
+if os.environ.get("HADPSGD_TEST_LATE") == rank:
+    # This learner passes every MPI step of start-up but never joins the NCCL group.
+    nccl.NCCLIntra._connect = lambda self: time.sleep(600) or 0.0
+topo = comm.init(device="cuda")
+dev = topo.reducer.device_intra
+assert isinstance(dev, nccl.NCCLIntra), topo.describe()
+# No collective of the caller's yet: the communicator must exist already.
+if hasattr(dev.pg, "_is_initialized"):
+    assert dev.pg._is_initialized(), "the NCCL communicator was not made by comm.init"
+assert dev.store.timeout.total_seconds() == topo.timeout, dev.store.timeout
+print(f"OK rank {topo.rank}: NCCL communicator made in {dev.connect_s:.3f} s", flush=True)
+"""
+
+
+@two_gpus
+def test_nccl_communicator_is_made_by_init_under_the_deadline():
+    # Two ranks, one node, a GPU each: comm.init makes the NCCL communicator (bound to the
+    # rank's GPU) before any collective, and its store waits HADPSGD_TIMEOUT.
+    env = {"HADPSGD_RANKS_PER_NODE": "2", "HADPSGD_INTRA_BACKEND": "nccl",
+           "HADPSGD_TIMEOUT": "40"}
+    res = run_mpi(2, ["-c", NCCL_AT_INIT], env=env)
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == 2
+    # Rank 1 never joins the NCCL group: rank 0 must not wait inside NCCL for ever (nor for
+    # NCCL's own, later watchdog) but fail at hadpsgd's deadline, naming rank 1.
+    res = run_mpi(2, ["-c", NCCL_AT_INIT], env={**env, "HADPSGD_TIMEOUT": "10",
+                                                  "HADPSGD_TEST_LATE": "1"}, timeout=120)
+    assert res.returncode != 0, res.output
+    assert "NCCL communicator set-up" in res.output, res.output
+    assert "rank(s) 1 never arrived" in res.output, res.output
+
+
+@pytest.mark.parametrize("algo", ["auto", "leader"])
+def test_grad_wire_bf16_across_nodes_on_device(algo):
+    # --grad-wire bf16 over 2 emulated nodes x 2 with the tensors on the GPU: bit for bit
+    # the fp32-node-means reference, the same bits everywhere, half the fp32 hierarchical
+    # path's inter-node bytes. On one GPU the ranks share it, so the node's sum is staged
+    # through host memory; with two or more (GPU = host rank mod GPUs: each node's two
+    # ranks get two GPUs) NCCL makes it on the devices.
+    res = run_worker(4, "half_mean_nodes", algo,
+                     env={"HADPSGD_RANKS_PER_NODE": "2", "HADPSGD_TEST_DEVICE": "cuda",
+                          "HADPSGD_CUDA_AWARE": "0"})
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == 4
+    if torch.cuda.device_count() >= 2:
+        assert "intra-node nccl" in res.stdout, res.stdout
+    else:
+        assert "intra-node mpi via host" in res.stdout, res.stdout

@@ -1,12 +1,17 @@
 """The compressed cross-node mean under real mpirun (int8 gossip: tests/mpi/test_adpsgd.py).
 
 ``tests/workers/compressed.py`` checks the mean (bit-identical everywhere, within the
-rounding bounds, error feedback telescoping, exact resume, bytes).
+rounding bounds, error feedback telescoping, exact resume, bytes);
+``tests/workers/half_mean_nodes.py`` checks ``--grad-wire bf16`` across nodes.
 """
+
+import json
 
 import pytest
 
+from hadpsgd.models import build_model
 from tests._mpi import assert_ok, run_worker
+from tests.mpi._resume import run_args
 
 pytestmark = pytest.mark.mpi
 
@@ -18,3 +23,47 @@ def test_compressed_mean(nprocs, per_node):
                                                 "HADPSGD_TIMEOUT": "60"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs
+
+
+@pytest.mark.parametrize(("nprocs", "per_node", "algo", "intra"),
+                         [(4, "2", "auto", "mpi"), (4, "2", "leader", "mpi"),
+                          (4, "1", "auto", "mpi"), (4, "2", "auto", "gloo"),
+                          (5, "2", "auto", "mpi")],
+                         ids=["2x2-shard", "2x2-leader", "4x1", "2x2-gloo", "2+2+1-leader"])
+def test_grad_wire_bf16_across_nodes_is_fp32_inside_and_bf16_between(nprocs, per_node, algo,
+                                                                      intra):
+    """``--grad-wire bf16`` over ranks in nodes (``tests/workers/half_mean_nodes.py``): bit
+    for bit the reference of fp32 node means rounded to bf16 across the nodes, the same bits
+    on every rank, and the bytes counted those that crossed between nodes: half of the fp32
+    hierarchical allreduce's (on the counter of the inter-node communicator). Nodes of
+    unequal size take the leader form. With gloo inside the nodes its rendezvous store waits
+    ``HADPSGD_TIMEOUT``."""
+    res = run_worker(nprocs, "half_mean_nodes", algo,
+                     env={"HADPSGD_RANKS_PER_NODE": per_node, "HADPSGD_TIMEOUT": "47",
+                          "HADPSGD_INTRA_BACKEND": intra})
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs
+    if nprocs == 5:
+        assert "local 0 sent 0" not in res.stdout  # every node's leader sent its share
+
+
+def test_ssgd_grad_wire_bf16_across_nodes_through_the_main_command(tiny_data, tmp_path):
+    """SSGD over 2 emulated nodes x 2 with ``--grad-wire bf16``, assembled as
+    ``python -m hadpsgd.run`` assembles it: every replica ends with the same bits, and
+    ``grad_wire_bytes`` is what each rank sent between nodes: per step (one bucket of the
+    tiny model's P parameters) a ring's share of its slice, 2 (N - 1) / N x 2 bytes x P / 2,
+    padded to the shards."""
+    steps = 6
+    res = run_worker(4, "precision_run",
+                     *run_args(tiny_data, tmp_path, "--algo", "ssgd", "--ranks-per-node", "2",
+                               "--batch-size", "4", "--max-steps", str(steps),
+                               "--grad-wire", "bf16")[2:])
+    assert_ok(res)
+    every = json.loads(next(x for x in res.stdout.splitlines()
+                            if x.startswith("STATE ")).removeprefix("STATE "))
+    assert len({s["local"] for s in every}) == 1, every
+    params = sum(p.numel() for p in build_model("tiny", 260, 12).parameters())
+    piece = -(-params // 2)  # a local rank's slice of the node's sum
+    shard = -(-piece // 2)  # cut in one shard per node
+    assert all(s["skipped_steps"] == 0 for s in every), every
+    assert {s["grad_wire_bytes"] for s in every} == {steps * 2 * (2 - 1) * shard * 2}, every
