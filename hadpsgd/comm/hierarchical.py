@@ -160,7 +160,9 @@ class Reducer:
         Possible when the whole route is one NCCL allreduce (``intra``, or ``world`` in a
         one-node world): it runs on NCCL's stream while the caller's stream goes on, and
         :meth:`join_deferred` ends it. Anything else (an MPI leg, staging) must wait and is
-        left to the caller (False).
+        left to the caller (False): the gradient buckets' background thread then runs it on
+        its own stream (:class:`~hadpsgd.comm.streams.ReadyEvents`), where NCCL and the
+        copies wait for that bucket only and the host waits only for that stream's events.
         """
         dev = self.device_intra
         if dev is None or not t.is_cuda or not hasattr(dev, "allreduce_deferred_"):

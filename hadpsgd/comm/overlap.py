@@ -17,6 +17,13 @@ reduced at the end of backward, in the same order, on the calling thread.
 Every rank reduces the buckets in index order, whatever order its hooks fire in, so the
 collectives match across ranks; each call keeps the watchdog's deadline (a stuck peer aborts
 the job with a named error, as for every blocking call).
+
+On a GPU the background thread issues its reductions on a stream of their own, which waits
+only for an event recorded where each bucket became ready (:class:`~hadpsgd.comm.streams.
+ReadyEvents`): NCCL and the copies of an MPI leg never wait for backward's later kernels,
+backward never waits for a reduction, and the thread's host waits (before MPI reads a
+buffer) are on that stream's events only. :meth:`BucketReducer.finish` makes the compute
+stream wait for it once, before the optimizer reads the gradients.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from hadpsgd.comm.deadline import CommTimeoutError
+from hadpsgd.comm.streams import ReadyEvents
 
 GradScope = str | None
 """Which learners a step's gradients are averaged over: ``world``, ``node`` or None (none);
@@ -131,6 +139,11 @@ class BucketReducer:
         i.e. while backward still ran (overlapped)."""
         self._began = 0
         self._thread: threading.Thread | None = None
+        device = next((v.device for v in self.views if v.is_cuda), None)
+        # Only a background thread needs them: reduced on the calling thread after backward,
+        # a bucket's reduction is simply queued on the compute stream.
+        self._events = (ReadyEvents(device, len(plan))
+                        if background and len(plan) and device is not None else None)
         if background and len(plan):
             self._thread = threading.Thread(target=self._serve, name="hadpsgd-grad-reduce",
                                             daemon=True)
@@ -147,7 +160,10 @@ class BucketReducer:
         b = self.plan.of_param[index]
         with self._cond:
             self._pending[b] -= 1
-            if self._pending[b] == 0:
+            complete = self._pending[b] == 0
+            if self._events is not None:  # on the stream this gradient was accumulated on
+                self._events.mark(b, complete)
+            if complete:
                 self._ready[b] = True
                 if b == self._next:
                     self._cond.notify_all()
@@ -164,6 +180,12 @@ class BucketReducer:
         """
         with self._cond:
             self.overlapped = self._began if self._thread is not None else 0
+            if self._events is not None:
+                # The rest is ready as of this thread's stream now: backward has made it wait
+                # for every stream backward ran on, and the gradients gathered since are on it.
+                for b, ready in enumerate(self._ready):
+                    if not ready:
+                        self._events.mark(b, complete=True)
             self._ready = [True] * len(self.plan)
             self._cond.notify_all()
         if self._thread is None:
@@ -186,12 +208,16 @@ class BucketReducer:
                 raise err
             raise RuntimeError(f"gradient reduction failed: {err}") from err
         sums = [s for s in self._local if s is not None]
+        if self._events is not None:
+            self._events.join(sums)  # the optimizer's stream waits for the reductions once
         with self._cond:
             self._pending = [len(b.params) for b in self.plan.buckets]
             self._ready = [False] * len(self.plan)
             self._local = [None] * len(self.plan)
             self._scope = None
             self._next = self._began = 0
+            if self._events is not None:
+                self._events.reset()
         return sums
 
     # ------------------------------------------------------------------ reducing side
@@ -201,12 +227,20 @@ class BucketReducer:
         if b == 0:
             self._scope = self._scope_of_step()
         if self._scope is not None:
-            view = self.views[b]
-            self._local[b] = self._local_sum(view)
-            self._reduce(view, self._scope)
+            if self._events is None:
+                self._reduce_bucket(b)
+            else:
+                self._events.wait(b)  # the comm stream waits for this bucket's gradients only
+                with self._events.issuing():
+                    self._reduce_bucket(b)
         with self._cond:
             self._next = b + 1
             self._cond.notify_all()
+
+    def _reduce_bucket(self, b: int) -> None:
+        view = self.views[b]
+        self._local[b] = self._local_sum(view)
+        self._reduce(view, self._scope)  # type: ignore[arg-type] - not None here
 
     def _serve(self) -> None:
         # A new thread's current CUDA device is 0 whatever the main thread chose: anything

@@ -3,7 +3,10 @@
 ADPSGD's gossip thread and ``python -m benchmarks.comm --op exchange`` both go through
 :class:`PairChannel`, so the benchmark times the path training takes. Device buffers are
 staged through pinned host memory unless MPI is CUDA-aware; half precision goes as raw bytes
-(nothing is reduced, so no MPI type is needed).
+(nothing is reduced, so no MPI type is needed). A staged send is one copy off the device on
+the caller's stream and one sleeping wait for it; a staged receive is one copy onto the
+device on that stream, which the host does not wait for: the next exchange waits for it
+(usually long done) only before MPI writes the host buffer again.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class PairChannel:
         self.size = comm.Get_size()
         self.cuda_aware = cuda_aware
         self.stager = stager or Stager()
+        self._landed: Any = None  # the last staged receive's copy onto the device (an event)
 
     def _wire(self, t: torch.Tensor, slot: int) -> tuple[Any, torch.Tensor | None]:
         """What MPI sends from / receives into for ``t``, and the host copy if one is used."""
@@ -83,15 +87,18 @@ class PairChannel:
             raise ValueError("exchange: send and recv must have the same size and dtype")
         sbuf, shost = self._wire(send, slot=3)
         rbuf, rhost = self._wire(recv, slot=4)
+        if self._landed is not None:  # MPI overwrites the host buffer the last copy read
+            self._landed.synchronize()
+            self._landed = None
         if shost is not None:
-            shost.copy_(send)
+            _to_host(send, shost)
         reqs = [self.comm.Irecv(rbuf, source=peer, tag=tag),
                 self.comm.Isend(sbuf, dest=peer, tag=tag)]
         what = what or (f"pair exchange of {send.numel()} {send.dtype} between ranks "
                         f"{self.world_ranks[self.rank]} and {self.world_ranks[peer]}")
         self.watchdog.wait_all(reqs, what, [self.world_ranks[peer]], progress=progress)
         if rhost is not None:
-            recv.copy_(rhost)
+            self._landed = _from_host(rhost, recv)
 
     def board(self, slots: int) -> SharedCounter:
         """Shared counters over this channel's ranks (collective over the channel)."""
@@ -100,6 +107,32 @@ class PairChannel:
     def start_barrier(self) -> PairRequest:
         """Begin a non-blocking barrier over the channel."""
         return PairRequest(self.comm.Ibarrier())
+
+
+def _to_host(t: torch.Tensor, host: torch.Tensor) -> None:
+    """Copy device ``t`` into pinned ``host`` on the current stream; the host sleeps until done.
+
+    A plain blocking copy would spin a core in the CUDA runtime for as long as the stream's
+    earlier work takes; a blocking-sync event puts the thread to sleep instead.
+    """
+    stream = torch.cuda.current_stream(t.device)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event(blocking=True)
+    event.record(stream)
+    event.synchronize()
+
+
+def _from_host(host: torch.Tensor, t: torch.Tensor) -> Any:
+    """Queue the copy of pinned ``host`` into device ``t`` on the current stream.
+
+    What that stream does next sees ``t``; the host does not wait. Returns the event that
+    tells when ``host`` may be written again.
+    """
+    stream = torch.cuda.current_stream(t.device)
+    t.copy_(host, non_blocking=True)
+    event = torch.cuda.Event(blocking=True)
+    event.record(stream)
+    return event
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:

@@ -18,13 +18,21 @@ wire), so each byte crosses a node's link once. Every learner ends with the same
 Jobs run in submission order, one at a time, so the collectives match across ranks. Without
 ``MPI_THREAD_MULTIPLE`` a job runs when its result is first waited for, on the caller's
 thread: the same calls in the same order, the same values, no overlap.
+
+On a GPU a job that names its device tensors (``submit(..., uses=...)``) runs on a stream of
+the channel's own, behind an event recorded on the submitter's stream at submission (after
+the block's last step and the packing of what is sent), never on the compute stream: its
+copies, its coding kernels and the host's waits for them leave training alone. An fp32 mean
+of a device tensor goes through one page-locked host buffer, allocated once and reused
+(one copy off the device, a sleeping wait for it, MPI, one copy back), not through pageable
+memory. :meth:`SideChannel.wait` makes the waiter's stream wait for the job's last copy.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,27 +41,59 @@ from hadpsgd.comm.codec import check_wire, payload_bytes
 from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog
 from hadpsgd.comm.mpi import MPI_NATIVE, mpi
+from hadpsgd.comm.staging import Stager, host_dtype
 
 
 class Job:
-    """One submitted reduction; :meth:`SideChannel.wait` gives its outcome."""
+    """One submitted reduction; :meth:`SideChannel.wait` gives its outcome.
 
-    __slots__ = ("done", "error", "fn", "what")
+    Args:
+        fn: The reduction (it makes the channel's calls).
+        what: What it is, for errors.
+        stream: The CUDA stream it runs on (None: the running thread's current one).
+        uses: The device tensors it reads and writes (with ``stream``).
+    """
 
-    def __init__(self, fn: Callable[[], None], what: str) -> None:
+    __slots__ = ("done", "error", "finished", "fn", "ready", "stream", "uses", "what")
+
+    def __init__(self, fn: Callable[[], None], what: str, stream: Any = None,
+                 uses: Sequence[torch.Tensor] = ()) -> None:
         self.fn = fn
         self.what = what
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.stream = stream
+        self.uses = tuple(uses)
+        self.ready: Any = None
+        self.finished: Any = None
+        if stream is not None:
+            # The inputs as the submitter's stream has written them so far: the job's stream
+            # waits for this, not for whatever that stream queues next.
+            self.ready = torch.cuda.Event()
+            self.ready.record(torch.cuda.current_stream(stream.device))
+            self.finished = torch.cuda.Event()
 
     def run(self) -> None:
         """Run the job once, keeping its error for the waiter."""
         try:
-            self.fn()
+            if self.stream is None:
+                self.fn()
+            else:
+                self.stream.wait_event(self.ready)
+                with torch.cuda.stream(self.stream):
+                    self.fn()
+                self.finished.record(self.stream)
+                for t in self.uses:  # not reused by the allocator before this stream is done
+                    t.record_stream(self.stream)
         except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
             self.error = err
         finally:
             self.done.set()
+
+    def arrived(self) -> None:
+        """The calling thread's current stream waits for the job's device work (not the host)."""
+        if self.finished is not None:
+            torch.cuda.current_stream(self.stream.device).wait_event(self.finished)
 
 
 class SideChannel:
@@ -84,6 +124,8 @@ class SideChannel:
         self.bytes_sent = 0
         """Payload bytes this rank sent to other nodes (fp32: a ring allreduce's share)."""
         self._compressors: dict[str, CompressedMean] = {}
+        self._stager = Stager()  # the page-locked host buffer of fp32 means of device tensors
+        self._streams: dict[torch.device, Any] = {}  # jobs' stream, per device
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         if background:
@@ -116,11 +158,26 @@ class SideChannel:
             comp.mean_(t)
             self.bytes_sent += comp.bytes_sent - before
             return t
-        host = t if t.device.type == "cpu" and t.dtype in MPI_NATIVE else t.to(
-            "cpu", torch.float32 if t.dtype not in MPI_NATIVE else t.dtype)
-        flat = host.reshape(-1)
-        MPI = mpi()  # noqa: N806 - the module is conventionally MPI
         what = f"background inter-node mean of {t.numel()} {t.dtype}"
+        if t.is_cuda:
+            # One page-locked copy of the whole tensor on the current stream (a job's own):
+            # one MPI message, as on the host.
+            work = t if t.is_contiguous() else t.contiguous()
+            self._stager.run_whole(work.view(-1), lambda flat: self._host_mean_(flat, what))
+            if work is not t:
+                t.copy_(work)
+        else:
+            host = t if t.dtype in MPI_NATIVE else t.to("cpu", host_dtype(t.dtype))
+            self._host_mean_(host.reshape(-1), what)
+            if host is not t:
+                t.copy_(host)
+        n = self.num_nodes
+        self.bytes_sent += 2 * (n - 1) * payload_bytes(t.numel(), "fp32", t.element_size()) // n
+        return t
+
+    def _host_mean_(self, flat: torch.Tensor, what: str) -> None:
+        """The mean of the 1-D host tensor ``flat`` across nodes, in place (``what``: errors)."""
+        MPI = mpi()  # noqa: N806 - the module is conventionally MPI
         if self.background:
             # Non-blocking, polled with short sleeps: a blocking call would spin a core for
             # as long as the link takes, and that core is the one training needs.
@@ -130,11 +187,6 @@ class SideChannel:
             with self.watchdog.guard(what, self.inter_ranks):
                 self.inter.Allreduce(MPI.IN_PLACE, flat.numpy(), MPI.SUM)
         flat.div_(self.num_nodes)
-        if host is not t:
-            t.copy_(host)
-        n = self.num_nodes
-        self.bytes_sent += 2 * (n - 1) * payload_bytes(t.numel(), "fp32", t.element_size()) // n
-        return t
 
     def state_dict(self) -> dict[str, Any]:
         """The compressed wire's rounding errors (per key), for an exact resume."""
@@ -156,9 +208,25 @@ class SideChannel:
         return comp
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, fn: Callable[[], None], what: str) -> Job:
-        """Queue ``fn`` (it makes this channel's calls); it runs after every earlier job."""
-        job = Job(fn, what)
+    def submit(self, fn: Callable[[], None], what: str,
+               uses: Sequence[torch.Tensor] = ()) -> Job:
+        """Queue ``fn`` (it makes this channel's calls); it runs after every earlier job.
+
+        Args:
+            fn: The job.
+            what: What it is, for errors.
+            uses: The tensors it reads and writes. If any is on a GPU, the job runs on this
+                channel's stream of that device, behind what the calling thread's stream
+                has queued so far (and nothing it queues later), and :meth:`wait` orders
+                the waiter's stream after it.
+        """
+        device = next((t.device for t in uses if t.is_cuda), None)
+        stream = None
+        if device is not None:
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device=device)
+        job = Job(fn, what, stream, [t for t in uses if t.is_cuda])
         if self._thread is not None:
             self._queue.put(job)
         return job
@@ -180,6 +248,7 @@ class SideChannel:
             if isinstance(err, CommTimeoutError):
                 raise err
             raise RuntimeError(f"{job.what} failed: {err}") from err
+        job.arrived()  # the waiter's stream reads the job's results next
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:

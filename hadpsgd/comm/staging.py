@@ -5,11 +5,16 @@ GPU memory, so such buffers are copied into reusable pinned host buffers, worked
 and copied back. A buffer goes in chunks through two host slots on a side stream: while MPI
 works on chunk ``i``, chunk ``i + 1`` is already coming off the device and chunk ``i - 1``
 is going back, so the copies hide behind the transfer instead of adding to it.
+
+A buffer that fits one chunk (a gradient shard, a small message) takes the short way
+instead: one copy off the device on the caller's stream, one sleeping wait for it, the host
+operation, one copy back on the caller's stream. The pipeline's fixed cost (a side stream
+synchronised with the caller both ways, three events) was most of a small message's time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -39,6 +44,18 @@ def host_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in MPI_NATIVE else torch.float32
 
 
+def chunk_plan(numel: int, step: int) -> list[tuple[int, int]]:
+    """The chunks ``[lo, hi)`` a buffer of ``numel`` elements goes through the host in.
+
+    ``step`` elements each, the last one shorter; an empty buffer is one empty chunk (the
+    operation still runs once: a collective must be joined by every rank). One chunk takes
+    :meth:`Stager.run_whole`, several the pipeline.
+    """
+    if step < 1:
+        raise ValueError(f"chunk step must be >= 1 element, got {step}")
+    return [(lo, min(lo + step, numel)) for lo in range(0, numel, step)] or [(0, 0)]
+
+
 class Stager:
     """Pinned host buffers, grown on demand and reused across calls, and one copy stream.
 
@@ -54,15 +71,18 @@ class Stager:
         self.chunk_bytes = max(int(chunk_bytes), 8)
         self._buffers: dict[tuple[torch.dtype, int, bool], torch.Tensor] = {}
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        # The single-chunk path's event, one per caller stream (recorded again each call).
+        self._events: dict[int, torch.cuda.Event] = {}
 
-    def buffer(self, dtype: torch.dtype, numel: int, slot: int = 0,
+    def buffer(self, dtype: torch.dtype, numel: int, slot: Hashable = 0,
                device_copy: bool = True) -> torch.Tensor:
         """A host tensor of ``numel`` elements (a view of a reusable buffer ``slot``).
 
         Args:
             dtype: Its dtype.
             numel: Its length.
-            slot: Which reusable buffer (two alternate in the pipeline).
+            slot: Which reusable buffer (two alternate in the pipeline; the single-chunk
+                path has one per caller stream).
             device_copy: It is copied to or from a device tensor (pinned, if :attr:`pin`).
         """
         pinned = self.pin and device_copy
@@ -95,15 +115,16 @@ class Stager:
             chunk_elems: Elements per chunk (default: ``chunk_bytes`` of the host dtype).
         """
         hdt = host_dtype(t.dtype)
-        step = chunk_elems or max(1, self.chunk_bytes // torch.empty(0, dtype=hdt).element_size())
-        n = t.numel()
-        bounds = [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
+        bounds = chunk_plan(t.numel(), chunk_elems or max(1, self.chunk_bytes // hdt.itemsize))
         if not t.is_cuda:
             for lo, hi in bounds:
                 host = self.buffer(hdt, hi - lo, device_copy=False)
                 host.copy_(t[lo:hi])
                 op(host)
                 t[lo:hi].copy_(host)
+            return
+        if len(bounds) == 1:
+            self.run_whole(t, op)
             return
         stream = self._stream(t.device)
         caller = torch.cuda.current_stream(t.device)
@@ -131,3 +152,35 @@ class Stager:
                 t[lo:hi].copy_(host, non_blocking=True)
         caller.wait_stream(stream)
         t.record_stream(stream)  # the allocator must not reuse t before the copies are done
+
+    def run_whole(self, t: torch.Tensor, op: Callable[[torch.Tensor], None]) -> None:
+        """Apply ``op`` to one host copy of the whole device tensor ``t`` (no pipeline).
+
+        One copy off the device on the caller's current stream (so it follows what that
+        stream wrote to ``t``), one sleeping wait for it, ``op``, and one copy back on the
+        same stream (so what the stream does next sees the result; the host does not wait
+        for it). The host buffer belongs to the caller's stream: the next call's copy into
+        it is queued behind this one's copy out of it, and ``op`` runs only after the wait
+        for that next copy, so the buffer is never overwritten while it is still read.
+
+        Args:
+            t: A contiguous 1-D device tensor.
+            op: In-place operation on its host copy (of ``host_dtype(t.dtype)``).
+        """
+        caller = torch.cuda.current_stream(t.device)
+        host = self.buffer(host_dtype(t.dtype), t.numel(), slot=("whole", caller.cuda_stream))
+        host.copy_(t, non_blocking=True)
+        event = self._events.get(caller.cuda_stream)
+        if event is None:
+            event = self._events[caller.cuda_stream] = torch.cuda.Event(blocking=True)
+        event.record(caller)
+        event.synchronize()  # the host sleeps (a blocking-sync event), not spins
+        op(host)
+        if host.dtype == t.dtype:
+            t.copy_(host, non_blocking=True)
+        else:
+            # Converted on the device: ``copy_`` would convert on the host into pageable
+            # memory, whose copy to the device waits for the whole stream first.
+            t.copy_(host.to(t.device, non_blocking=True))
+        if t.is_cuda:  # the caller's stream used it: not reused before that work is done
+            t.record_stream(caller)

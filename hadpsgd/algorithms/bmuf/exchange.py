@@ -3,7 +3,9 @@
 Blocking in fp32, a hierarchical allreduce on the training thread's communicators; overlapped
 or compressed, the private side channel (:class:`hadpsgd.comm.side.SideChannel`): in a
 background thread while the next block computes, and with a compressed wire each segment of a
-pack (the model's progress, each sent moment's) scaled on its own.
+pack (the model's progress, each sent moment's) scaled on its own. A background mean names its
+packs to the side channel, which on a GPU runs it on a stream of its own behind the packing
+(never on the compute stream) and orders the waiter's stream after it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class BlockExchange:
         if background:
             average.job = self.side.submit(  # type: ignore[union-attr]
                 lambda: self._mean(frag.index, average),
-                f"background block average of fragment {frag.index}")
+                f"background block average of fragment {frag.index}",
+                uses=list(average.packs.values()))
         else:
             self._mean(frag.index, average)
 
