@@ -71,12 +71,27 @@ def poll(done: Callable[[], bool], timeout: float) -> bool:
         os.sched_yield()
     deadline = start + timeout
     pause = 50e-6
+    last, longest = start, 0.0
     while not done():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        # The monotonic clock runs on while the process is stopped (SIGSTOP, a debugger):
+        # a gap far longer than the pause is time this rank itself was not running.
+        longest, last = max(longest, now - last), now
+        if now > deadline:
+            _stall.seconds = longest
             return False
         time.sleep(pause)
         pause = min(pause * 1.5, 1e-3)
     return True
+
+
+_stall = threading.local()
+"""The longest gap between two checks of this thread's last timed-out :func:`poll`."""
+
+
+def stalled_for() -> float:
+    """Seconds this thread was not running during its last timed-out wait (0 if none)."""
+    return float(getattr(_stall, "seconds", 0.0))
 
 
 _monotonic = time.monotonic
@@ -299,6 +314,12 @@ class Watchdog:
             if silent and self.answer:
                 who += (f" (rank(s) {', '.join(map(str, silent))} did not answer: dead or "
                         "frozen)")
+        elif (stalled := stalled_for()) > max(1.0, self.timeout / 4):
+            # Frozen past the deadline and then let go (the launcher's SIGCONT before its
+            # SIGTERM): the peers timed out waiting for this rank and named it first.
+            who = (f"this rank was itself stopped for {stalled:.0f} s during the wait "
+                   "(SIGSTOP, a debugger, swapping), so its peers timed out waiting for it and "
+                   "named it; their messages are the diagnosis")
         else:
             who = "every peer is waiting too (a mismatched call order?)"
         raise CommTimeoutError(

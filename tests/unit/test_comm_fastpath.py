@@ -303,3 +303,17 @@ def test_nccl_wait_blocks_on_a_blocking_event_under_the_guard(monkeypatch):
     with pytest.raises(RuntimeError, match="CUDA error"):
         backend._wait(Work(), "broadcast")
     assert log[-1] == ("abort",) and wd._active is None
+
+
+def test_a_wait_during_which_this_rank_was_stopped_knows_it():
+    """The monotonic clock runs on while a process is stopped: a timed-out wait records the
+    longest gap between its checks, so a rank frozen past its deadline (then let go by the
+    launcher) says it was itself the late one instead of "every peer is waiting too"."""
+    import time
+
+    from hadpsgd.comm.deadline import poll, stalled_for
+
+    assert not poll(lambda: False, 0.05)
+    assert stalled_for() < 0.04  # checked every millisecond or so
+    assert not poll(lambda: time.sleep(0.3) or False, 0.2)  # one check took 0.3 s
+    assert stalled_for() >= 0.29
