@@ -170,6 +170,7 @@ class TorchIntra(IntraBackend):
         self._dist = dist
         self._path: str | None = None
         self._tcp: Any = None
+        self._listener: socket.socket | None = None
         timeout = store_timeout(watchdog.timeout)
         hosts = allgather_object(comm, watchdog, host_name(), group=world_ranks)
         self.rendezvous = "file" if len(set(hosts)) == 1 else "tcp"
@@ -184,21 +185,33 @@ class TorchIntra(IntraBackend):
             base = dist.FileStore(path, self.size)
             base.set_timeout(timeout)  # torch's default otherwise (the TCP store gets it made)
         else:
-            base = self._tcp_store(hosts[0], timeout)
+            base = self._tcp_store(hosts[0], [h for h in hosts if h != hosts[0]], timeout)
         self.store = base
         """The rendezvous store (FileStore or TCPStore); its ``timeout`` is the deadline."""
         store = dist.PrefixStore(f"hadpsgd-intra-{self.name}", base)
         self.pg = self._make_group(store, timeout)
 
-    def _tcp_store(self, leader_host: str, timeout: datetime.timedelta) -> Any:
-        """A TCP store served by local rank 0 on a free port; its address goes over MPI."""
+    def _tcp_store(self, leader_host: str, peers: list[str],
+                   timeout: datetime.timedelta) -> Any:
+        """A TCP store served by local rank 0 on a free port; its address goes over MPI.
+
+        The store has no authentication, so it listens only on the address through which
+        this host reaches the node's other hosts (:func:`facing_address`), not on every
+        interface; where that address cannot be found it listens as torch does (all) and
+        the address is the host's name.
+        """
         dist = self._dist
         address = None
         if self.rank == 0:
+            listener = listening_socket(peers)
+            host = leader_host if listener is None else listener.getsockname()[0]
             # Port 0: the OS picks a free one, so two jobs on one host never collide.
-            self._tcp = dist.TCPStore(leader_host, 0, self.size, True, timeout=timeout,
-                                      wait_for_workers=False)
-            address = (leader_host, int(self._tcp.port))
+            self._tcp = dist.TCPStore(
+                host, 0 if listener is None else listener.getsockname()[1], self.size, True,
+                timeout=timeout, wait_for_workers=False,
+                master_listen_fd=None if listener is None else listener.fileno())
+            self._listener = listener  # the store serves on it: keep it open with the store
+            address = (host, int(self._tcp.port))
         host, port = bcast_object(self.comm, self.watchdog, address, root=0,
                                   group=self.world_ranks)
         if self.rank == 0:
@@ -247,6 +260,38 @@ class TorchIntra(IntraBackend):
                 os.unlink(self._path)
             except OSError:
                 pass
+
+
+def facing_address(peer_host: str) -> tuple[int, str] | None:
+    """(family, address) of this host's interface that routes to ``peer_host``, or None.
+
+    A UDP "connect" sends nothing: it only asks the kernel which local address a packet to
+    the peer would leave from. That is the interface the job's traffic to that host takes.
+    """
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(peer_host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return family, local
+
+
+def listening_socket(peers: list[str]) -> socket.socket | None:
+    """A socket listening on a free port of the interface facing ``peers``, or None."""
+    found = facing_address(peers[0]) if peers else None
+    if found is None:
+        return None
+    family, local = found
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((local, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def host_name() -> str:

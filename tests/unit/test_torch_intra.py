@@ -63,7 +63,7 @@ def test_file_store_waits_the_deadline():
 def test_tcp_store_waits_the_deadline():
     group = _group(3.0)
     try:
-        store = group._tcp_store("127.0.0.1", store_timeout(3.0))
+        store = group._tcp_store("127.0.0.1", ["127.0.0.1"], store_timeout(3.0))
         assert store.timeout == datetime.timedelta(seconds=3)
     finally:
         group.close()
@@ -140,3 +140,20 @@ def test_nccl_failure_to_connect_names_the_nodes_ranks():
                                            r"ranks \[4, 5\] could not be made"):
         backend._connect()
     assert not backend.watchdog.failed
+
+
+def test_the_tcp_store_listens_on_the_interface_facing_the_peers_only():
+    """The store has no authentication: it listens on the address that routes to the node's
+    other hosts, not on every interface; a peer that cannot be resolved falls back to torch's
+    own listening (None here)."""
+    from hadpsgd.comm.backends import facing_address, listening_socket
+
+    assert facing_address("127.0.0.1")[1] == "127.0.0.1"
+    sock = listening_socket(["127.0.0.1"])
+    try:
+        assert sock is not None and sock.getsockname()[0] == "127.0.0.1"
+        assert sock.getsockname()[1] > 0
+    finally:
+        sock.close()
+    assert listening_socket(["no-such-host.invalid"]) is None
+    assert listening_socket([]) is None
