@@ -1,7 +1,11 @@
 """The data of a run, checked before anything is built: files, sizes, every frame finite.
 
 Everything a user can get wrong about ``--train`` / ``--heldout`` is found here, on every
-rank alike, before a model or an output directory exists.
+rank alike, before a model or an output directory exists: the structure and every label when
+a file opens (and, for a stamped file, that its data is what the stamp vouches for), every
+frame by a parallel scan unless the file's stamp vouches for them. A frame changed in place
+after its file was stamped is found when training reads it
+(:meth:`hadpsgd.data.FeatureFile.read`).
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ from pathlib import Path
 from hadpsgd.comm import Topology
 from hadpsgd.config import RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
-from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
+from hadpsgd.data.validate import VALIDATE_COMMAND, nonfinite_error, path_problem, scan_frames
 
 
 def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDataset]:
-    """The training and held-out chunks, checked (shapes, sizes, every frame finite).
+    """The training and held-out chunks, checked (shapes, labels, sizes, every frame finite).
 
     Raises:
-        FeatureFileError: For a missing, malformed or too small file, naming it and the fix.
+        FeatureFileError: For a missing, malformed or too small file, a label out of range,
+            or a file changed after it was stamped, naming it and the fix.
     """
     train_path, heldout_path = resolve_data(cfg, topo)
     verify = cfg.data.verify_data
@@ -32,7 +37,14 @@ def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDatase
             f"{train_set.file.num_classes}; both splits must share one label set"
         )
     check_steps(train_set, cfg.train.batch_size, topo.size)
-    validate_data([train_set.file, heldout_set.file], topo)
+    files = [train_set.file, heldout_set.file]
+    if topo.rank == 0:
+        for ff in files:
+            if ff.old_stamp and not verify:
+                print(f"[hadpsgd] note: {ff.path}: its validated stamp is an older hadpsgd's, "
+                      f"without a fingerprint of the data, so every frame is scanned at each "
+                      f"start; {VALIDATE_COMMAND} {ff.path} stamps it anew", flush=True)
+    validate_data(files, topo)
     return train_set, heldout_set
 
 
@@ -116,7 +128,8 @@ def validate_data(files: Sequence[FeatureFile], topo: Topology) -> None:
         FeatureFileError: On every rank, for the first file with a problem: a non-finite
             value (naming the frame and utterance) or an unreadable part of the file.
     """
-    # A file whose writer's stamp vouches for it is not rescanned (unless --verify-data).
+    # A file whose stamp vouches for it is not rescanned (unless --verify-data): opening it
+    # checked that its data is what was stamped, and read() finds a frame changed since.
     files = [ff for ff in files if not ff.stamped]
     if not files:
         return

@@ -4,8 +4,14 @@ For each file: utterances, frames, feature dimension, classes, the label histogr
 classes no frame carries), the frames per utterance, the normalisation statistics, and how
 many ``--chunk-len`` chunks training cuts from it, and the class priors a decoder divides by
 (:mod:`hadpsgd.data.priors`: add-one smoothed; the text shows the most and least probable
-classes, ``--json`` the whole vector). Opening the file validates its structure
-(the same checks as training); ``--json`` prints one JSON object per file instead.
+classes, ``--json`` the whole vector), and whether its ``validated`` stamp vouches for it.
+Opening the file validates it as training does (structure, every label in range, the stamp's
+fingerprint), and a file that fails exits 2 with the problem named; ``--json`` prints one
+JSON object per file instead.
+
+``python -m hadpsgd.data validate FILE ...`` checks every label and frame of a file, whatever
+its stamp says, and stamps it anew: what a file changed in place needs before training
+trusts it again (:func:`hadpsgd.data.validate.validate_file`).
 
 ``python -m hadpsgd.data mark-silence FILE CLASS ...`` records which classes are silence in a
 file written by another tool (its ``silence_classes`` attribute), so that held-out evaluation
@@ -22,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from hadpsgd.data._schema import VALIDATE_COMMAND
 from hadpsgd.data.loader import ChunkDataset
 from hadpsgd.data.priors import SMOOTHING, count_file_labels, smooth
 from hadpsgd.data.reader import FeatureFile, FeatureFileError
+from hadpsgd.data.validate import validate_file
 from hadpsgd.data.writer import mark_silence
 
 _SHOWN = 10  # classes listed by count, most and least frequent
@@ -55,6 +63,9 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
                                if counts[c] > 0],
             "normalisation": None,
             "silence_classes": list(ff.silence_classes),
+            # "matches": training skips the frame scan; a stamp that no longer matches the
+            # data was refused when the file opened.
+            "stamp": "matches" if ff.stamped else "older" if ff.old_stamp else "none",
             "silence_fraction": (float(counts[list(ff.silence_classes)].sum() / counts.sum())
                                  if ff.silence_classes else None),
         }
@@ -96,6 +107,12 @@ def _text(info: dict[str, Any]) -> str:
                  + ", ".join(f"{c}: {p:.4g}" for c, p in pri["most_probable"])
                  + "; least probable: "
                  + ", ".join(f"{c}: {p:.4g}" for c, p in pri["least_probable"]))
+    lines.append({
+        "matches": "  validated stamp: matches the data (training skips the frame scan)",
+        "older": "  validated stamp: an older hadpsgd's, without a fingerprint: training scans "
+                 f"every frame at start ({VALIDATE_COMMAND} FILE stamps it anew)",
+        "none": "  validated stamp: none: training scans every frame at start "
+                f"({VALIDATE_COMMAND} FILE checks and stamps it)"}[info["stamp"]])
     norm = info["normalisation"]
     lines.append("  normalisation: none (features are used as stored)" if norm is None else
                  f"  normalisation: mean in [{norm['mean_range'][0]:.4g}, "
@@ -107,7 +124,8 @@ def _text(info: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; returns the exit code (2 for a missing or malformed file)."""
     parser = argparse.ArgumentParser(prog="python -m hadpsgd.data", allow_abbrev=False,
-                                     description="Inspect hadpsgd HDF5 feature files.")
+                                     description="Inspect and validate hadpsgd HDF5 "
+                                                 "feature files.")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="utterances, frames, classes, label histogram, "
                                        "normalisation of each file")
@@ -115,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--chunk-len", type=int, default=21,
                       help="training chunk length to count chunks for (default 21)")
     info.add_argument("--json", action="store_true", help="one JSON object per file")
+    check = sub.add_parser("validate", help="check every frame and label of each file, its "
+                                            "stamp ignored, and stamp it anew (after a change)")
+    check.add_argument("files", nargs="+", metavar="FILE")
     mark = sub.add_parser("mark-silence", help="record which classes of a feature file are "
                                                "silence (its silence_classes attribute)")
     mark.add_argument("file", metavar="FILE")
@@ -123,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "mark-silence":
         return _mark(args.file, args.classes)
+    if args.command == "validate":
+        return _validate(args.files)
     status = 0
     for path in args.files:
         try:
@@ -132,6 +155,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = 2
             continue
         print(json.dumps(summary) if args.json else _text(summary))
+    return status
+
+
+def _validate(paths: list[str]) -> int:
+    """``validate``: every file checked in full and stamped; 2 if any fails."""
+    status = 0
+    for path in paths:
+        try:
+            ff, _ = validate_file(path)
+        except FeatureFileError as err:
+            print(f"hadpsgd.data: error: {err}", file=sys.stderr)
+            status = 2
+            continue
+        print(f"{path}: valid: {ff.num_utts} utterances, {ff.num_frames} frames, every frame "
+              f"finite, every label in [0, {ff.num_classes}); stamped (training trusts it)")
     return status
 
 

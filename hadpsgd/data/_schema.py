@@ -34,8 +34,9 @@ LABELS = "labels"
 OFFSETS = "offsets"
 UTT_IDS = "utt_ids"
 VALIDATED = "validated"
-"""File attribute: the writer's stamp (JSON) that every frame was finite and every label in
-range when it was written, with the shape it vouches for."""
+"""File attribute: the stamp (JSON, :mod:`hadpsgd.data.validate_stamp`) that every frame was
+finite and every label in range when the writer wrote the file (or ``python -m hadpsgd.data
+validate`` checked it), with the shape and a fingerprint of the data it vouches for."""
 SILENCE_CLASSES = "silence_classes"
 """Optional file attribute: the class ids of silence (a Kaldi silence phone has several pdfs).
 A quarter of a speech corpus's frames can be silence, which frame accuracy then mostly
@@ -58,6 +59,8 @@ class FeatureFileError(ValueError):
 FIX_FRAMES = ("fix or drop that utterance and rewrite the file (hadpsgd.data.write_features "
               "refuses non-finite values), or re-run the import")
 FIX_DAMAGED = "the file is damaged or was cut short; copy it again or regenerate it"
+VALIDATE_COMMAND = "python -m hadpsgd.data validate"
+"""The command that checks every frame and label of a file and stamps it anew."""
 
 
 def path_problem(path: Path) -> str | None:
@@ -86,12 +89,6 @@ def path_problem(path: Path) -> str | None:
     if path.stat().st_size == 0:
         return f"the file is empty (0 bytes); {FIX_DAMAGED}"
     return None
-
-
-def stamp(frames: int, utts: int, num_classes: int, feat_dim: int) -> dict[str, object]:
-    """The ``validated`` stamp of a file of this shape (what a reader compares)."""
-    return {"finite": True, "labels_in_range": True, "frames": int(frames), "utts": int(utts),
-            "num_classes": int(num_classes), "feat_dim": int(feat_dim)}
 
 
 def check_silence_classes(classes: Sequence[int], num_classes: int) -> tuple[int, ...]:

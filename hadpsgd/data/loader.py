@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from hadpsgd.data.reader import FeatureFile
+from hadpsgd.data.reader import FeatureFile, FeatureFileError
 from hadpsgd.data.sampler import ChunkBatchSampler, chunk_starts, tail_chunks
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -80,10 +82,10 @@ class ChunkDataset(Dataset[Batch]):
 
     def __getitem__(self, index: int) -> Batch:
         """One chunk: ``(feats [chunk_len, D], labels [chunk_len])``."""
-        feats, labels = self.__getitems__([index])
+        feats, labels = self._batch([index])
         return feats[0], labels[0]
 
-    def __getitems__(self, indices: list[int]) -> Batch:
+    def __getitems__(self, indices: list[int]) -> Batch | WorkerFailure:
         """A batch of chunks in the order given.
 
         Args:
@@ -91,8 +93,20 @@ class ChunkDataset(Dataset[Batch]):
 
         Returns:
             ``(feats, labels)``: float32 ``[b, chunk_len, D]`` and int64 ``[b, chunk_len]``;
-            ``b`` may be 0.
+            ``b`` may be 0. In a loader worker, a bad frame's error comes back as a
+            :class:`WorkerFailure` instead, which :func:`make_loader`'s loader raises.
+
+        Raises:
+            FeatureFileError: A frame read holds NaN or Inf (in the calling process).
         """
+        try:
+            return self._batch(indices)
+        except FeatureFileError as err:
+            if get_worker_info() is None:
+                raise
+            return WorkerFailure(err)
+
+    def _batch(self, indices: list[int]) -> Batch:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self.starts)):
             raise IndexError(f"chunk index out of range [0, {len(self.starts)}) for "
@@ -136,6 +150,32 @@ class ChunkDataset(Dataset[Batch]):
 WORKER_START = "spawn"
 
 
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A loader worker's :class:`FeatureFileError`, handed to the training process as a batch.
+
+    torch re-raises a worker's exception as its type built from a message that holds the
+    worker's traceback, so a bad frame (a user's error: exit 2, one line naming the file and
+    the utterance) would print as a crash. Handed over as data, the error arrives as raised.
+    """
+
+    error: FeatureFileError
+
+
+class _Loader(DataLoader[Batch]):
+    """A DataLoader that raises a worker's :class:`WorkerFailure` as the error it carries."""
+
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
+        return _raising(super().__iter__())
+
+
+def _raising(batches: Iterator[Batch | WorkerFailure]) -> Iterator[Batch]:
+    for batch in batches:
+        if isinstance(batch, WorkerFailure):
+            raise batch.error
+        yield batch
+
+
 def _pass_through(batch: Batch) -> Batch:
     # __getitems__ already returns collated tensors; the default collate would try to stack
     # the tuple's two tensors. Module level so that spawned workers can pickle it.
@@ -151,7 +191,8 @@ def make_loader(
     Workers (``num_workers > 0``) are spawned, not forked (safe after MPI init), persistent
     across epochs, and each opens its own HDF5 handle on first read (see
     :class:`FeatureFile`). Call ``sampler.set_epoch`` before
-    iterating each epoch.
+    iterating each epoch. A frame with NaN or Inf raises :class:`FeatureFileError` (naming
+    the file and the utterance) from the iteration, read here or in a worker alike.
 
     Args:
         dataset: The chunk dataset.
@@ -166,7 +207,7 @@ def make_loader(
     if sampler.num_chunks != len(dataset):
         raise ValueError(f"sampler was built for {sampler.num_chunks} chunks but the dataset "
                          f"{dataset.file.path} has {len(dataset)}")
-    return DataLoader(
+    return _Loader(
         dataset, batch_sampler=sampler, collate_fn=_pass_through, num_workers=num_workers,
         persistent_workers=num_workers > 0, pin_memory=pin_memory,
         multiprocessing_context=WORKER_START if num_workers > 0 else None,

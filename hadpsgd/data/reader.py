@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from types import TracebackType
@@ -24,15 +23,22 @@ from hadpsgd.data._schema import (
     REQUIRED_DATASETS,
     SILENCE_CLASSES,
     UTT_IDS,
+    VALIDATE_COMMAND,
     VALIDATED,
     FeatureFileError,
     check_silence_classes,
     path_problem,
-    stamp,
 )
-
-# Labels are checked at open in blocks of this many frames: bounded memory on large files.
-_LABEL_BLOCK = 1 << 22
+from hadpsgd.data.validate_stamp import (
+    crc32_of,
+    feats_sample_crc32,
+    find_bad_labels,
+    parse_stamp,
+    revalidate,
+    scan_labels,
+    stamp,
+    stamp_differences,
+)
 
 _FIX_WRITER = "rewrite it with hadpsgd.data.write_features (or re-run the import)"
 
@@ -41,12 +47,16 @@ class FeatureFile:
     """One split's feature file: metadata checked at open, frames read on demand.
 
     Everything that can be checked without reading the features is checked at construction
-    (attributes, dataset shapes, the utterance index, every label), so a malformed file fails
-    before training starts. Non-finite feature values are found by :meth:`read`, or up front
-    by :func:`hadpsgd.data.validate.scan_frames`. A file written by hadpsgd's writer carries
-    a ``validated`` stamp (every frame finite, every label in range, for this shape): when
-    the stamp matches the file, the label pass is skipped and :attr:`stamped` tells callers
-    to skip the frame scan too, unless ``verify``.
+    (attributes, dataset shapes, the utterance index, every label: a minimum and maximum per
+    block, cheap beside the features), so a malformed file fails before training starts.
+    Non-finite feature values are found by :meth:`read`, or up front by
+    :func:`hadpsgd.data.validate.scan_frames`. A file written by hadpsgd's writer (or checked
+    by ``python -m hadpsgd.data validate``) carries a ``validated`` stamp: every frame
+    finite, every label in range, with the shape and a fingerprint of the data
+    (:mod:`hadpsgd.data.validate_stamp`). When the fingerprint matches, :attr:`stamped` tells
+    callers to skip the frame scan, unless ``verify``; when it does not, the file was changed
+    after it was checked and is refused, naming what changed and the command that re-checks
+    it. A frame changed in place outside the fingerprint's sample is found when it is read.
 
     The HDF5 handle is opened lazily and re-opened in a process whose pid differs from the
     opener's: a handle inherited through ``fork`` (DataLoader workers) must not be shared, and
@@ -56,12 +66,13 @@ class FeatureFile:
         path: The ``.h5`` file.
         expected_feat_dim: If given, the feature dimension the caller needs (the model's input
             size); a different one is an error.
-        verify: Check every label even when the file's stamp vouches for them (and report
-            :attr:`stamped` as False, so that the frames are scanned as well).
+        verify: Ignore the file's stamp: report :attr:`stamped` as False, so that the
+            frames are scanned, and do not compare its fingerprint.
 
     Raises:
-        FeatureFileError: If the file is missing, not HDF5 or malformed; the message names the
-            file and what is wrong.
+        FeatureFileError: If the file is missing, not HDF5 or malformed, a label is out of
+            range, or the data differs from what its stamp vouches for; the message names the
+            file, what is wrong and the fix.
     """
 
     def __init__(self, path: str | os.PathLike[str], expected_feat_dim: int | None = None,
@@ -69,7 +80,12 @@ class FeatureFile:
         self.path = Path(path)
         self.verify = verify
         self.stamped = False
-        """Whether the writer's stamp vouches for this file (and ``verify`` is off)."""
+        """Whether the file's stamp vouches for it as it is (and ``verify`` is off)."""
+        self.old_stamp = False
+        """Whether the file carries a stamp of an older hadpsgd (its shape only), which
+        vouches for nothing: the file is checked like one without a stamp."""
+        self.labels_crc32 = 0
+        """CRC-32 of every label, computed at open (the stamp's fingerprint)."""
         self._h5: h5py.File | None = None
         self._pid: int | None = None
         self._datasets: tuple[h5py.Dataset, h5py.Dataset] | None = None
@@ -155,9 +171,13 @@ class FeatureFile:
         if h5[UTT_IDS].shape != (self.num_utts,):
             raise self._error(f"dataset 'utt_ids' has shape {list(h5[UTT_IDS].shape)} but "
                               f"'offsets' describes {self.num_utts} utterances; {_FIX_WRITER}")
-        self.stamped = not self.verify and self._stamp_matches(h5)
-        if not self.stamped:
-            self._validate_labels(labels)
+        found, self.old_stamp = parse_stamp(h5.attrs.get(VALIDATED))
+        # Every label at every open, stamp or not: cheap (validate_stamp.scan_labels), and an
+        # edit in place must not reach training as an index error.
+        self.labels_crc32, low, high = scan_labels(labels, self.num_frames)
+        if low < 0 or high >= self.num_classes:
+            raise self._labels_error(h5, labels, low, high, vouched=found is not None)
+        self.stamped = found is not None and not self.verify and self._check_stamp(h5, found)
         self._validate_norm(h5)
         self._validate_silence(h5)
 
@@ -190,28 +210,46 @@ class FeatureFile:
             raise self._error(f"has no frames: its {self.num_utts} utterances are all empty; "
                               f"regenerate it with the right inputs")
 
-    def _stamp_matches(self, h5: h5py.File) -> bool:
-        """The writer's stamp is present and describes this very shape."""
-        raw = h5.attrs.get(VALIDATED)
-        if raw is None:
-            return False
+    def _check_stamp(self, h5: h5py.File, found: dict[str, Any]) -> bool:
+        """The stamp's shape and fingerprint match the file; refused (raises) if not."""
         try:
-            found = json.loads(raw)
-        except (TypeError, ValueError):
-            return False
-        return bool(found == stamp(self.num_frames, self.num_utts, self.num_classes,
-                                   self.feat_dim))
+            now = self.current_stamp(h5[FEATS])
+        except OSError as exc:  # a damaged chunk under a sampled frame
+            raise self._error(f"cannot read the feature frames its validated stamp samples "
+                              f"({exc}); {FIX_DAMAGED}") from exc
+        changed = stamp_differences(found, now)
+        if changed:
+            raise self._error(
+                f"was changed after it was validated: {'; '.join(changed)}, so its validated "
+                f"stamp no longer vouches for its frames and labels. If the change was meant, "
+                f"{revalidate(self.path)}; if not, copy the file again or regenerate it")
+        return True
 
-    def _validate_labels(self, ds: h5py.Dataset) -> None:
-        for lo in range(0, self.num_frames, _LABEL_BLOCK):
-            block = ds[lo:lo + _LABEL_BLOCK]
-            bad = (block < 0) | (block >= self.num_classes)
-            if bad.any():
-                frame = lo + int(np.argmax(bad))
-                raise self._error(
-                    f"label {int(block[frame - lo])} at frame {frame} (utterance index "
-                    f"{self.utterance_of(frame)}) is outside [0, num_classes={self.num_classes})"
-                    f"; the num_classes attribute is too small or the labels are corrupt")
+    def current_stamp(self, feats: h5py.Dataset | None = None) -> dict[str, Any]:
+        """The stamp that would vouch for the file as it is now (the caller checked it).
+
+        Args:
+            feats: An open ``feats`` dataset of this file (default: this process's handle).
+        """
+        return stamp(self.num_frames, self.num_utts, self.num_classes, self.feat_dim,
+                     labels_crc32=self.labels_crc32, offsets_crc32=crc32_of(self.offsets),
+                     feats_sample_crc32=feats_sample_crc32(
+                         self.feats_dataset if feats is None else feats))
+
+    def _labels_error(self, h5: h5py.File, ds: h5py.Dataset, low: int, high: int,
+                      vouched: bool) -> FeatureFileError:
+        """The error for labels outside the range: the first one, how many, their span."""
+        first, value, count = find_bad_labels(ds, self.num_frames, self.num_classes)
+        utt = self.utterance_of(first)
+        name = str(h5[UTT_IDS].asstr()[utt])
+        changed = ("the file was changed after it was validated (its stamp vouched for every "
+                   "label); " if vouched else "")
+        return self._error(
+            f"label {value} at frame {first} (utterance {utt}, {name!r}) is outside [0, "
+            f"num_classes={self.num_classes}): {count} frame{'s' if count != 1 else ''} out "
+            f"of range, the labels span [{low}, {high}]; {changed}the num_classes attribute "
+            f"is too small or the labels are corrupt: fix them (or re-run the import), then "
+            f"check the file with {VALIDATE_COMMAND} {self.path}")
 
     def _validate_silence(self, h5: h5py.File) -> None:
         self.silence_classes: tuple[int, ...] = ()
@@ -304,9 +342,14 @@ class FeatureFile:
         if not finite.all():
             frame = start + int(np.argmax(~finite.all(axis=1)))
             utt = self.utterance_of(frame)
+            # A stamped file skipped the scan before training: it was changed after it was
+            # checked, and the fix must say how to check it again.
+            changed = ("the file was changed after it was validated (its stamp vouched for "
+                       "every frame); " if self.stamped else "")
             raise self._error(
                 f"non-finite feature value (NaN or Inf) at frame {frame} in the frame range "
-                f"[{start}, {stop}), utterance {utt} ({self.utt_ids[utt]!r}); {FIX_FRAMES}")
+                f"[{start}, {stop}), utterance {utt} ({self.utt_ids[utt]!r}); {changed}"
+                f"{FIX_FRAMES}; {VALIDATE_COMMAND} {self.path} checks every frame")
         if self.norm_mean is not None:
             feats -= self.norm_mean
             feats *= self._inv_std

@@ -4,27 +4,31 @@
 themselves are too large to check there. :func:`scan_frames` reads a frame range in bounded
 blocks so that a NaN/Inf value or an unreadable (damaged) part of the file is found before
 training instead of hours into it. Splitting a file's frames over learners is the caller's
-business (see ``hadpsgd.assembly.data.validate_data``).
+business (see ``hadpsgd.assembly.data.validate_data``). :func:`validate_file` checks a whole
+file, ignoring its stamp, and stamps it anew (``python -m hadpsgd.data validate``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import os
+from typing import Any
 
+import h5py
 import numpy as np
 
 from hadpsgd.data._schema import (  # re-exported: their home is the schema, below reader
     FIX_DAMAGED,
     FIX_FRAMES,
+    VALIDATE_COMMAND,
+    VALIDATED,
     FeatureFileError,
     path_problem,
 )
+from hadpsgd.data.reader import FeatureFile
 
-if TYPE_CHECKING:
-    from hadpsgd.data.reader import FeatureFile
-
-__all__ = ["FIX_DAMAGED", "FIX_FRAMES", "SCAN_BYTES", "nonfinite_error", "path_problem",
-           "scan_frames"]
+__all__ = ["FIX_DAMAGED", "FIX_FRAMES", "SCAN_BYTES", "VALIDATE_COMMAND", "nonfinite_error",
+           "path_problem", "scan_frames", "validate_file"]
 
 SCAN_BYTES = 4 << 20
 """Target size of one block read by :func:`scan_frames` (the scan's memory use)."""
@@ -110,3 +114,56 @@ def nonfinite_error(ff: FeatureFile, frame: int) -> FeatureFileError:
     return FeatureFileError(
         f"{ff.path}: non-finite feature value (NaN or Inf) at frame {frame} of "
         f"{ff.num_frames}, utterance {utt} ({ff.utt_ids[utt]!r}); {FIX_FRAMES}")
+
+
+def validate_file(path: str | os.PathLike[str],
+                  block_frames: int | None = None) -> tuple[FeatureFile, dict[str, Any]]:
+    """Check every label and frame of ``path``, its stamp ignored, and stamp it anew.
+
+    What a user runs after changing a file in place (``python -m hadpsgd.data validate``):
+    the checks of an open without a stamp (structure, every label) and a scan of every frame;
+    then the stamp for the data as it is now, so that training trusts the file again. A file
+    that fails loses its stamp (a stamp that vouches for a bad file would let a start skip
+    the scan that finds the problem before training), and the error is raised.
+
+    Args:
+        path: The feature file; it must be writable (the stamp is an attribute).
+        block_frames: Frames per scan read (see :func:`scan_frames`).
+
+    Returns:
+        The (closed) file and the stamp written.
+
+    Raises:
+        FeatureFileError: For a malformed file, a label out of range, a non-finite or an
+            unreadable frame, or a file the stamp cannot be written to; naming the problem.
+    """
+    try:
+        ff = FeatureFile(path, verify=True)
+        try:
+            bad = scan_frames(ff, 0, ff.num_frames, block_frames)
+            if bad is not None:
+                raise nonfinite_error(ff, bad)
+            vouched = ff.current_stamp()
+        finally:
+            ff.close()  # HDF5 opens a file once per process: read-only, or to write the stamp
+    except FeatureFileError:
+        _drop_stamp(path)
+        raise
+    try:
+        with h5py.File(path, "r+", locking=False) as h5:
+            h5.attrs[VALIDATED] = json.dumps(vouched)
+    except OSError as exc:
+        raise FeatureFileError(f"{path}: every frame and label checked, but the stamp cannot "
+                               f"be written ({exc}); make the file writable (chmod u+w) and "
+                               "run the validation again") from exc
+    return ff, vouched
+
+
+def _drop_stamp(path: str | os.PathLike[str]) -> None:
+    """Remove a stamp that vouches for a file found bad (best effort: it may be unwritable)."""
+    try:
+        with h5py.File(path, "r+", locking=False) as h5:
+            if VALIDATED in h5.attrs:
+                del h5.attrs[VALIDATED]
+    except OSError:
+        pass  # not HDF5, unwritable or missing: the error being raised says what is wrong

@@ -23,8 +23,8 @@ from hadpsgd.data._schema import (
     UTT_IDS,
     VALIDATED,
     check_silence_classes,
-    stamp,
 )
+from hadpsgd.data.validate_stamp import crc32_of, feats_sample_crc32, stamp
 
 # Dimensions whose spread is below this are treated as constant: dividing by a ~0 std would
 # turn any held-out deviation into a huge value, so such dims get std 1 (they are only centred).
@@ -87,6 +87,8 @@ class FeatureWriter:
         self._seen: set[str] = set()
         self._mean = np.zeros(self.feat_dim, np.float64)
         self._m2 = np.zeros(self.feat_dim, np.float64)
+        # The stamp's checksum of every label, kept as they are appended (CRC-32 streams).
+        self._labels_crc = 0
 
     @property
     def num_frames(self) -> int:
@@ -138,8 +140,10 @@ class FeatureWriter:
         if n:
             self._feats.resize(start + n, axis=0)
             self._feats[start:] = feats32
+            stored = labels.astype(np.int32)
             self._labels.resize(start + n, axis=0)
-            self._labels[start:] = labels.astype(np.int32)
+            self._labels[start:] = stored
+            self._labels_crc = crc32_of(stored, self._labels_crc)
             self._update_stats(feats32, start, n)
         self._offsets.append(start + n)
         self._utt_ids.append(utt_id)
@@ -180,7 +184,8 @@ class FeatureWriter:
             if not self._utt_ids:
                 raise ValueError(f"no utterances to write to {self.path}")
             h5 = self._h5
-            h5.create_dataset(OFFSETS, data=np.asarray(self._offsets, dtype=np.int64))
+            offsets = np.asarray(self._offsets, dtype=np.int64)
+            h5.create_dataset(OFFSETS, data=offsets)
             h5.create_dataset(UTT_IDS, data=self._utt_ids,
                               dtype=h5py.string_dtype(encoding="utf-8"))
             h5.attrs["format_version"] = FORMAT_VERSION
@@ -188,9 +193,12 @@ class FeatureWriter:
             h5.attrs["feat_dim"] = self.feat_dim
             if self.silence_classes:
                 h5.attrs[SILENCE_CLASSES] = np.asarray(self.silence_classes, dtype=np.int32)
-            # append() checked every frame and label: say so, for the readers to trust.
-            h5.attrs[VALIDATED] = json.dumps(stamp(self.num_frames, self.num_utts,
-                                                   self.num_classes, self.feat_dim))
+            # append() checked every frame and label: say so, for the readers to trust, with
+            # the fingerprint that tells them whether the data is still what was checked.
+            h5.attrs[VALIDATED] = json.dumps(stamp(
+                self.num_frames, self.num_utts, self.num_classes, self.feat_dim,
+                labels_crc32=self._labels_crc, offsets_crc32=crc32_of(offsets),
+                feats_sample_crc32=feats_sample_crc32(self._feats)))
             if norm is not None:
                 mean, std = _check_norm(norm[0], norm[1], self.feat_dim)
                 h5.create_dataset(NORM_MEAN, data=mean)
@@ -285,8 +293,8 @@ def write_features(
 def mark_silence(path: str | os.PathLike[str], classes: Sequence[int]) -> tuple[int, ...]:
     """Record in an existing feature file which classes are silence (its attribute only).
 
-    For files written by other tools: the frames and the writer's stamp are untouched, and
-    an empty ``classes`` removes the attribute.
+    For files written by other tools: the frames and the writer's stamp are untouched (the
+    attribute is no part of the stamp's fingerprint), and an empty ``classes`` removes it.
 
     Returns:
         The classes recorded.

@@ -3,7 +3,9 @@
 One launch per bad-input case (the variants of each case are covered without MPI in
 tests/unit/test_data_validate.py). Single-rank launches keep the module fast; the two-rank
 ones put the damage where only rank 1's share of the scan sees it, so the job must still
-end, promptly and with the error, on every rank.
+end, promptly and with the error, on every rank. The last cases edit a stamped file in place
+(the stamp kept): labels are refused when the file opens, a frame outside the stamp's sample
+when training reads it, every one a user's error (exit 2, one line, the file and the fix).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from hadpsgd.data import ChunkDataset, write_features
+from hadpsgd.data.validate_stamp import sample_frames
 from tests._mpi import MPIResult, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -172,3 +175,53 @@ def test_path_without_read_permission(tiny_data, tmp_path):
     bad.chmod(0)
     res = launch(1, bad, tiny_data[1], tmp_path / "o")
     assert_refused(res, 1, tmp_path / "o", "secret.h5", "permission denied", "chmod a+r")
+
+
+# ------------------------------------------------------------------ edited after the stamp
+VALIDATE = "python -m hadpsgd.data validate"
+
+
+@pytest.mark.parametrize(("split", "value"), [("train", 9999), ("heldout", -1)])
+def test_labels_edited_in_a_stamped_file(tiny_data, tmp_path, split, value):
+    # Before: 9999 trained into an IndexError after priors.json; -1 an unclear exit 2 after
+    # config.json; in the held-out file, the same at the first evaluation. The other pairs
+    # take the same path (tests/unit/test_data_validate.py has each); two launches keep CI
+    # short. The run directory must not exist: no config.json, no priors.json.
+    src = tiny_data[0] if split == "train" else tiny_data[1]
+    bad = copy_of(src, tmp_path, f"{split}-edited.h5", keep_stamp=True)
+    with h5py.File(bad, "r+") as f:
+        f["labels"][30] = value
+    train, heldout = (bad, tiny_data[1]) if split == "train" else (tiny_data[0], bad)
+    res = launch(1, train, heldout, tmp_path / "o")
+    assert_refused(res, 1, tmp_path / "o", str(bad), f"label {value} at frame 30",
+                   "changed after it was validated", f"{VALIDATE} {bad}")
+
+
+@pytest.mark.parametrize("split", ["heldout", "train"])
+def test_nan_frame_in_a_stamped_file_read_mid_run(tiny_data, tmp_path, split):
+    """A frame the stamp's sample misses passes the open; reading it ends the run as exit 2.
+
+    Held-out: the last utterance, read by one rank of two at the first evaluation. Training:
+    every frame outside the sample (the first batch meets one), read in a loader worker,
+    whose error must arrive as itself, not as a worker's traceback.
+    """
+    bad = copy_of(tiny_data[0 if split == "train" else 1], tmp_path, "nan.h5",
+                  keep_stamp=True)
+    with h5py.File(bad, "r+") as f:
+        column = f["feats"][:, 7]
+        first = 0 if split == "train" else int(f["offsets"][-2])  # held-out: the last utt
+        hit = np.arange(len(column)) >= first
+        hit[sample_frames(len(column))] = False  # the stamp's fingerprint still matches
+        column[hit] = np.nan
+        f["feats"][:, 7] = column
+        utt_ids = list(f["utt_ids"].asstr()[()])
+    train, heldout = (bad, tiny_data[1]) if split == "train" else (tiny_data[0], bad)
+    nprocs, extra = (1, ["--num-workers", "1"]) if split == "train" else (2, [])
+    res = launch(nprocs, train, heldout, tmp_path / "o", "--max-steps", "2", *extra)
+    assert res.returncode == 2, res.output[-4000:]
+    errors = [ln for ln in res.stderr.splitlines() if "error: " in ln]
+    assert errors and "Traceback" not in res.stderr, res.stderr[-4000:]
+    line = errors[0]
+    assert "nan.h5" in line and "non-finite feature value" in line, line
+    assert any(f"({utt!r})" in line for utt in utt_ids), line
+    assert "changed after it was validated" in line and f"{VALIDATE} {bad}" in line, line

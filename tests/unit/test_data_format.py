@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,6 +83,24 @@ def test_layout_and_attributes(good: Path) -> None:
         assert f.attrs["format_version"] == FORMAT_VERSION == 1
         assert f.attrs["num_classes"] == C and f.attrs["feat_dim"] == D
         assert [s.decode() for s in f["utt_ids"][()]] == IDS
+
+
+def test_stamp_records_the_fingerprint_of_what_was_written(tmp_path: Path) -> None:
+    # Written a chunk of 3 frames at a time: the labels' CRC streams across appends.
+    feats, labels = make_data()
+    path = tmp_path / "small-chunks.h5"
+    write_features(path, feats, labels, IDS, C, chunk_frames=3)
+    with h5py.File(path) as f:
+        found = json.loads(f.attrs["validated"])
+    every = np.concatenate(feats)
+    rows = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]  # all 16 frames sampled
+    assert found == {
+        "version": 2, "finite": True, "labels_in_range": True, "frames": 16, "utts": 4,
+        "num_classes": C, "feat_dim": D,
+        "labels_crc32": zlib.crc32(np.concatenate(labels).astype("<i4").tobytes()),
+        "offsets_crc32": zlib.crc32(np.array([0, 5, 5, 12, 16], "<i8").tobytes()),
+        "feats_sample_crc32": zlib.crc32(every[rows].astype("<f4").tobytes())}
+    assert FeatureFile(path).stamped
 
 
 def test_norm_applied_on_read(tmp_path: Path) -> None:

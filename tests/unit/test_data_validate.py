@@ -1,11 +1,14 @@
 """Every bad input is refused up front with a message naming the file and the fix.
 
 One test per case of the bad-input list: truncated, missing dataset, wrong feature dimension,
-NaN/Inf frames, labels out of range, empty, offsets/utt_ids mismatch, unreadable path.
+NaN/Inf frames, labels out of range, empty, offsets/utt_ids mismatch, unreadable path; then
+the ``validated`` stamp: its fingerprint, a file changed in place after it was stamped, and
+``python -m hadpsgd.data validate``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +18,17 @@ import numpy as np
 import pytest
 
 from hadpsgd.assembly.data import _scan_share, check_steps, validate_data
-from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError, write_features
+from hadpsgd.data import (
+    ChunkBatchSampler,
+    ChunkDataset,
+    FeatureFile,
+    FeatureFileError,
+    make_loader,
+    write_features,
+)
+from hadpsgd.data.__main__ import main as data_main
 from hadpsgd.data.validate import nonfinite_error, path_problem, scan_frames
+from hadpsgd.data.validate_stamp import STAMP_VERSION, crc32_of, sample_frames
 
 D, C = 6, 5
 LENGTHS = [5, 0, 7, 4, 9, 3]  # includes an empty utterance
@@ -276,20 +288,142 @@ def test_path_problem_accepts_a_good_file(good: Path) -> None:
     assert path_problem(good) is None
 
 
-# ------------------------------------------------------------------ the writer's stamp
-def test_writer_stamp_is_trusted_unless_verify(good: Path) -> None:
-    assert FeatureFile(good).stamped  # written by write_features: every value was checked
-    with h5py.File(good, "r+") as f:  # damage after writing, stamp left in place
-        f["labels"][3] = C
-    assert FeatureFile(good).stamped  # trusted: the label pass is skipped
-    open_error(good, "at frame 3", "outside [0, num_classes", verify=True)
+# ------------------------------------------------------------------ the stamp
+VALIDATE = "python -m hadpsgd.data validate"
+CHANGED = "changed after it was validated"
 
 
-def test_stamp_of_another_shape_is_not_trusted(good: Path) -> None:
-    import json
+def stamp_of(path: Path) -> dict[str, object]:
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs["validated"])
+
+
+def unsampled(frame: int) -> int:
+    """The first frame from ``frame`` on that the stamp's fingerprint does not read."""
+    while frame in sample_frames(T):
+        frame += 1
+    return frame
+
+
+def test_writer_stamp_fingerprints_the_data(good: Path) -> None:
+    ff = FeatureFile(good)
+    assert ff.stamped and not ff.old_stamp
+    found = stamp_of(good)
+    assert found == ff.current_stamp()
+    assert found["version"] == STAMP_VERSION and found["frames"] == T
+    assert {"labels_crc32", "offsets_crc32", "feats_sample_crc32"} <= set(found)
+
+
+def test_crc_streams_over_blocks_and_ignores_byte_order() -> None:
+    values = np.arange(-50, 50, dtype=np.int32)
+    assert crc32_of(values[60:], crc32_of(values[:60])) == crc32_of(values)
+    assert crc32_of(values.astype(">i4")) == crc32_of(values)
+    assert sample_frames(T)[0] == 0 and sample_frames(T)[-1] == T - 1
+    assert sample_frames(3) == [0, 1, 2] and len(sample_frames(10**8)) == 16
+
+
+@pytest.mark.parametrize("value", [9999, -1])
+@pytest.mark.parametrize("verify", [False, True], ids=["stamp", "verify"])
+def test_labels_out_of_range_in_a_stamped_file(good: Path, value: int, verify: bool) -> None:
+    with h5py.File(good, "r+") as f:  # edited in place: the stamp stays
+        f["labels"][3] = value
+        f["labels"][20] = value
+    lo, hi = min(value, 0), max(value, C - 1)
+    open_error(good, f"label {value} at frame 3 (utterance 0, 'utt-a')", "2 frames out of range",
+               f"labels span [{lo}, {hi}]", CHANGED, f"{VALIDATE} {good}", verify=verify)
+
+
+def test_label_changed_in_range_voids_the_stamp(good: Path) -> None:
+    with h5py.File(good, "r+") as f:
+        f["labels"][3] = (f["labels"][3] + 1) % C
+    open_error(good, CHANGED, "the labels' checksum differs", f"re-validate it with {VALIDATE}")
+    assert not FeatureFile(good, verify=True).stamped  # a full check does not need the stamp
+
+
+def test_sampled_frame_changed_voids_the_stamp(good: Path) -> None:
+    with h5py.File(good, "r+") as f:
+        f["feats"][sample_frames(T)[5], 0] += 1.0
+    open_error(good, CHANGED, "sampled feature frames differs", VALIDATE)
+
+
+def test_shape_changed_voids_the_stamp(good: Path) -> None:
+    with h5py.File(good, "r+") as f:
+        f.attrs["validated"] = json.dumps({**stamp_of(good), "frames": T + 1})
+    open_error(good, CHANGED, f"frames {T} (the stamp has {T + 1})", VALIDATE)
+
+
+def test_nan_frame_outside_the_sample_is_named_when_read(good: Path) -> None:
+    frame = unsampled(19)  # utterance 4, "utt-e" (frames 16..24)
+    with h5py.File(good, "r+") as f:
+        f["feats"][frame, 2] = np.nan
+    ff = FeatureFile(good)
+    assert ff.stamped  # trusted: the frames are too many to read at open
+    with pytest.raises(FeatureFileError) as info:
+        ff.read(16, 25)
+    msg = str(info.value)
+    for phrase in (good.name, f"frame {frame}", "'utt-e'", CHANGED, f"{VALIDATE} {good}"):
+        assert phrase in msg, msg
+
+
+def test_a_worker_s_bad_frame_is_raised_as_itself(good: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import hadpsgd.data.loader as loader
 
     with h5py.File(good, "r+") as f:
-        vouched = json.loads(f.attrs["validated"])
-        f.attrs["validated"] = json.dumps({**vouched, "frames": vouched["frames"] + 1})
-        f["labels"][3] = C
-    open_error(good, "at frame 3")  # the stamp does not describe this file: checked
+        f["feats"][unsampled(6), 0] = np.inf  # utterance 2, "utt-c"
+    data = ChunkDataset(good, chunk_len=4)
+    # As in a worker process: the error comes back as a batch, the loader raises it.
+    monkeypatch.setattr(loader, "get_worker_info", lambda: object())
+    assert isinstance(data.__getitems__(list(range(len(data)))), loader.WorkerFailure)
+    sampler = ChunkBatchSampler(len(data), 4, 0, 1, seed=0, shuffle=False, drop_last=False)
+    with pytest.raises(FeatureFileError) as info:
+        list(make_loader(data, sampler))
+    msg = str(info.value)
+    assert "'utt-c'" in msg and "Traceback" not in msg, msg
+
+
+def test_older_stamp_vouches_for_nothing(good: Path) -> None:
+    old = {k: v for k, v in stamp_of(good).items() if "crc" not in k and k != "version"}
+    with h5py.File(good, "r+") as f:
+        f.attrs["validated"] = json.dumps(old)  # what hadpsgd wrote before fingerprints
+    ff = FeatureFile(good)
+    assert ff.old_stamp and not ff.stamped  # the frames are scanned before training
+    put_value(good, 9, np.nan)
+    with pytest.raises(FeatureFileError, match="frame 9"):
+        validate_data([ff], OneOfTwo((ff,)))  # type: ignore[arg-type]
+
+
+def test_validate_command_restamps_a_file_changed_on_purpose(
+        good: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with h5py.File(good, "r+") as f:
+        f["labels"][3] = (f["labels"][3] + 1) % C
+    open_error(good, CHANGED)
+    assert data_main(["validate", str(good)]) == 0
+    assert f"{good}: valid: {len(IDS)} utterances, {T} frames" in capsys.readouterr().out
+    assert FeatureFile(good).stamped
+    assert data_main(["info", str(good)]) == 0
+    assert "validated stamp: matches" in capsys.readouterr().out
+
+
+def test_validate_command_refuses_a_bad_file_and_drops_its_stamp(
+        good: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    frame = unsampled(19)
+    with h5py.File(good, "r+") as f:
+        f["feats"][frame, 0] = np.nan
+    assert data_main(["validate", str(good)]) == 2
+    err = capsys.readouterr().err
+    assert f"frame {frame}" in err and "'utt-e'" in err, err
+    ff = FeatureFile(good)
+    assert not ff.stamped and not ff.old_stamp  # no stamp: training scans, and refuses it
+    with pytest.raises(FeatureFileError, match=f"frame {frame}"):
+        validate_data([ff], OneOfTwo((ff,)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [9999, -1])
+def test_info_reports_labels_out_of_range(good: Path, value: int,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with h5py.File(good, "r+") as f:
+        f["labels"][7] = value
+    assert data_main(["info", str(good)]) == 2
+    err = capsys.readouterr().err
+    assert f"label {value} at frame 7" in err and "1 frame out of range" in err, err
