@@ -203,7 +203,7 @@ class Grid:
             code, text = self.sh(f"forward: {dev}", worker_command("hadpsgd.forward", [
                 "--model", str(model), "--features", str(data[1]), "--output",
                 str(output), "--device", dev, "--priors", "none",
-                "--precision", "fp32", "--no-progress"], 1), 180, 1)
+                "--precision", "fp32", "--no-progress", "--overwrite"], 1), 180, 1)
             m = re.search(r"wrote [\d,]+ utterances, ([\d,]+) frames .* in ([0-9.]+) s", text)
             result[dev] = {"exit": code, "wall_s": round(time.monotonic() - start, 2),
                            "frames": int(m.group(1).replace(",", "")) if m else None,

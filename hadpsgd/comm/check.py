@@ -10,9 +10,11 @@ MPI below ``THREAD_MULTIPLE`` or a singleton launch is flagged; the exit code is
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from hadpsgd import env
@@ -89,8 +91,13 @@ def report() -> tuple[list[str], bool]:
     return lines, bad == 0
 
 
-def main() -> int:
-    """Print the report; 0 if every rank is usable, 1 otherwise."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the report; 0 if every rank is usable, 1 otherwise (2 for a bad flag)."""
+    argparse.ArgumentParser(
+        prog="python -m hadpsgd.comm",
+        description="Check this machine for hadpsgd under mpirun: the MPI library and its "
+                    "thread level, CUDA-awareness, torch's NCCL, the ranks and GPUs per "
+                    "host.").parse_args(argv)
     lines, ok = report()
     for line in lines:
         print(f"[hadpsgd.comm] {line}", flush=True)

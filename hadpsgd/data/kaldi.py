@@ -23,6 +23,12 @@ from hadpsgd.data.writer import FeatureWriter
 
 log = logging.getLogger(__name__)
 
+# hadpsgd.exit_codes' numbers (the data layer sits below it and imports nothing of it).
+_EXIT_OK, _EXIT_FAILED, _EXIT_USER_ERROR = 0, 1, 2
+# Problems of the input the user named, not failures of this program: one line, exit 2.
+_USER_ERRORS = (ImportError, ValueError, FileNotFoundError, IsADirectoryError,
+                NotADirectoryError, PermissionError)
+
 # Kaldi rspecifier prefix such as "ark:", "scp:", "ark,t:" or "scp,p:".
 _RSPECIFIER = re.compile(r"^(ark|scp)(,[a-z]+)*:")
 # How many skipped utterance ids per reason the summary lists.
@@ -60,6 +66,34 @@ def _load_alignments(kaldiio: Any, alignments: str) -> dict[str, np.ndarray]:
                                  f"alignments (ali-to-pdf output)")
             result[utt] = ali
     return result
+
+
+def check_pdf_ids(ali: dict[str, np.ndarray], alignments: str,
+                  num_classes: int | None) -> int:
+    """The class count the alignments need, after refusing a pdf-id out of range.
+
+    Raises:
+        ValueError: For a negative pdf-id or one not below ``num_classes``, naming the
+            utterance, the frame and the fix.
+    """
+    filled = {utt: labels for utt, labels in ali.items() if len(labels)}
+    for utt, labels in filled.items():
+        if labels.min() < 0:
+            frame = int(np.argmax(labels < 0))
+            raise ValueError(f"{alignments}: utterance {utt!r} has pdf-id {int(labels[frame])} "
+                             f"at frame {frame}; pdf-ids are 0 or more: pass pdf-id alignments "
+                             "(ali-to-pdf final.mdl 'ark:gunzip -c ali.*.gz|' ark:-), not "
+                             "transition-ids or phones")
+    top = max((int(labels.max()) for labels in filled.values()), default=-1)
+    if num_classes is None:
+        return top + 1
+    if top >= num_classes:
+        utt = next(u for u, labels in filled.items() if labels.max() == top)
+        frame = int(np.argmax(filled[utt] == top))
+        raise ValueError(f"{alignments}: utterance {utt!r} has pdf-id {top} at frame {frame}, "
+                         f"not below --num-classes {num_classes}; raise it to at least "
+                         f"{top + 1}")
+    return num_classes
 
 
 def read_utt2spk(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -194,15 +228,8 @@ def import_kaldi(
     if norm_from is not None and compute_norm:
         norm = load_norm(norm_from)
         norm_source = f"from {norm_from}"
-    lengths = [a for a in ali.values() if len(a)]
-    if lengths:  # checked before any feature is read: no work is lost to a bad count
-        low, top = min(int(a.min()) for a in lengths), max(int(a.max()) for a in lengths)
-        if low < 0:
-            raise ValueError(f"{alignments}: negative pdf-id {low}; pass pdf-id alignments")
-        if num_classes is not None and top >= num_classes:
-            raise ValueError(f"{alignments}: pdf-id {top} is not below --num-classes "
-                             f"{num_classes}; raise it to at least {top + 1}")
-        num_classes = top + 1 if num_classes is None else num_classes
+    if any(len(a) for a in ali.values()):  # before any feature is read: no work is lost
+        num_classes = check_pdf_ids(ali, alignments, num_classes)
     speakers = read_utt2spk(utt2spk) if utt2spk is not None else None
     cmvn = SpeakerCMVN(speakers, cmvn_vars) if speakers is not None else None
     if cmvn is not None:  # first pass: the speakers' statistics
@@ -212,10 +239,12 @@ def import_kaldi(
 
     skipped: Counter[str] = Counter()
     skipped_utts: dict[str, list[str]] = {}
+    example: dict[str, str] = {}  # the first skipped utterance of each reason, in detail
 
-    def skip(utt: str, reason: str) -> None:
+    def skip(utt: str, reason: str, detail: str = "") -> None:
         skipped[reason] += 1
         skipped_utts.setdefault(reason, [])
+        example.setdefault(reason, f"{utt!r}{f' ({detail})' if detail else ''}")
         if len(skipped_utts[reason]) < _MAX_LISTED:
             skipped_utts[reason].append(utt)
 
@@ -236,7 +265,8 @@ def import_kaldi(
                     skip(utt, "features not a matrix")
                     continue
                 if mat.shape[0] != len(labels):
-                    skip(utt, "length mismatch")
+                    skip(utt, "length mismatch",
+                         f"{mat.shape[0]} feature frames, {len(labels)} alignment frames")
                     continue
                 if writer is not None and mat.shape[1] != writer.feat_dim:
                     skip(utt, "feature dimension differs")
@@ -256,9 +286,12 @@ def import_kaldi(
                                            silence_classes=silence_classes or ())
                 writer.append(utt, cmvn.apply(utt, mat) if cmvn is not None else mat, labels)
         if writer is None:
+            named = "; ".join(f"{reason}: {count}, e.g. {example[reason]}"
+                              for reason, count in skipped.items()) or "none"
             raise ValueError(f"no utterance of {feats_scp} could be imported ({len(seen)} in "
-                             f"the table, skipped: {dict(skipped) or 'none'}); check that the "
-                             f"alignments {alignments} belong to these features")
+                             f"the table; skipped: {named}); check that the alignments "
+                             f"{alignments} belong to these features (the same utterance ids, "
+                             "made from these very features at their frame rate)")
         summary = {"out": str(out), "utts": writer.num_utts, "frames": writer.num_frames,
                    "feat_dim": writer.feat_dim, "num_classes": writer.num_classes,
                    "norm": norm_source}
@@ -283,7 +316,13 @@ def _class_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: import a Kaldi feature table and alignments into one ``.h5`` file."""
+    """Command line: import a Kaldi feature table and alignments into one ``.h5`` file.
+
+    Returns:
+        The exit code: 0 imported; 2 a user's error (a bad flag, a missing file, a negative
+        or too large pdf-id, no utterance whose alignment fits its features), one line naming
+        the utterance or file and the fix; 1 a failure while writing.
+    """
     parser = argparse.ArgumentParser(prog="python -m hadpsgd.data.kaldi",
                                      description="Convert Kaldi features + pdf alignments to "
                                                  "the hadpsgd HDF5 feature format.")
@@ -319,9 +358,12 @@ def main(argv: list[str] | None = None) -> int:
                                num_classes=args.num_classes, compute_norm=not args.no_norm,
                                like=args.like, norm_from=args.norm_from, utt2spk=args.utt2spk,
                                cmvn_vars=args.cmvn_vars, silence_classes=args.silence_classes)
-    except (ImportError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except _USER_ERRORS as exc:  # the input or a flag: one line naming it and the fix
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return _EXIT_USER_ERROR
+    except OSError as exc:  # writing failed (a full disk, an I/O error): not the input's fault
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return _EXIT_FAILED
     print(f"wrote {summary['out']}: {summary['utts']} utterances, {summary['frames']} frames, "
           f"feat_dim {summary['feat_dim']}, {summary['num_classes']} classes, normalisation "
           f"{summary['norm']}")
@@ -330,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{' ...' if count > _MAX_LISTED else ''}")
     if summary["unused_alignments"]:
         print(f"{summary['unused_alignments']} alignment(s) had no features")
-    return 0
+    return _EXIT_OK
 
 
 if __name__ == "__main__":

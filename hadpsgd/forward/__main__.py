@@ -22,7 +22,17 @@ from hadpsgd.data import PRIORS_FILE, Priors, load_priors
 from hadpsgd.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR
 from hadpsgd.forward.chunks import CONTEXTS
 from hadpsgd.forward.features import open_features
-from hadpsgd.forward.job import Job, Options, agree, check_shapes, learn_index, log, run
+from hadpsgd.forward.job import (
+    Job,
+    Options,
+    agree,
+    check_new,
+    check_shapes,
+    learn_index,
+    log,
+    retire_index,
+    run,
+)
 from hadpsgd.forward.model import ForwardError, LoadedModel, describe, load_model
 from hadpsgd.forward.output import parse_output
 from hadpsgd.precision import set_tf32
@@ -48,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="WSPECIFIER|FILE.h5",
                    help="a Kaldi wspecifier (ark:out.ark, ark,scp:out.ark,out.scp, ark:-) or "
                         "an .h5 file (loglikes, offsets, utt_ids)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an output that is already there (default: refuse it, naming "
+                        "it); each file is replaced when its new version is complete")
     p.add_argument("--priors", default="auto", metavar="auto|FILE|none",
                    help="auto (default): the run's priors.json if it has one, else none; "
                         "FILE: a priors JSON, a Kaldi text vector of counts, or a training "
@@ -110,6 +123,7 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
             raise ForwardError(f"--output {args.output}: under mpirun every rank writes a part "
                                "of the output, which needs files; write ark,scp:out.ark,"
                                "out.scp or out.h5, or run one process to pipe it")
+        check_new(out, topo.size, args.overwrite)
         loaded = load_model(args.model)
         priors, priors_line = resolve_priors(args.priors, loaded)
         chunk_len = args.chunk_len if args.chunk_len is not None else loaded.chunk_len
@@ -124,6 +138,8 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
     loaded, features, opts = job.loaded, job.features, job.opts
     learn_index(topo, features)
     agree(topo, lambda: check_shapes(loaded, features, job.priors))
+    if args.overwrite:
+        retire_index(topo, job.out)
     if topo.rank == 0:
         log(f"model: {describe(loaded)}")
         log(f"features: {features.name}, normalisation {norm_line}")

@@ -2,7 +2,9 @@
 
 Under mpirun the utterances are split into contiguous runs, one per rank, balanced by frames
 (:func:`split_by_frames`); each rank writes its part and rank 0 makes one output of them
-(:mod:`hadpsgd.forward.output`). One process is the same job with one part, written in place.
+(:mod:`hadpsgd.forward.output`). One process is the same job with one part. Every file is
+written under a temporary name and renamed when complete; one that is there already is
+refused before any work (:func:`check_new`) unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -139,6 +142,49 @@ def check_shapes(loaded: LoadedModel, features: Features, priors: Priors | None)
             f"class count mismatch: checkpoint {loaded.checkpoint} has {loaded.num_classes} "
             f"output classes but the priors {priors.source} have {priors.num_classes}; pass "
             "the priors of its own run (--priors auto) or --priors none")
+
+
+def targets(out: OutputSpec, size: int) -> list[Path]:
+    """Every file a job of ``size`` ranks writes under a final name (each rank's part too)."""
+    if size == 1:
+        return out.files()
+    parts = [f for r in range(size) for f in part_spec(out, r).files()]
+    if out.h5 is not None:
+        return [out.h5, *parts]
+    return [Path(out.scp or out.ark or ""), *parts]  # under an scp the rank archives stay
+
+
+def check_new(out: OutputSpec, size: int, overwrite: bool) -> None:
+    """Refuse to write over files that are there, unless ``overwrite``; never over a directory.
+
+    Under mpirun a part left by a job that died before its merge counts too: it is named
+    like any other file, and ``--overwrite`` replaces it.
+
+    Raises:
+        ForwardError: Naming every such file and the fix.
+    """
+    found = targets(out, size)
+    dirs = [str(p) for p in found if p.is_dir()]
+    if dirs:
+        raise ForwardError(f"--output: {', '.join(dirs)} is a directory; write elsewhere")
+    there = [str(p) for p in found if p.exists() or p.is_symlink()]
+    if there and not overwrite:
+        raise ForwardError(f"--output: {', '.join(there)} already exist"
+                           f"{'s' if len(there) == 1 else ''}; pass --overwrite to replace "
+                           f"{'it' if len(there) == 1 else 'them'}, or write elsewhere")
+
+
+def retire_index(topo: Topology, out: OutputSpec) -> None:
+    """Under mpirun with ``--overwrite``: remove an old ``scp`` before any rank writes.
+
+    Its offsets point into the rank archives by name; the new ``out.<rank>.ark`` files take
+    those names as each rank finishes, long before rank 0 writes the new ``scp``. Rank 0
+    removes it, and the agreement after it is the barrier no rank renames before.
+    """
+    if topo.size == 1 or out.scp is None:
+        return  # one process: the writer removes the old index just before its archive moves
+    index = Path(out.scp)
+    agree(topo, lambda: index.unlink(missing_ok=True) if topo.rank == 0 else None)
 
 
 @dataclass

@@ -9,16 +9,26 @@ HDF5 layout (``format`` attribute ``hadpsgd-loglikes/1``; what ``hadpsgd.decode`
   ``priors`` (the priors' source, empty without), ``checkpoint``, ``context``,
   ``chunk_len``, ``chunk_overlap``, ``precision``.
 
-An HDF5 file is written under a temporary name and renamed when complete. Under mpirun every
-rank writes its part (:func:`part_spec`) and rank 0 makes one output of them
-(:func:`merge`): the parts of an ``.h5`` are copied into it in rank order, which is input
-order; an ``ark,scp`` keeps the rank's archives (``out.<rank>.ark``) and rank 0 writes one
-``scp`` listing every utterance in input order (nothing is copied); a bare ``ark:`` is the
-rank archives concatenated (an archive is a sequence of self-contained entries).
+Every file is written under a hidden temporary name in its own directory
+(``.out.ark.tmp-<pid>``), flushed to disk (fsync) and renamed into place only when complete,
+so no reader ever sees half an output under its final name: an archive before its scp, whose
+byte offsets name the archive by its final name. An output that is already there is refused
+(:func:`check_new`) unless ``--overwrite``; then the old one is replaced by the rename, and an
+old scp is removed before a new archive takes its archive's name, so that no index ever points
+into bytes it was not written for. Standard output and pipes are streams, written as they
+come.
+
+Under mpirun every rank writes its part (:func:`part_spec`) the same way, and rank 0 makes one
+output of them (:func:`merge`): the parts of an ``.h5`` are copied into it in rank order,
+which is input order; an ``ark,scp`` keeps the rank's archives (``out.<rank>.ark``) and rank
+0 writes one ``scp`` listing every utterance in input order (nothing is copied); a bare
+``ark:`` is the rank archives concatenated (an archive is a sequence of self-contained
+entries).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -48,13 +58,13 @@ class OutputSpec:
     def in_files(self) -> bool:
         """Whether every target is a plain file (not standard output, not a pipe)."""
         names = [n for n in (self.ark, self.scp) if n is not None]
-        return self.h5 is not None or all(n != "-" and "|" not in n for n in names)
+        return self.h5 is not None or not any(_streamed(n) for n in names)
 
     def files(self) -> list[Path]:
-        """The plain files written (for the directory checks)."""
+        """The plain files written (not the streams)."""
         if self.h5 is not None:
             return [self.h5]
-        return [Path(n) for n in (self.ark, self.scp) if n is not None and self.in_files]
+        return [Path(n) for n in (self.ark, self.scp) if n is not None and not _streamed(n)]
 
     def describe(self) -> str:
         """The output as the user would name it."""
@@ -82,6 +92,10 @@ def parse_output(spec: str) -> OutputSpec:
             raise ForwardError(f"--output {spec} names no archive; write ark,scp:out.ark,"
                                "out.scp (an scp alone indexes nothing)")
         out = OutputSpec(ark=parsed["ark"], scp=parsed["scp"], text=bool(parsed["t"]))
+        if out.scp is not None and _streamed(parsed["ark"]):
+            raise ForwardError(f"--output {spec}: an scp holds byte offsets into a file, but "
+                               f"the archive {parsed['ark']} is a stream; write the archive "
+                               "to a file (ark,scp:out.ark,out.scp) or drop the scp (ark:-)")
     elif spec.endswith((".h5", ".hdf5")):
         out = OutputSpec(h5=Path(spec))
     else:
@@ -96,6 +110,41 @@ def parse_output(spec: str) -> OutputSpec:
             raise ForwardError(f"--output: directory {parent} is not writable; write "
                                "elsewhere or fix its permissions")
     return out
+
+
+def _streamed(name: str) -> bool:
+    """Whether a Kaldi target is a stream (standard output or a pipe) rather than a file."""
+    return name == "-" or "|" in name
+
+
+def temp_path(path: Path) -> Path:
+    """Where ``path`` is written until complete: hidden, in its own directory.
+
+    The same directory because a rename across file systems would be a copy, which can be
+    seen half-done.
+    """
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Some file systems (FUSE, older NFS) refuse a directory's fsync: the rename stands anyway.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def commit(tmp: Path, final: Path) -> None:
+    """Rename the complete file ``tmp`` to ``final``, its bytes on disk before its name."""
+    fd = os.open(tmp, os.O_RDONLY)  # fsync writes back the file's pages whatever descriptor
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)  # atomic: a reader sees the old file or the new one, never half
+    _fsync_dir(final.parent)
 
 
 def _part_name(name: str, rank: int) -> str:
@@ -117,7 +166,7 @@ class H5Writer:
 
     def __init__(self, path: Path, num_classes: int, attrs: dict[str, Any]) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.tmp = temp_path(self.path)
         self.h5 = h5py.File(self.tmp, "w")
         rows = max(1, _CHUNK_BYTES // (4 * num_classes))
         self.data = self.h5.create_dataset("loglikes", shape=(0, num_classes), dtype="f4",
@@ -139,7 +188,7 @@ class H5Writer:
         self.h5.create_dataset("offsets", data=np.asarray(self.offsets, np.int64))
         self.h5.create_dataset("utt_ids", data=self.ids, dtype=h5py.string_dtype())
         self.h5.close()
-        os.replace(self.tmp, self.path)
+        commit(self.tmp, self.path)
 
     def abort(self) -> None:
         """Drop the unfinished file."""
@@ -148,27 +197,76 @@ class H5Writer:
         self.tmp.unlink(missing_ok=True)
 
 
+class _Target:
+    """One file of a Kaldi output, open under its temporary name; or a stream (``-``, a pipe)."""
+
+    def __init__(self, name: str, mode: str) -> None:
+        from hadpsgd.forward.features import _kaldiio
+
+        self.name = name
+        self.tmp = None if _streamed(name) else temp_path(Path(name))
+        self.fd: Any = (_kaldiio().utils.open_like_kaldi(name, mode) if self.tmp is None else
+                        open(self.tmp, mode, encoding=None if "b" in mode else "utf-8"))
+
+    def close(self) -> None:
+        """Close it, and move a file into place."""
+        self.fd.close()
+        if self.tmp is not None:
+            commit(self.tmp, Path(self.name))
+
+    def abort(self) -> None:
+        """Close it, and drop an unfinished file."""
+        try:
+            self.fd.close()
+        finally:
+            if self.tmp is not None:
+                self.tmp.unlink(missing_ok=True)
+
+
 class ArkWriter:
-    """Writes a Kaldi archive (and scp) through kaldiio's ``WriteHelper``."""
+    """Writes a Kaldi archive (and scp) in kaldiio's format, each file complete or not at all.
+
+    The scp's offsets are counted here rather than by kaldiio, which would name the archive
+    by the temporary name it is open under: an entry is ``utt <final ark name>:<offset of the
+    matrix>``, as Kaldi writes it.
+    """
 
     def __init__(self, out: OutputSpec) -> None:
         from hadpsgd.forward.features import _kaldiio
 
-        opts = "ark" + (",t" if out.text else "") + (",scp" if out.scp else "")
-        target = out.ark + (f",{out.scp}" if out.scp else "")
-        self.helper = _kaldiio().WriteHelper(f"{opts}:{target}")
+        assert out.ark is not None
+        self.save, self.text = _kaldiio().save_ark, out.text
+        self.ark = _Target(out.ark, "wb")
+        self.scp: _Target | None = None
+        try:
+            self.scp = _Target(out.scp, "w") if out.scp is not None else None
+        except BaseException:
+            self.ark.abort()
+            raise
 
     def write(self, utt: str, mat: np.ndarray) -> None:
-        """Append one utterance's matrix."""
-        self.helper(utt, mat)
+        """Append one utterance's matrix (and its scp line)."""
+        start = self.ark.fd.tell() if self.scp is not None else 0
+        self.save(self.ark.fd, {utt: mat}, text=self.text)
+        if self.scp is not None:  # the matrix starts after "utt " (kaldiio writes it in UTF-8)
+            self.scp.fd.write(f"{utt} {self.ark.name}:{start + len(f'{utt} '.encode())}\n")
 
     def close(self) -> None:
-        """Close the archive (and scp)."""
-        self.helper.close()
+        """Move the archive into place, then the scp (an index never names a missing file)."""
+        if self.scp is not None and self.scp.tmp is not None:
+            # An old index (--overwrite) goes first: it must never point into the new archive.
+            Path(self.scp.name).unlink(missing_ok=True)
+        self.ark.close()
+        if self.scp is not None:
+            self.scp.close()
 
     def abort(self) -> None:
-        """Close what was written (a Kaldi archive has no commit)."""
-        self.helper.close()
+        """Drop what was written to files (a stream keeps what it was sent)."""
+        try:
+            self.ark.abort()
+        finally:
+            if self.scp is not None:
+                self.scp.abort()
 
 
 def open_writer(out: OutputSpec, num_classes: int, attrs: dict[str, Any]) -> H5Writer | ArkWriter:
@@ -179,7 +277,7 @@ def open_writer(out: OutputSpec, num_classes: int, attrs: dict[str, Any]) -> H5W
 
 
 def _merge_h5(out: Path, parts: list[Path]) -> None:
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_path(out)
     try:
         with h5py.File(tmp, "w") as dst:
             sources = [h5py.File(p, "r") for p in parts]
@@ -205,7 +303,7 @@ def _merge_h5(out: Path, parts: list[Path]) -> None:
             finally:
                 for src in sources:
                     src.close()
-        os.replace(tmp, out)
+        commit(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     for part in parts:
@@ -213,13 +311,13 @@ def _merge_h5(out: Path, parts: list[Path]) -> None:
 
 
 def _concatenate(out: str, parts: list[str]) -> None:
-    tmp = Path(out).with_name(f".{Path(out).name}.tmp-{os.getpid()}")
+    tmp = temp_path(Path(out))
     try:
         with open(tmp, "wb") as dst:
             for part in parts:
                 with open(part, "rb") as src:
                     shutil.copyfileobj(src, dst, 16 << 20)
-        os.replace(tmp, out)
+        commit(tmp, Path(out))
     finally:
         tmp.unlink(missing_ok=True)
     for part in parts:

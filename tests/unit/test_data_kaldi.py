@@ -116,7 +116,7 @@ def test_cli(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ff = FeatureFile(out)
     assert ff.num_classes == 16 and ff.norm_mean is None
     assert main(["--feats-scp", str(kaldi_dir / "feats.scp"), "--alignments",
-                 str(kaldi_dir / "ali.ark"), "--out", str(out), "--num-classes", "3"]) == 1
+                 str(kaldi_dir / "ali.ark"), "--out", str(out), "--num-classes", "3"]) == 2
     assert "at least 12" in capsys.readouterr().err
 
 
@@ -197,3 +197,32 @@ def test_silence_classes_recorded_and_inherited(kaldi_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"silence classes \[12\] are outside"):
         import_kaldi(str(kaldi_dir / "feats.scp"), str(kaldi_dir / "ali.ark"),
                      kaldi_dir / "x.h5", silence_classes=[12])
+
+
+def test_bad_alignments_are_a_user_error_naming_the_utterance(
+        kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 (hadpsgd.exit_codes' user error), one line naming the utterance and the fix."""
+    def run(ali: dict[str, np.ndarray]) -> str:
+        kaldiio.save_ark(str(kaldi_dir / "bad.ark"), ali)
+        out = kaldi_dir / "bad.h5"
+        assert main(["--feats", str(kaldi_dir / "feats.scp"), "--alignments",
+                     str(kaldi_dir / "bad.ark"), "--out", str(out)]) == 2
+        assert not out.exists()
+        err = capsys.readouterr().err
+        assert err.startswith("python -m hadpsgd.data.kaldi: error: ") and err.count("\n") == 1
+        return err
+
+    negative = np.zeros(10, np.int32)
+    negative[4] = -1
+    err = run({"spk1-u1": negative})
+    assert "utterance 'spk1-u1' has pdf-id -1 at frame 4" in err and "ali-to-pdf" in err
+    err = run({"spk1-u1": np.zeros(9, np.int32)})  # every alignment one frame short
+    assert "length mismatch: 1, e.g. 'spk1-u1' (10 feature frames, 9 alignment frames)" in err
+    assert "belong to these features" in err
+    assert main(["--feats", str(kaldi_dir / "feats.scp"), "--alignments",
+                 str(kaldi_dir / "ali.ark"), "--out", str(kaldi_dir / "x.h5"),
+                 "--num-classes", "11"]) == 2
+    assert "utterance 'spk1-u2' has pdf-id 11 at frame 0" in capsys.readouterr().err
+    assert main(["--feats", str(kaldi_dir / "missing.scp"), "--alignments",
+                 str(kaldi_dir / "ali.ark"), "--out", str(kaldi_dir / "x.h5")]) == 2
+    assert "missing.scp" in capsys.readouterr().err

@@ -258,7 +258,7 @@ def test_the_forward_decides_tf32(run_dir: Path, tiny_data: tuple[Path, Path], t
                                                                                   allow)))
     for flags in ([], ["--tf32"]):
         forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5",
-                "--priors", "none", *flags)
+                "--priors", "none", "--overwrite", *flags)  # the second replaces the first
     assert calls == [("cpu", False), ("cpu", True)]
 
 
@@ -281,3 +281,106 @@ def test_a_groups_scores_are_written_in_order_after_one_wait() -> None:
     assert [u for u, _ in written] == ["a", "empty", "b"]
     for (_, mat), out in zip(written, outputs, strict=True):
         np.testing.assert_array_equal(mat, (out - torch.tensor([1.0, 2.0])).numpy())
+
+
+# --- outputs: complete under their final names or not there at all (issue 34) ---------------
+
+def listing(where: Path) -> list[tuple[str, int]]:
+    return sorted((p.name, p.stat().st_size) for p in where.iterdir())
+
+
+@pytest.mark.parametrize("spec", ["o.h5", "ark,scp:o.ark,o.scp", "ark:o.ark"])
+def test_a_crash_in_the_middle_leaves_no_file_under_the_final_names(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    pytest.importorskip("kaldiio")
+    import hadpsgd.forward.chunks as chunks
+    from hadpsgd.forward.features import H5Features
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(chunks, "MAX_BATCH", 2)  # groups of two: two are written by utterance 7
+    read, seen = H5Features.read, []
+
+    def crashing(self: H5Features, first: int = 0, stop: int | None = None):  # noqa: ANN202
+        for n, item in enumerate(read(self, first, stop)):
+            if n == 7:
+                seen.append(listing(tmp_path))  # what a kill at this moment would leave
+                raise OSError("the disk went away")
+            yield item
+
+    monkeypatch.setattr(H5Features, "read", crashing)
+    with pytest.raises(OSError, match="went away"):
+        forward("--model", run_dir, "--features", tiny_data[1], "--output", spec)
+    assert seen and seen[0], "nothing was being written"
+    # Only hidden temporaries, matrices already in them (an scp's lines may still be buffered).
+    assert all(name.startswith(".o.") and ".tmp-" in name for name, _ in seen[0]), seen
+    assert max(size for _, size in seen[0]) > 0, seen
+    assert listing(tmp_path) == []  # and the aborted job removed them
+
+
+@pytest.mark.parametrize("spec,there,named", [
+    ("o.h5", ["o.h5"], "o.h5 already exists"),
+    ("ark,scp:o.ark,o.scp", ["o.scp"], "o.scp already exists"),
+    ("ark,scp:o.ark,o.scp", ["o.ark", "o.scp"], "o.ark, o.scp already exist"),
+])
+def test_an_existing_output_is_refused_by_name(run_dir: Path, tiny_data: tuple[Path, Path],
+                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               spec: str, there: list[str], named: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in there:
+        (tmp_path / name).write_text("someone's results\n")
+    with pytest.raises(ForwardError, match=f"--output: {named}; pass --overwrite"):
+        forward("--model", run_dir, "--features", tiny_data[1], "--output", spec)
+    assert all((tmp_path / n).read_text() == "someone's results\n" for n in there)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(there)
+
+
+def test_overwrite_replaces_and_the_scp_names_the_final_archive(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kaldiio = pytest.importorskip("kaldiio")
+    monkeypatch.chdir(tmp_path)
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", "fresh.h5")
+    for name in ("o.h5", "o.ark", "o.scp"):
+        (tmp_path / name).write_text("old u0 o.ark:7\n")
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", "o.h5", "--overwrite")
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", "ark,scp:o.ark,o.scp",
+            "--overwrite")
+    scores, offsets, ids, _ = read_h5(tmp_path / "fresh.h5")
+    assert np.array_equal(read_h5(tmp_path / "o.h5")[0], scores)
+    lines = (tmp_path / "o.scp").read_text().splitlines()
+    assert [ln.split()[1].rpartition(":")[0] for ln in lines] == ["o.ark"] * len(ids)
+    table = kaldiio.load_scp("o.scp")
+    assert list(table) == ids
+    assert all(np.array_equal(table[u], scores[offsets[i]:offsets[i + 1]])
+               for i, u in enumerate(ids))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.h5", "o.ark", "o.h5", "o.scp"]
+
+
+def test_under_mpirun_every_part_counts_and_an_old_index_goes_first(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hadpsgd.forward.job import check_new, retire_index, targets
+
+    out = parse_output(f"ark,scp:{tmp_path / 'o.ark'},{tmp_path / 'o.scp'}")
+    assert [p.name for p in targets(out, 2)] == ["o.scp", "o.0.ark", "o.0.scp", "o.1.ark",
+                                                 "o.1.scp"]  # o.ark itself is never written
+    assert [p.name for p in targets(parse_output(str(tmp_path / "o.h5")), 2)] == [
+        "o.h5", "o.0.h5", "o.1.h5"]
+    (tmp_path / "o.1.ark").write_bytes(b"a part left by a job that died before its merge")
+    with pytest.raises(ForwardError, match=r"o\.1\.ark already exists; pass --overwrite"):
+        check_new(out, 2, overwrite=False)
+    check_new(out, 2, overwrite=True)
+    (tmp_path / "o.scp").write_text("u0 o.0.ark:3\n")  # the old index into the old archives
+    rank0 = SimpleNamespace(rank=0, size=2, allgather_object=lambda mine: [mine, None])
+    retire_index(rank0, out)  # type: ignore[arg-type]
+    assert not (tmp_path / "o.scp").exists()
+    (tmp_path / "o").mkdir()
+    with pytest.raises(ForwardError, match="is a directory"):
+        check_new(parse_output(f"ark:{tmp_path / 'o'}"), 1, overwrite=True)
+
+
+def test_an_scp_into_a_stream_is_refused() -> None:
+    pytest.importorskip("kaldiio")
+    with pytest.raises(ForwardError, match="an scp holds byte offsets into a file"):
+        parse_output("ark,scp:-,o.scp")
