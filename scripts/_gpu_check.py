@@ -6,7 +6,10 @@ any machine:
 - the **budget**: whether a check may still start, and the time limit of each command it runs
   (its own limit, cut to what is left of the budget);
 - **statuses**: ``pass``, ``fail``, ``needs N GPUs`` (fine: the machine has fewer), ``skipped``
-  (a test's own skip), ``over budget`` (not started: the budget ran out, which fails the run);
+  (a test's own skip), ``not in this part`` (fine: the other part of the plan runs it, the
+  report gives its command), ``over budget`` (not started: the budget ran out, which fails
+  the run);
+- the **parts**: the report path of each part and the command that runs the other one;
 - the **settings** of a training check (batch, precision, TF32), from its ``config.json``;
 - ``pytest``'s JUnit record as one report row per test;
 - the **report**: a Markdown table and its JSON twin.
@@ -21,11 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PASS, FAIL, SKIPPED, OVER_BUDGET = "pass", "fail", "skipped", "over budget"
-"""The statuses besides ``needs N GPUs``."""
+"""The statuses besides ``needs N GPUs`` and ``not in this part``."""
+OTHER_PART = "not in this part"
+"""A check of the plan's other part: not run by this command and no failure (the report
+gives the command of its part)."""
 NEEDS_GPUS_RE = re.compile(r"(\d+)\s+(?:or more\s+)?GPUs")
 """A skip reason that names a GPU count (``needs 2 GPUs``)."""
-PER_TEST_MAX_S = 240.0
-"""pytest-timeout's limit per GPU test when the budget leaves more (the slowest take ~60 s)."""
+PER_TEST_MAX_S = 150.0
+"""pytest-timeout's limit per GPU test when the budget leaves more: 2.5 x the slowest test on
+one H100 (60 s, the throughput benchmark), so a hung test frees its xdist worker while the
+run still has time to finish the others and write the record."""
 
 
 @dataclass
@@ -35,7 +43,8 @@ class Check:
     name: str
     """What was checked."""
     status: str = SKIPPED
-    """``pass``, ``fail``, ``needs N GPUs``, ``skipped`` or ``over budget``."""
+    """``pass``, ``fail``, ``needs N GPUs``, ``skipped``, ``not in this part`` or ``over
+    budget``."""
     seconds: float = 0.0
     """Wall-clock time of the check."""
     detail: str = ""
@@ -120,10 +129,24 @@ def counts_line(checks: Sequence[Check]) -> str:
     n_fail = sum(c.status == FAIL for c in checks)
     n_over = sum(c.status == OVER_BUDGET for c in checks)
     n_need = sum(c.status.startswith("needs") for c in checks)
+    n_other = sum(c.status == OTHER_PART for c in checks)
     return (f"**{n_fail} failed**, {sum(c.status == PASS for c in checks)} passed, "
             f"{n_need} need more GPUs than this machine has (not a failure), "
             f"{n_over} not run for lack of budget (a failure), "
-            f"{sum(c.status == SKIPPED for c in checks)} skipped by the test itself")
+            f"{sum(c.status == SKIPPED for c in checks)} skipped by the test itself"
+            + (f", {n_other} in the other part of the plan (not a failure)" if n_other else ""))
+
+
+def not_in_part(name: str, key: str, part: int, command: str) -> Check:
+    """The row of a check that belongs to plan part ``part``, which this command does not run.
+
+    Args:
+        name: The check's row name.
+        key: Its plan key.
+        part: The part it belongs to.
+        command: The command that runs that part.
+    """
+    return Check(name, OTHER_PART, key=key, detail=f"part {part}: {command}")
 
 
 def rerun_hint(checks: Sequence[Check], report: str, budget: float) -> str | None:
@@ -133,6 +156,30 @@ def rerun_hint(checks: Sequence[Check], report: str, budget: float) -> str | Non
         return None
     return (f"bash scripts/gpu_check.sh {report} --only {','.join(keys)} "
             f"--budget {budget:.0f}")
+
+
+# ---------------------------------------------------------------------------- parts
+def part_report(report: str, part: str) -> str:
+    """The report path of plan part ``part`` beside ``report`` (the report of any part).
+
+    Part 1 keeps the name (``gpu-check-report.md``); part 2 and ``all`` add ``-part2`` and
+    ``-all`` to it, so that running the other part does not overwrite this part's report.
+    """
+    head, sep, name = report.rpartition("/")
+    stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+    stem = re.sub(r"-(part2|all)$", "", stem)
+    suffix = {"1": "", "2": "-part2"}.get(part, f"-{part}")
+    return f"{head}{sep}{stem}{suffix}{dot}{ext}"
+
+
+def part_command(report: str, part: str) -> str:
+    """The command that runs plan part ``part``, its report beside ``report``."""
+    other = part_report(report, part)
+    if other == report:  # a part-2 report named without its suffix: keep it
+        head, sep, name = report.rpartition("/")
+        stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+        other = f"{head}{sep}{stem}-part{part}{dot}{ext}"
+    return f"bash scripts/gpu_check.sh {other} --part {part}"
 
 
 # ---------------------------------------------------------------------------- settings
@@ -194,11 +241,20 @@ def _cell(text: str) -> str:
 
 
 def markdown(checks: Sequence[Check], header: Sequence[str],
-             hint: str | None = None) -> str:
-    """The Markdown report: header, counts, one table row per check, then each one's lines."""
+             hint: str | None = None, other: str | None = None) -> str:
+    """The Markdown report: header, counts, one table row per check, then each one's lines.
+
+    Args:
+        checks: The rows.
+        header: Lines above the counts (date, GPUs, versions, part, budget).
+        hint: The command that runs what the budget left out, if anything.
+        other: The command that runs the plan's other part, if this run was one part.
+    """
     lines = ["# hadpsgd GPU check", "", *header, "", counts_line(checks), ""]
     if hint:
         lines += [f"Not run for lack of budget; run them with: `{hint}`", ""]
+    if other:
+        lines += [f"The other part of the plan: `{other}`", ""]
     lines += ["frames/s: median of the steady `metrics.jsonl` windows (the first window of a "
               "run or of a resumed run, its warm-up, left out); batch is per rank.", "",
               "| check | result | s | batch | precision | TF32 | frames/s | detail |",
@@ -213,6 +269,7 @@ def markdown(checks: Sequence[Check], header: Sequence[str],
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FAIL", "OVER_BUDGET", "PASS", "SKIPPED", "Check", "counts_line", "exit_status",
-           "failed", "flag_value", "junit_checks", "launch_limit", "markdown", "pytest_limits",
-           "rerun_hint", "run_settings", "skip_status", "start_limit"]
+__all__ = ["FAIL", "OTHER_PART", "OVER_BUDGET", "PASS", "SKIPPED", "Check", "counts_line",
+           "exit_status", "failed", "flag_value", "junit_checks", "launch_limit", "markdown",
+           "not_in_part", "part_command", "part_report", "pytest_limits", "rerun_hint",
+           "run_settings", "skip_status", "start_limit"]

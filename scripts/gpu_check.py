@@ -1,31 +1,32 @@
-"""The checks behind ``scripts/gpu_check.sh``: prove a GPU machine in a few minutes.
+"""The checks behind ``scripts/gpu_check.sh``: prove a GPU machine in two commands.
 
-Runs, each under its own time limit and in a fresh directory, most telling first (what the
-budget leaves out is at the end; the plan is ``scripts/_gpu_check_plan.py``, the budget,
-statuses and report are the pure functions of ``scripts/_gpu_check.py``):
+The plan (``scripts/_gpu_check_plan.py``) is cut in two parts that each fit one command of a
+lent machine (the budget, statuses and report are the pure functions of
+``scripts/_gpu_check.py``). Each check runs under its own time limit and in a fresh
+directory, most telling first:
 
-1. ``python -m hadpsgd.comm`` on one rank, a one-rank NCCL group through ``NCCLIntra``, NCCL
-   training with one rank per GPU (with two or more GPUs);
-2. ``pytest tests/gpu`` (per test: passed, failed, skipped and why), its per-test timeout
-   fitted to the budget;
-3. no cuDNN weight copy with the per-layer LSTM of ``small`` and ``swb``;
-   ``benchmarks.comm --device cuda``; with two or more GPUs ``train_throughput`` against DDP
-   over NCCL;
-4. ``swb`` through ``python -m hadpsgd.run --device cuda``: each LSTM layout, bf16, ``--tf32``;
-5. every algorithm on ``small`` for a few hundred steps, stopped half-way and resumed
-   (``--resume auto``): SSGD, ADPSGD, H-ADPSGD, BMUF-Adam (blocking, overlapped, int8 wire);
-   BMUF-Adam on ``swb``;
-6. mixed precision on ``small``: bf16, fp16 (resumed: its loss scale is in the checkpoint),
-   bf16 gradients on the wire, fp16 BMUF-Adam; ``train_throughput`` of ``swb`` at fp32 against
-   bf16 against DDP under the same autocast (one rank).
+- **part 1** (the default, ~390 s on one H100): ``python -m hadpsgd.comm`` on one rank, a
+  one-rank NCCL group through ``NCCLIntra``, NCCL training with one rank per GPU (with two or
+  more GPUs); ``pytest tests/gpu`` (per test: passed, failed, skipped and why), its per-test
+  timeout fitted to the budget; one run of every algorithm on ``small`` through ``python -m
+  hadpsgd.run --device cuda`` (SSGD, ADPSGD, H-ADPSGD, BMUF-Adam blocking and overlapped with
+  the int8 wire); ``small`` at fp16 (stopped half-way and resumed: its loss scale is in the
+  checkpoint) and bf16; ``swb`` at bf16 with the stacked LSTM.
+- **part 2** (``--part 2``, ~295 s on one H100): no cuDNN weight copy with either LSTM layout
+  of ``small`` and ``swb``; ``benchmarks.comm --device cuda``; with two or more GPUs
+  ``train_throughput`` against DDP over NCCL; ``swb`` with the per-layer LSTM (resumed)
+  against the stacked one, stacked with ``--tf32``; SSGD on one rank resumed; BMUF-Adam on
+  ``swb``; bf16 gradients on the wire; fp16 BMUF-Adam; ``train_throughput`` of ``swb`` at fp32
+  against bf16 against DDP under the same autocast (one rank).
 
-``--budget`` (seconds) bounds the whole: a check starts only while the time it needs is
-left, and its commands end at the budget. A check the budget leaves out, or cuts, fails the
-run (the report names the command that runs the rest); a check that needs more GPUs than the
-machine has does not. Every training row carries its batch, precision and TF32 setting and
+``--budget`` (seconds) bounds the command: a check starts only while the time it needs is
+left, and its commands end at the budget. A check of the part that the budget leaves out, or
+cuts, fails the run (the report names the command that runs the rest); a check of the other
+part is "not in this part" and a check that needs more GPUs than the machine has is "needs N
+GPUs": neither fails. Every training row carries its batch, precision and TF32 setting and
 the median frames/s of its steady ``metrics.jsonl`` windows (the first window of a run, its
-warm-up, left out). The report is Markdown with a JSON twin. Exit status 0 when nothing
-failed.
+warm-up, left out). The report says which part ran and gives the command of the other; it is
+Markdown with a JSON twin. Exit status 0 when nothing failed, 2 for an unknown ``--only`` key.
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ from _gpu_check import (  # scripts/ is on sys.path: this file runs as a script
     junit_checks,
     launch_limit,
     markdown,
+    not_in_part,
+    part_command,
+    part_report,
     pytest_limits,
     rerun_hint,
     run_settings,
     start_limit,
 )
-from _gpu_check_plan import plan
+from _gpu_check_plan import DEFAULT_BUDGET_S, PARTS, chosen, estimate, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -135,6 +139,9 @@ class Runner:
         xml = self.work / "gpu-tests.xml"
         workers = ["-n", str(min(4, max(1, (os.cpu_count() or 2) // 4)))]
         if not _has_module("xdist"):
+            # In one process tests/gpu takes ~3 x its estimate: it will be cut; say why.
+            print("[gpu_check] pytest-xdist missing: tests/gpu runs in one process",
+                  flush=True)
             workers = []
         whole, per_test = pytest_limits(limit)
         code, out = self.sh([sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rA",
@@ -216,6 +223,10 @@ class Runner:
             check.detail += f", record {json_out.name}"
         self.record(check, start)
 
+    def not_in_part(self, key: str, name: str, part: int, command: str) -> None:
+        """Record a check of the plan's other part (not run here, no failure)."""
+        self.checks.append(not_in_part(name, key, part, command))
+
     def over_budget(self, key: str, name: str, left: float, need: float) -> None:
         """Record a check the budget leaves out (it fails the run)."""
         self.checks.append(Check(name, OVER_BUDGET, key=key,
@@ -224,21 +235,31 @@ class Runner:
         print(f"[gpu_check] OVER BUDGET {name}", flush=True)
 
     # ------------------------------------------------------------------ report
-    def report(self, path: Path, header: list[str], budget: float, final: bool = True) -> int:
+    def report(self, path: Path, header: list[str], budget: float, final: bool = True,
+               part: str = "1", other: str | None = None) -> int:
         """Write the Markdown report and its JSON twin; 1 if a check failed or was left out.
 
         Written after every check too (``final=False``, quietly): a run killed from outside
         (a machine lent for ten minutes) still leaves the rows it finished.
+
+        Args:
+            path: The Markdown report (the JSON twin beside it).
+            header: Its header lines.
+            budget: ``--budget``, for the command that runs what it left out.
+            final: Whether the run has finished (then it prints where the report is).
+            part: The part that ran (``1``, ``2``, ``all`` or ``only``).
+            other: The command that runs the plan's other part, if there is one.
         """
         hint = rerun_hint(self.checks, str(path), budget)
-        path.write_text(markdown(self.checks, header, hint))
+        path.write_text(markdown(self.checks, header, hint, other))
         path.with_suffix(".json").write_text(json.dumps(
-            {"header": header, "rerun": hint, "final": final,
-             "checks": [asdict(c) for c in self.checks]}, indent=1))
+            {"header": header, "part": part, "other_part": other, "rerun": hint,
+             "final": final, "checks": [asdict(c) for c in self.checks]}, indent=1))
         code = exit_status(self.checks)
         if final:
-            print(f"[gpu_check] report: {path} (exit {code})"
-                  + (f"; the rest: {hint}" if hint else ""), flush=True)
+            print(f"[gpu_check] report: {path} (part {part}, exit {code})"
+                  + (f"; the rest: {hint}" if hint else "")
+                  + (f"; the other part: {other}" if other else ""), flush=True)
         return code
 
 
@@ -257,16 +278,24 @@ def _has_module(name: str) -> bool:
 
 
 def main() -> int:
-    """Run the checks the budget allows; write the report; exit 1 if any failed or was left."""
+    """Run the part's checks the budget allows; write the report; exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report", default=str(ROOT / "gpu-check-report.md"))
+    parser.add_argument("--report", default=None,
+                        help="the Markdown report (default ./gpu-check-report.md for part 1, "
+                             "./gpu-check-report-part2.md for part 2)")
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke test)")
-    parser.add_argument("--budget", type=float, default=540.0,
+    parser.add_argument("--part", choices=PARTS, default="1",
+                        help="the part of the plan to run: 1 (default; the machine, NCCL, "
+                             "tests/gpu, every algorithm, mixed precision), 2 (the benchmarks, "
+                             "the LSTM layouts, TF32, the rest), all (both: give it --budget)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help="seconds all checks may take: a check starts only while the "
                              "time it needs is left, and one the budget leaves out fails")
-    parser.add_argument("--only", default="", help="comma-separated check keys to run")
+    parser.add_argument("--only", default="",
+                        help="comma-separated check keys to run, of any part (instead of --part)")
     opts = parser.parse_args()
+    report = Path(opts.report or part_report(str(ROOT / "gpu-check-report.md"), opts.part))
     import torch
 
     if not torch.cuda.is_available():
@@ -277,16 +306,37 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     run = Runner(work, gpus)
+    items = plan(run, gpus, work, opts.quick)
+    only = set(opts.only.split(",")) if opts.only else None
+    if only is not None and only - {item.key for item in items}:
+        # A mistyped key would otherwise run nothing and exit 0.
+        print(f"gpu_check: unknown --only key(s) {','.join(sorted(only - {i.key for i in items}))}"
+              f"; the keys: {','.join(item.key for item in items)}", file=sys.stderr)
+        return 2
+    part = "only" if only is not None else opts.part
+    others = sorted({item.part for item in items if not chosen(item, opts.part, only)})
+    # The command of the other part, with its own report, so it does not overwrite this one.
+    other = (part_command(str(report), str(others[0]))
+             if only is None and len(others) == 1 else None)
+    mine = [item for item in items if chosen(item, opts.part, only)]
+    est = estimate(mine, gpus)
     header = [f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
               f"- GPUs: {gpus} x {torch.cuda.get_device_name(0)}",
               f"- torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
               f"{torch.backends.cudnn.version()}, NCCL "
               f"{'.'.join(map(str, torch.cuda.nccl.version()))}",
-              f"- python {sys.executable}", f"- budget: {opts.budget:.0f} s"]
-    only = set(opts.only.split(",")) if opts.only else None
-    for item in plan(run, gpus, work, opts.quick):
-        if only is not None and item.key not in only:
-            continue
+              f"- python {sys.executable}",
+              (f"- part: --only {opts.only}" if only is not None else
+               f"- part: {opts.part}" + (f" of {len(others) + 1}" if others else "")),
+              f"- budget: {opts.budget:.0f} s; the {len(mine)} checks of this run need "
+              f"~{est:.0f} s by their times on one H100"]
+    if est > opts.budget:
+        print(f"[gpu_check] these checks need ~{est:.0f} s (H100 times), more than the budget "
+              f"of {opts.budget:.0f} s: the last will be left out (a failure)", flush=True)
+    if other:
+        print(f"[gpu_check] part {opts.part}: {len(mine)} checks, ~{est:.0f} s (H100 times); "
+              f"{len(items) - len(mine)} in the other part: {other}", flush=True)
+    for item in mine:
         run.key, run.deadline = item.key, t0 + opts.budget
         if not run.need(item.name, item.gpus):
             continue
@@ -296,13 +346,19 @@ def main() -> int:
             run.over_budget(item.key, item.name, opts.budget - elapsed, item.need)
             continue
         item.run(granted)
-        run.report(Path(opts.report), [*header, f"- so far: {time.monotonic() - t0:.0f} s "
-                                       "(the run has not finished)"], opts.budget, final=False)
+        run.report(report, [*header, f"- so far: {time.monotonic() - t0:.0f} s "
+                            "(the run has not finished)"], opts.budget, final=False,
+                   part=part, other=other)
     header.append(f"- total: {time.monotonic() - t0:.0f} s")
-    code = run.report(Path(opts.report), header, opts.budget)
+    if only is None:  # the other part's rows, last: what this command did comes first
+        for item in items:
+            if not chosen(item, opts.part, only):
+                run.not_in_part(item.key, item.name, item.part,
+                                part_command(str(report), str(item.part)))
+    code = run.report(report, header, opts.budget, part=part, other=other)
     for name in ("comm.json", "tt.json", "ttp.json"):
         if (work / name).exists():
-            shutil.copy(work / name, Path(opts.report).parent / f"gpu-check-{name}")
+            shutil.copy(work / name, report.parent / f"gpu-check-{name}")
     return code
 
 

@@ -12,6 +12,43 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import _gpu_check as gc  # noqa: E402 - scripts/ is no package: found through sys.path
+import _gpu_check_plan as gp  # noqa: E402
+
+PART_1 = {"machine", "nccl1", "nccl", "pytest", "ssgdn", "adpsgd", "hadpsgd", "bmuf", "bmufo",
+          "fp16", "bf16", "swbbf16"}
+"""What the default command must run: what proves the GPU (docs/gpu.md)."""
+
+
+class _Recorder:
+    """Stands in for ``gpu_check.Runner``: records what each check would run."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def machine(self) -> None:
+        self.calls.append(("machine",))
+
+    def python(self, name: str, code: str, timeout: float) -> None:
+        self.calls.append(("python", name, code))
+
+    def pytest(self, limit: float) -> None:
+        self.calls.append(("pytest", limit))
+
+    def train(self, name: str, nprocs: int, args: list[str], steps: int, resume: bool = True,
+              timeout: float = 150, **kw: object) -> None:
+        self.calls.append(("train", name, nprocs, args, resume, kw.get("preset", "small")))
+
+    def bench(self, name: str, cmd: list[str], *rest: object) -> None:
+        self.calls.append(("bench", name, cmd))
+
+
+def _plan(tmp_path: Path, gpus: int = 1) -> tuple[list, _Recorder]:
+    rec = _Recorder()
+    return gp.plan(rec, gpus, tmp_path, quick=False), rec
+
+
+def _part(items: list, part: str) -> list:
+    return [item for item in items if gp.chosen(item, part)]
 
 
 def _train(step: int, fps: float, time: float, epoch: int = 0) -> dict:
@@ -138,3 +175,109 @@ def test_read_steady_passes_over_a_half_written_last_record(tmp_path):
     speed = read_steady(path)
     assert speed is not None and speed.frames_per_s == 250.0 and speed.windows == 2
     assert "median of 2 steady windows" in speed.describe()
+
+
+# ---------------------------------------------------------------------------- parts
+def test_every_check_is_in_one_part_and_the_default_one_proves_the_gpu(tmp_path):
+    items, _ = _plan(tmp_path)
+    keys = [item.key for item in items]
+    assert len(keys) == len(set(keys)) and {item.part for item in items} == {1, 2}
+    assert {item.key for item in _part(items, "1")} == PART_1
+    assert {item.key for item in _part(items, "2")} == set(keys) - PART_1
+    assert _part(items, "all") == items
+    # Part 1 runs first in --part all; in each part the order is the plan's.
+    assert [item.part for item in items] == sorted(item.part for item in items)
+    # --only names keys of either part and overrides --part.
+    only = {"swbs", "machine"}
+    assert {item.key for item in items if gp.chosen(item, "1", only)} == only
+
+
+def test_the_default_part_runs_every_algorithm_and_both_half_precisions(tmp_path):
+    items, rec = _plan(tmp_path)
+    for item in _part(items, "1"):
+        item.run(item.limit)
+    trains = [c for c in rec.calls if c[0] == "train"]
+    algos = {gc.flag_value(args, "--algo") for _, _, _, args, _, _ in trains}
+    assert algos == {"ssgd", "adpsgd", "bmuf"}
+    assert any(gc.flag_value(args, "--super-learner-size") == "2" for *_, args, _, _ in trains)
+    precisions = {(gc.flag_value(args, "--precision"), preset)
+                  for *_, args, _, preset in trains}
+    assert {("fp16", "small"), ("bf16", "small"), ("bf16", "swb")} <= precisions
+    assert ("pytest", 300) in [c[:2] for c in rec.calls]
+    assert ("machine",) in rec.calls
+
+
+def test_the_default_part_fits_its_budget_on_one_h100(tmp_path):
+    for gpus in (1, 2, 8):
+        items, _ = _plan(tmp_path, gpus)
+        for part in ("1", "2"):
+            mine = _part(items, part)
+            est = gp.estimate(mine, gpus)
+            assert est <= gp.DEFAULT_BUDGET_S, (gpus, part, est)
+            if gpus == 1:
+                assert est <= gp.PART_TARGET_S, (part, est)
+            # A hung pytest ends at its limit with the rest of the part still in the budget.
+            py = [item for item in mine if item.key == "pytest"]
+            if py:
+                assert est - py[0].need + py[0].limit <= gp.DEFAULT_BUDGET_S, (gpus, est)
+                whole, per_test = gc.pytest_limits(py[0].limit)
+                assert py[0].need < whole and per_test < whole
+    items, _ = _plan(tmp_path)
+    assert gp.estimate(_part(items, "1"), 1) == 390
+    assert gp.estimate(items, 1) > gp.DEFAULT_BUDGET_S  # why there are two parts
+    # What needs more GPUs than the machine has is not in its estimate.
+    assert gp.estimate(_part(items, "2"), 2) - gp.estimate(_part(items, "2"), 1) == 150
+
+
+def test_a_check_of_the_other_part_is_reported_as_such_and_is_no_failure():
+    cmd = gc.part_command("/r/gpu-check-report.md", "2")
+    other = gc.not_in_part("train_throughput vs DDP-NCCL", "tt", 2, cmd)
+    assert other.status == gc.OTHER_PART == "not in this part" and other.key == "tt"
+    checks = [gc.Check("a", gc.PASS), other]
+    assert gc.exit_status(checks) == 0 and not gc.failed(other)
+    assert "1 in the other part of the plan (not a failure)" in gc.counts_line(checks)
+    assert "other part" not in gc.counts_line(checks[:1])
+    text = gc.markdown(checks, ["- part: 1 of 2"], other=cmd)
+    assert f"| train_throughput vs DDP-NCCL | not in this part | 0 | - | - | - | - | " \
+           f"part 2: {cmd} |" in text
+    assert f"The other part of the plan: `{cmd}`" in text
+    # A check of this part that the budget left out still fails.
+    assert gc.exit_status([*checks, gc.Check("b", gc.OVER_BUDGET)]) == 1
+
+
+def test_each_part_has_its_own_report_and_the_command_of_the_other():
+    assert gc.part_report("/r/gpu-check-report.md", "1") == "/r/gpu-check-report.md"
+    assert gc.part_report("/r/gpu-check-report.md", "2") == "/r/gpu-check-report-part2.md"
+    assert gc.part_report("/r/gpu-check-report-part2.md", "1") == "/r/gpu-check-report.md"
+    assert gc.part_report("/r/gpu-check-report-part2.md", "all") == "/r/gpu-check-report-all.md"
+    assert gc.part_report("r", "2") == "r-part2"
+    assert gc.part_command("/r/a.md", "2") == "bash scripts/gpu_check.sh /r/a-part2.md --part 2"
+    assert gc.part_command("/r/a-part2.md", "1") == "bash scripts/gpu_check.sh /r/a.md --part 1"
+    # A part-2 report named without its suffix is not overwritten by part 1.
+    assert gc.part_command("/r/b.md", "1") == "bash scripts/gpu_check.sh /r/b-part1.md --part 1"
+
+
+def test_swb_checks_name_the_lstm_layout_they_pass(tmp_path):
+    # --lstm-layout auto is stacked on CUDA now: a check must not lean on it for per-layer.
+    items, rec = _plan(tmp_path)
+    for item in items:
+        item.run(100.0)
+    swb = {name: args for _, name, _, args, _, preset in
+           (c for c in rec.calls if c[0] == "train") if preset == "swb"}
+    for name, args in swb.items():
+        layout = gc.flag_value(args, "--lstm-layout")
+        if "LSTM)" in name:
+            assert layout and f"({layout} LSTM)" in name, (name, args)
+        else:
+            assert layout is None and "layer" not in name and "stacked" not in name, name
+    assert gc.flag_value(swb["ssgd swb 1 rank (per-layer LSTM)"], "--lstm-layout") == \
+        "per-layer"
+    assert gc.flag_value(swb["ssgd swb 1 rank (stacked LSTM)"], "--lstm-layout") == "stacked"
+    # The layout pair differs only in the layout (the same batch, precision and TF32).
+    strip = [[a for a in args if a not in ("--lstm-layout", "stacked", "per-layer")]
+             for args in (swb["ssgd swb 1 rank (per-layer LSTM)"],
+                          swb["ssgd swb 1 rank (stacked LSTM)"])]
+    assert strip[0] == strip[1]
+    # The cuDNN probe builds both layouts explicitly.
+    (probe,) = [c for c in rec.calls if c[0] == "python" and "cuDNN" in c[1]]
+    assert "stacked and per-layer" in probe[1] and "per_layer=per_layer" in probe[2]
