@@ -114,6 +114,9 @@ class ModelConfig:
                               f"{', '.join(_lstm_layouts())}")
 
 
+ELASTIC_ALGOS = ("ssgd", "bmuf")
+"""The algorithms that continue among the survivors of a failure (--on-failure continue)."""
+
 DEFAULT_LR: dict[str, float] = {"sgd": 0.5, "adam": 0.004, "adamw": 0.004}
 """--lr at --base-batch 128 when none is given, per optimizer."""
 
@@ -220,6 +223,14 @@ class TrainConfig:
     a dynamic loss scale that every learner sharing a step agrees on. On CPU, bf16 runs the
     LSTM in bf16 where the CPU supports it; fp16 is for tests (oneDNN has no fp16 LSTM, so
     the LSTM stays fp32 there). What runs in which precision: docs/gpu.md."""
+    on_failure: Literal["stop", "continue"] = "stop"
+    """What the job does when a learner dies: stop (every rank ends, bounded in time, and the
+    run resumes from its last checkpoint), or continue among the survivors (ssgd and bmuf;
+    needs mpirun --with-ft ulfm, which python -m hadpsgd.launch adds): they drop the dead
+    learner(s) and go on from the state they all hold at the last control point."""
+    min_learners: float = 1.0
+    """With --on-failure continue, stop as today when fewer learners than this survive: a
+    count (>= 1), or a fraction of the starting learners (< 1, e.g. 0.5)."""
     tf32: bool = False
     """On a GPU, let fp32 matmuls and cuDNN's LSTM use TF32 tensor cores (faster, 10-bit
     mantissa). Off by default, so --precision fp32 is IEEE fp32, the reference mixed
@@ -246,6 +257,16 @@ class TrainConfig:
             raise ConfigError("--resume auto needs --out-dir (the run directory to resume)")
         if isinstance(self.allow_resume_change, bool):  # a config.json of an older version
             self.allow_resume_change = "all" if self.allow_resume_change else None
+        if self.on_failure not in ("stop", "continue"):
+            raise ConfigError(f"--on-failure must be stop or continue, got {self.on_failure!r}")
+        if self.min_learners <= 0:
+            raise ConfigError(f"--min-learners must be > 0 (a count, or a fraction below 1), "
+                              f"got {self.min_learners}")
+        if self.on_failure == "continue" and self.algo not in ELASTIC_ALGOS:
+            raise ConfigError(f"--on-failure continue is built for --algo "
+                              f"{' and '.join(ELASTIC_ALGOS)}; --algo {self.algo} stops at a "
+                              "failure (bounded in time) and resumes from its checkpoint: drop "
+                              "--on-failure continue")
         if self.overwrite and self.resume is not None:
             raise ConfigError("--overwrite deletes the run in --out-dir and --resume continues "
                               "it: pass one of them")

@@ -12,7 +12,8 @@ Keys:
         loss is scaled by a further 2**40 before backward: under ``--precision fp16`` its
         gradient overflows, the loss-scale test), ``signal`` (send SIGTERM to itself, as a
         scheduler would).
-    rank: World rank that fails (default 0).
+    rank: Launch rank that fails (default 0): the world rank at start, kept by a process
+        whose survivors renumber after a failure.
     step: Global step at which it fails (the step about to be taken, counted from 1; for the
         checkpoint points, the step of the checkpoint being written; the first one at or
         after it). Default 1.
@@ -124,6 +125,20 @@ def active() -> bool:
     return bool(plan())
 
 
+def launch_rank(rank: int) -> int:
+    """The rank the launcher gave this process, else ``rank``.
+
+    Read from ``OMPI_COMM_WORLD_RANK`` / ``PMI_RANK``: a fault names a process, which keeps
+    its launch rank when the survivors of a failure renumber themselves
+    (``--on-failure continue``).
+    """
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return rank
+
+
 def hit(at: str, rank: int, step: int) -> str | None:
     """Fire the fault planned for (``at``, ``rank``, ``step``), if any.
 
@@ -133,6 +148,7 @@ def hit(at: str, rank: int, step: int) -> str | None:
     Raises:
         InjectedFault: For ``raise`` and ``raise-gossip``.
     """
+    rank = launch_rank(rank)
     for fault in plan():
         if fault.at != at or fault.rank != rank:
             continue

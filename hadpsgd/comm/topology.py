@@ -89,6 +89,11 @@ class Topology:
     _pairs: PairChannel | None = field(repr=False, default=None)
     _half_means: dict[tuple[str, int, str], Any] = field(repr=False, default_factory=dict)
     _hier_half: Any = field(repr=False, default=None)
+    launch_ranks: list[int] = field(default_factory=list)
+    """Every rank's rank at launch (``MPI.COMM_WORLD``), by rank: the same list until the
+    survivors of a failure renumber themselves (``hadpsgd.comm.ulfm``)."""
+    _tracked: list[Any] = field(repr=False, default_factory=list)
+    """Communicators made after start-up (channels, counters): revoked with the rest."""
 
     # ------------------------------------------------------------------ layout
     @property
@@ -331,8 +336,8 @@ class Topology:
         watchdog on its own control communicator, since it waits concurrently with the
         main thread.
         """
-        control = self.comm.Dup()
-        return PairChannel(self.inter.Dup(), Watchdog(control, self.timeout),
+        control, pairs = self._track(self.comm.Dup(), self.inter.Dup())
+        return PairChannel(pairs, Watchdog(control, self.timeout),
                            self.inter_ranks, self.cuda_aware)
 
     def side_channel(self, wire: str = "fp32", background: bool = True) -> SideChannel:
@@ -344,17 +349,26 @@ class Topology:
         """
         from hadpsgd.comm.side import SideChannel  # noqa: PLC0415 - only BMUF's overlap needs it
 
-        control = self.comm.Dup()
-        return SideChannel(self.inter.Dup(),
+        control, inter = self._track(self.comm.Dup(), self.inter.Dup())
+        intra = self._track(self.intra.Dup())[0] if self.local_size > 1 else None
+        return SideChannel(inter,
                            Watchdog(control, self.timeout, self.thread_multiple),
                            self.inter_ranks,
                            wire, background and self.thread_multiple,
-                           intra=self.intra.Dup() if self.local_size > 1 else None,
-                           node_ranks=self.node_ranks)
+                           intra=intra, node_ranks=self.node_ranks)
 
     def shared_counter(self, slots: int) -> SharedCounter:
         """Counters every learner updates one-sidedly (collective: every rank calls it)."""
-        return SharedCounter(self.comm.Dup(), self.watchdog, slots)
+        return SharedCounter(self._track(self.comm.Dup())[0], self.watchdog, slots)
+
+    def _track(self, *comms: Any) -> tuple[Any, ...]:
+        """Remember communicators made after start-up (see :meth:`communicators`)."""
+        self._tracked.extend(comms)
+        return comms
+
+    def communicators(self) -> list[Any]:
+        """Every MPI communicator this learner may wait on: what a failure must revoke."""
+        return [self.comm, self.intra, self.inter, self.watchdog.control, *self._tracked]
 
     def barrier(self) -> None:
         """Wait until every learner arrives (with the deadline)."""

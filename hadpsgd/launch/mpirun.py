@@ -101,7 +101,32 @@ def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = Non
         raise LauncherError(f"-n must be >= 1, got {nprocs}")
     launcher = launcher or find_launcher()
     return [launcher.path, "-np", str(nprocs), *local_flags(launcher),
-            python or sys.executable, "-m", module, *argv]
+            *failure_flags(launcher, argv), python or sys.executable, "-m", module, *argv]
+
+
+def continues_on_failure(argv: list[str]) -> bool:
+    """Whether ``argv`` asks the run to go on without a dead learner (``--on-failure``)."""
+    for i, arg in enumerate(argv):
+        if arg == "--on-failure" and i + 1 < len(argv):
+            return argv[i + 1] == "continue"
+        if arg == "--on-failure=continue":
+            return True
+    return False
+
+
+def failure_flags(launcher: Launcher, argv: list[str]) -> list[str]:
+    """``--with-ft ulfm`` where the run continues on failure (Open MPI only).
+
+    MPICH's wheel has no user-level failure mitigation: its runs stop at a failure (bounded
+    in time) as without the option. Open MPI's heartbeat detector (``mpi_ft_detector``),
+    which would also find a frozen rank, is left off: with its own thread the wheel's
+    processes hang in ``MPI_Finalize``, and without it a rank busy computing on shared cores
+    misses its heartbeats and is declared dead while alive. A dead process is found without
+    it (its daemon sees it exit); a frozen one ends the job at the deadline, as before.
+    """
+    if launcher.flavour != "openmpi" or not continues_on_failure(argv):
+        return []
+    return ["--with-ft", "ulfm"]
 
 
 def local_flags(launcher: Launcher) -> list[str]:

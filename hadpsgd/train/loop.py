@@ -26,6 +26,7 @@ from hadpsgd.train.pooled import POOL_SLOTS, PooledPlan, ticket_taker
 from hadpsgd.train.progress import Progress
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
+from hadpsgd.train.snapshot import Snapshots
 from hadpsgd.train.stop import FLAG, StopFlag
 from hadpsgd.train.trace import ChunkTrace, Recorder
 
@@ -61,6 +62,7 @@ class LoopOptions:
     max_loss_ratio: float = 5.0
     keep_checkpoints: int = 3
     precision: str = "fp32"
+    on_failure: str = "stop"
 
 
 class Trainer:
@@ -125,6 +127,8 @@ class Trainer:
         # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
         self._inject = faults.active()
         self._step_wait = env.emulated_step_s(topo.rank)
+        self.snapshots: Snapshots | None = Snapshots() if opts.on_failure == "continue" else None
+        """With --on-failure continue, the state at the last agreed control points."""
 
     @property
     def nonfinite(self) -> list[tuple[int, str]]:
@@ -216,7 +220,12 @@ class Trainer:
 
     def run(self) -> list[EvalResult]:
         """Train to the end (all epochs or ``max_steps``); returns the held-out history."""
-        self._trace = ChunkTrace(self.topo.rank)
+        # By launch rank: after a failure the survivors renumber, their files do not.
+        launch = self.topo.launch_ranks[self.topo.rank] if self.topo.launch_ranks \
+            else self.topo.rank
+        self._trace = ChunkTrace(launch)
+        if self.snapshots is not None:
+            self.snapshots.take(self)  # where a failure before the first control point goes on
         try:
             while self.pos.epoch < self.opts.epochs and not self._done():
                 self._epoch()
@@ -252,6 +261,8 @@ class Trainer:
         With ``progress``, the agreed mean loss goes into the training log.
         """
         verdict = self.control.agree(loss)
+        if self.snapshots is not None and verdict.stopped_by is None:
+            self.snapshots.take(self)  # every learner passed this agreement
         if verdict.mean_loss is not None:
             self.guard.training(verdict.mean_loss, self.pos.global_step)
         if progress is not None and verdict.mean_loss is not None:

@@ -1,0 +1,107 @@
+"""Keep training through a failure: ULFM's revoke, shrink and agreement, for the survivors.
+
+Under ``mpirun --with-ft ulfm`` (Open MPI's User-Level Failure Mitigation) an operation that
+involves a process that died raises ``MPI_ERR_PROC_FAILED`` on the survivors within a fraction
+of a second (the runtime's failure detector; with ``mpi_ft_detector`` it also finds a frozen
+process by its missing heartbeat). What a survivor then does:
+
+1. **Revoke** every communicator it uses (:func:`revoke`): a peer blocked in a collective that
+   the dead process is not part of (the other members of a node whose leader was cut off)
+   would otherwise wait forever; a revoked communicator fails every pending and later
+   operation on it, everywhere, with ``MPI_ERR_REVOKED``.
+2. **Shrink** the world to the survivors (:func:`shrink`): a fault-tolerant collective that
+   also agrees on who is gone.
+3. The caller rebuilds the topology on the new world (``hadpsgd.comm.init(base=...)``) and
+   the run from a state every survivor holds (``hadpsgd.assembly.elastic``).
+
+Only this module calls ULFM's routines (the comm layer is the one room that touches MPI).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from hadpsgd.comm.mpi import mpi
+
+FT_ENV = "OMPI_MCA_mpi_ft_enable"
+"""Set to 1 by ``mpirun --with-ft ulfm`` in every process it starts."""
+
+
+def enabled() -> bool:
+    """Whether this job runs with failure mitigation: ULFM's routines and the runtime's."""
+    MPI = mpi()  # noqa: N806
+    return (os.environ.get(FT_ENV, "").lower() in ("1", "true", "yes")
+            and hasattr(MPI.Comm, "Shrink") and hasattr(MPI, "ERR_PROC_FAILED"))
+
+
+def _classes() -> set[int]:
+    MPI = mpi()  # noqa: N806
+    names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+    return {getattr(MPI, n) for n in names if hasattr(MPI, n)}
+
+
+def is_peer_failure(err: BaseException | None) -> bool:
+    """Whether ``err`` (or an error it was raised from or during) is a failed or revoked peer.
+
+    Collectives run in background threads and are re-raised in the main thread wrapped in
+    other errors, so the chain is followed.
+    """
+    MPI = mpi()  # noqa: N806
+    classes = _classes()
+    seen = 0
+    while err is not None and seen < 16:
+        if isinstance(err, MPI.Exception):
+            try:
+                if err.Get_error_class() in classes:
+                    return True
+            except Exception:  # noqa: BLE001 - a finalized MPI cannot be asked
+                return False
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def revoke(comms: list[Any]) -> None:
+    """Revoke every communicator in ``comms`` (already revoked or freed ones are skipped)."""
+    for comm in comms:
+        try:
+            comm.Revoke()
+        except Exception:  # noqa: BLE001, S112 - revoked by a peer already, or freed
+            continue
+
+
+def shrink(world: Any) -> tuple[Any, list[int]]:
+    """The survivors' world and the ranks (in ``world``) that are gone (collective).
+
+    ``MPI_Comm_shrink`` is itself fault tolerant: it completes among the processes alive,
+    and every survivor gets the same new communicator, ranks in the old order.
+    """
+    MPI = mpi()  # noqa: N806
+    new = world.Shrink()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    old_group, new_group = world.Get_group(), new.Get_group()
+    kept = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
+    gone = sorted(set(range(world.Get_size())) - {int(r) for r in kept})
+    old_group.Free()
+    new_group.Free()
+    return new, gone
+
+
+def keep(world: Any, stays: bool) -> Any:
+    """The communicator of the survivors that stay (collective; None for one that leaves)."""
+    MPI = mpi()  # noqa: N806
+    new = world.Split(color=0 if stays else MPI.UNDEFINED, key=world.Get_rank())
+    if new == MPI.COMM_NULL:
+        return None
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+def agree_min(comm: Any, value: int) -> int:
+    """The smallest ``value`` over ``comm`` (the survivors' world, after :func:`shrink`)."""
+    MPI = mpi()  # noqa: N806
+    out = np.empty(1, dtype=np.int64)
+    comm.Allreduce(np.array([value], dtype=np.int64), out, op=MPI.MIN)
+    return int(out[0])

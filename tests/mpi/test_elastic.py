@@ -1,0 +1,124 @@
+"""``--on-failure continue`` under ``mpirun --with-ft ulfm``: the survivors go on.
+
+Launched through ``python -m hadpsgd.launch``, which adds ULFM and the heartbeat detector.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests._mpi import ROOT, MPIResult
+
+pytestmark = pytest.mark.mpi
+
+
+def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
+            fault: str = "") -> MPIResult:
+    """``python -m hadpsgd.launch -n N`` of a tiny run that continues on failure."""
+    from hadpsgd.launch import launch_env
+
+    env = launch_env(nprocs=nprocs)
+    env.update({"HADPSGD_TIMEOUT": "60", "HADPSGD_FAULT": fault,
+                "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
+    cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), "--",
+           "--train", str(data[0]), "--heldout", str(data[1]), "--preset", "tiny",
+           "--out-dir", str(out), "--no-progress", "--batch-size", "2",
+           "--on-failure", "continue", *extra]
+    # Its own session: a launch that hangs is killed with mpirun and every rank under it.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish (hang?)\n{out}\n{err}")
+    return MPIResult(proc.returncode, out, err)
+
+
+def _records(out: Path, kind: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _final_world(out: Path) -> int:
+    from hadpsgd.train import latest_checkpoint
+    from hadpsgd.train.checkpoint import read_manifest
+
+    return read_manifest(latest_checkpoint(out / "checkpoints"))["world_size"]
+
+
+def test_ssgd_goes_on_without_a_killed_learner_and_trains_the_epoch(tiny_data, tmp_path):
+    """Rank 2 of 4 is SIGKILLed at step 20 of a one-epoch SSGD run (35 steps): the 3
+    survivors go on from the control point at step 20 (or 15), finish the epoch with exit 0
+    and a checkpoint
+    of 3 learners; one line names the dead rank; over the epoch's final trajectory every
+    chunk is trained, fewer than one new global batch twice and fewer than one left over."""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
+                  fault="kind=kill,rank=2,step=20")
+    assert res.returncode == 0, res.output[-4000:]
+    assert "failure: learner(s) rank 2" in res.stdout and "3 learners go on" in res.stdout
+    failure, = _records(out, "failure")
+    assert failure["learners"] == 3 and failure["lost"] == [2]
+    assert _final_world(out) == 3
+    # The final trajectory: the survivors' records (a step retrained overwrites its first
+    # record), the dead rank's up to the control point the survivors went on from.
+    kept = failure["step"]
+    chunks: Counter = Counter()
+    for path in (out / "trace").glob("chunks-rank*.jsonl"):
+        rank = int(path.stem.removeprefix("chunks-rank"))
+        steps = {}
+        for rec in map(json.loads, path.read_text().splitlines()):
+            steps[rec["step"]] = rec["chunks"]
+        for step, batch in steps.items():
+            if rank != 2 or step <= kept:
+                chunks.update(batch)
+    from hadpsgd.data import ChunkDataset
+
+    total = len(ChunkDataset(tiny_data[0], 21))
+    new_global = 3 * 2
+    twice = [c for c, n in chunks.items() if n > 1]
+    assert max(chunks.values()) <= 2 and len(twice) < new_global, (len(twice), new_global)
+    assert total - len(chunks) < new_global  # only the last incomplete global batch
+
+
+def test_bmuf_super_learner_that_lost_a_member_leaves_and_the_others_go_on(tiny_data,
+                                                                           tmp_path):
+    """BMUF on 3 emulated nodes of 2: rank 2 dies, its node's other learner leaves as a
+    whole (exit 0), the 2 other super-learners go on to the end with 4 learners."""
+    out = tmp_path / "run"
+    res = _launch(6, tiny_data, out, "--algo", "bmuf", "--ranks-per-node", "2",
+                  "--max-steps", "24", fault="kind=kill,rank=2,step=12")
+    assert res.returncode == 0, res.output[-4000:]
+    assert "super-learner 1 lost learner(s) rank 2" in res.stdout
+    assert "4 learners go on (2 nodes" in res.stdout
+    assert _final_world(out) == 4
+    assert _records(out, "eval")[-1]["step"] == 24
+
+
+def test_below_min_learners_the_job_stops_in_bounded_time(tiny_data, tmp_path):
+    """With --min-learners 2 of 2, one death ends the job as without the option (exit 1),
+    naming the dead rank and the resume."""
+    res = _launch(2, tiny_data, tmp_path / "run", "--max-steps", "20", "--min-learners", "2",
+                  fault="kind=kill,rank=1,step=8")
+    assert res.returncode != 0
+    assert "fewer than --min-learners 2" in res.stderr and "--resume auto" in res.stderr
+
+
+def test_without_ulfm_the_option_is_refused_before_training(tiny_data, tmp_path):
+    from tests._mpi import run_mpi
+    from tests.mpi._resume import run_args
+
+    res = run_mpi(2, run_args(tiny_data, tmp_path / "run", "--on-failure", "continue",
+                              "--max-steps", "2"))
+    assert res.returncode == 2 and "mpirun --with-ft ulfm" in res.stderr
