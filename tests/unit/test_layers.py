@@ -22,12 +22,15 @@ ALLOWED = {
     # The loop takes built parts and knows no flags: neither cli nor config.
     "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms",
               "precision"},
+    # The public API (hadpsgd.init, hadpsgd.Distributed): built parts a user's own loop
+    # drives; it knows no flags of the run (no config) and no BLSTM (no models).
+    "api": {"exit_codes", "cli", "comm", "data", "algorithms", "precision", "train"},
     "assembly": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
-                 "config", "train", "precision"},
+                 "config", "train", "precision", "api"},
     # Decoding reads log-likelihood matrices: no torch, no training.
     "decode": {"exit_codes"},
     "run": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
-            "config", "train", "assembly", "precision"},
+            "config", "train", "assembly", "precision", "api"},
     # Decoding's forward pass: a top layer beside run (a checkpoint, features, ranks, output).
     "forward": {"exit_codes", "models", "data", "comm", "train", "precision"},
 }

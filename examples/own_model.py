@@ -1,0 +1,193 @@
+"""Your own model, loss and loop under hadpsgd: a TDNN-attention encoder trained with CTC.
+
+Nothing here is hadpsgd's BLSTM, frame cross-entropy or training loop: the model, the loss,
+the dataset wrapper and the loop are this script's, and hadpsgd adds one object made once
+(``hadpsgd.Distributed``), one call per step (``dist.step(loss)``), a sampler for the
+``DataLoader`` and a state for the checkpoint. Run it with each algorithm::
+
+    mpirun -np 4 python examples/own_model.py --algo ssgd
+    HADPSGD_RANKS_PER_NODE=2 mpirun -np 4 python examples/own_model.py --algo bmuf
+    HADPSGD_RANKS_PER_NODE=2 mpirun -np 4 python examples/own_model.py --algo adpsgd
+
+(``HADPSGD_RANKS_PER_NODE=2`` makes two emulated nodes of two learners: BMUF and ADPSGD work
+across nodes, so on one machine they need it to be more than SSGD.) Without ``--train`` /
+``--heldout`` it trains on hadpsgd's synthetic default feature set (generated once and cached,
+as ``python -m hadpsgd.run`` does); the CTC targets are its frame labels with repeats collapsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.utils.data import DataLoader, Dataset
+
+import hadpsgd
+from hadpsgd.data import ChunkDataset
+
+BLANK = 0
+"""CTC's blank symbol; label ``c`` of the file is symbol ``c + 1``."""
+
+
+class Encoder(nn.Module):
+    """Dilated TDNN (1-d convolutions) layers and one self-attention block, then CTC outputs."""
+
+    def __init__(self, feat_dim: int, num_labels: int, hidden: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(feat_dim, hidden)
+        self.tdnn = nn.ModuleList(nn.Conv1d(hidden, hidden, 3, padding=d, dilation=d)
+                                  for d in (1, 2, 3))
+        self.norm = nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.out = nn.Linear(hidden, num_labels + 1)  # + the blank
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """``[batch, time, feat_dim]`` -> ``[batch, time, num_labels + 1]`` logits."""
+        h = F.relu(self.inp(feats))
+        for conv in self.tdnn:
+            h = h + F.relu(conv(h.transpose(1, 2))).transpose(1, 2)
+        a = self.norm(h)
+        h = h + self.attn(a, a, a, need_weights=False)[0]
+        return self.out(h)
+
+
+class CTCChunks(Dataset):
+    """Fixed-length chunks of an HDF5 feature file, each with its CTC label sequence."""
+
+    def __init__(self, path: str | Path, chunk_len: int) -> None:
+        # Whole chunks only: every frame of a chunk is labelled, so its collapsed label
+        # sequence is what the chunk says.
+        self.chunks = ChunkDataset(path, chunk_len, cover_tails=False)
+        self.feat_dim, self.num_labels = self.chunks.feat_dim, self.chunks.num_classes
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A batch: features, padded targets (symbols from 1) and target lengths."""
+        feats, labels = self.chunks.__getitems__(indices)
+        new = torch.ones_like(labels, dtype=torch.bool)
+        new[:, 1:] = labels[:, 1:] != labels[:, :-1]  # the first frame of each label run
+        lengths = new.sum(dim=1)
+        targets = torch.zeros_like(labels)
+        for b in range(len(labels)):
+            targets[b, :lengths[b]] = labels[b][new[b]] + 1
+        return feats, targets, lengths
+
+
+def as_is(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The loader's collate: ``__getitems__`` already made the batch."""
+    return batch
+
+
+def ctc_loss(logits: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
+    """CTC over every frame of each chunk (the log-softmax in fp32 whatever the precision)."""
+    log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # [time, batch, symbols]
+    frames = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.long)
+    return F.ctc_loss(log_probs, targets, frames, lengths, blank=BLANK, reduction=reduction,
+                      zero_infinity=True)
+
+
+def heldout_loss(dist: hadpsgd.Distributed, data: CTCChunks, batch: int = 64) -> float:
+    """The held-out CTC loss per chunk of the evaluation model, over every learner's share."""
+    topo = dist.topology
+    totals = torch.zeros(2, dtype=torch.float64)
+    mine = list(range(topo.rank, len(data), topo.size))
+    with dist.evaluation_model() as model, torch.no_grad():
+        model.eval()
+        for i in range(0, len(mine), batch):
+            feats, targets, lengths = data.__getitems__(mine[i:i + batch])
+            with dist.autocast():
+                logits = model(feats.to(topo.device))
+            totals[0] += float(ctc_loss(logits, targets.to(topo.device), lengths, "sum"))
+            totals[1] += len(lengths)
+        model.train()
+    topo.allreduce_(totals, op="sum")
+    return float(totals[0] / totals[1])
+
+
+def data_paths(args: argparse.Namespace, topo: hadpsgd.Topology) -> tuple[str, str]:
+    """``--train`` / ``--heldout``, or hadpsgd's synthetic default set (rank 0 makes it)."""
+    if args.train and args.heldout:
+        return args.train, args.heldout
+    paths = None
+    if topo.rank == 0:
+        from hadpsgd.data.synth import SynthSpec, default_dataset
+
+        paths = tuple(str(p) for p in default_dataset(spec=SynthSpec()))
+    return tuple(topo.bcast_object(paths, root=0))
+
+
+def main() -> None:
+    """Parse, train, evaluate, save."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--algo", default="ssgd", choices=["ssgd", "bmuf", "adpsgd"])
+    parser.add_argument("--train", help="training HDF5 feature file (default: synthetic)")
+    parser.add_argument("--heldout", help="held-out HDF5 feature file (default: synthetic)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8, help="chunks per learner")
+    parser.add_argument("--chunk-len", type=int, default=21)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--sync-period", type=int, default=4, help="BMUF's tau")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--save", help="write a checkpoint here at the end")
+    parser.add_argument("--resume", help="continue from a checkpoint written by --save")
+    args = parser.parse_args()
+
+    topo = hadpsgd.init()  # HADPSGD_RANKS_PER_NODE emulates nodes on one machine
+    train_path, heldout_path = data_paths(args, topo)
+    train, heldout = CTCChunks(train_path, args.chunk_len), CTCChunks(heldout_path,
+                                                                      args.chunk_len)
+    torch.manual_seed(args.seed)  # rank 0's initial weights are broadcast to every learner
+    model = Encoder(train.feat_dim, train.num_labels, args.hidden).to(topo.device)
+    # BMUF-Adam's recipe (the paper's beta1 0.5); Adam as usual for the others.
+    betas = (0.5, 0.999) if args.algo == "bmuf" else (0.9, 0.999)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=betas)
+    options = {"sync_period": args.sync_period} if args.algo == "bmuf" else {}
+
+    with hadpsgd.Distributed(model, optimizer, args.algo, topology=topo,
+                             precision=args.precision, **options) as dist:
+        sampler = dist.sampler(len(train), args.batch_size, seed=args.seed)
+        loader = DataLoader(train, batch_sampler=sampler, collate_fn=as_is)
+        if args.resume:
+            dist.load_state_dict(torch.load(args.resume, weights_only=True)["hadpsgd"])
+        first = heldout_loss(dist, heldout)
+        start = time.perf_counter()
+        for epoch in range(sampler.epoch, args.epochs):
+            sampler.set_epoch(epoch)  # ADPSGD's learners meet here (they end epochs apart)
+            for feats, targets, lengths in loader:
+                with dist.autocast():
+                    logits = dist.model(feats.to(topo.device))
+                loss = ctc_loss(logits, targets.to(topo.device), lengths)
+                dist.zero_grad()
+                dist.scale(loss).backward()
+                result = dist.step(loss)
+                if topo.rank == 0 and dist.steps % args.log_every == 0:
+                    figures = dist.metrics()
+                    print(f"[own_model] epoch {epoch} step {dist.steps}: loss "
+                          f"{result.loss:.4f}, {figures['grad_wire_bytes'] / 2**20:.2f} MiB of "
+                          f"gradients, {figures.get('wire_bytes', 0) / 2**20:.2f} MiB across "
+                          "nodes", flush=True)
+        dist.finish()  # BMUF: the last partial block into the global model
+        last = heldout_loss(dist, heldout)
+        if args.save:
+            state = dist.state_dict()  # collective: rank 0's holds every node's part
+            if topo.rank == 0:
+                torch.save({"hadpsgd": state, "args": vars(args)}, args.save)
+        steps = topo.gather_object(dist.steps)
+        if topo.rank == 0:
+            print(f"[own_model] {args.algo} on {topo.size} learners ({topo.num_nodes} nodes): "
+                  f"held-out CTC loss {first:.4f} -> {last:.4f}, steps per learner {steps}, "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""``hadpsgd.Distributed``: a user's model and optimizer under one of hadpsgd's algorithms.
+
+The model, the optimizer, the loss and the data loader stay the user's; this object is made
+once, called once per step (after the user's backward), and its state goes into the user's
+own checkpoint. It holds one :class:`~hadpsgd.algorithms.Algorithm` from the registry, built
+as ``python -m hadpsgd.run`` builds it, and adds what a loop outside hadpsgd needs: the
+options checked in the caller's words, the loss scale and autocast of mixed precision, a
+sampler for the user's ``DataLoader``, the evaluation model, and a state that resumes
+exactly (each super-learner's own part included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hadpsgd.algorithms import AlgoOptions, Algorithm, StepResult
+from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB
+from hadpsgd.api.options import (
+    algorithm_spec,
+    build_options,
+    check_device,
+    check_layout,
+    check_shared,
+)
+from hadpsgd.api.samplers import Sampler, make_sampler
+from hadpsgd.api.setup import init
+from hadpsgd.api.state import collect, node_part
+from hadpsgd.comm import Topology
+from hadpsgd.precision import autocast
+
+
+class Distributed:
+    """Trains ``model`` with ``optimizer`` under the algorithm ``algo`` (see docs/api.md).
+
+    Every learner (MPI rank) makes one, with the same arguments. Rank 0's parameters are
+    broadcast, so the replicas start identical whatever each rank initialised.
+
+    Args:
+        model: The local replica, already on ``topology.device``.
+        optimizer: Any ``torch.optim`` optimizer over all of ``model``'s trainable parameters.
+        algo: A registered algorithm: ``ssgd``, ``bmuf`` or ``adpsgd``
+            (:func:`hadpsgd.algorithms.names`).
+        topology: From :func:`hadpsgd.init`; None makes one (with ADPSGD's
+            ``super_learner_size`` as the node size, where given).
+        precision: ``fp32``, ``bf16`` or ``fp16``: the forward under :meth:`autocast`; fp16
+            adds a dynamic loss scale (:meth:`scale`), the same on every learner that shares
+            a gradient.
+        max_grad_norm: Clip the averaged gradient to this L2 norm (0: no clipping).
+        overlap: Average gradient buckets during backward: True, False or ``auto`` (on GPUs).
+        grad_bucket_mb: Gradient bucket size in MiB.
+        grad_wire: ``fp32`` or ``bf16``: what a gradient bucket is on the wire.
+        options: The algorithm's options already built (``BMUFOptions(sync_period=8)``, or
+            a run configuration's), instead of keywords.
+        **option_values: The algorithm's own options by name (``sync_period=8`` for BMUF:
+            the fields of its ``Options`` dataclass, :class:`hadpsgd.algorithms.BMUFOptions`,
+            :class:`hadpsgd.algorithms.ADPSGDOptions`).
+
+    Raises:
+        OptionError: For an unknown algorithm or option, or a value of the wrong type or out
+            of range, naming the keyword (before any communication, on every rank alike).
+        ValueError: If the model is not on the topology's device, or a parameter is not in
+            the optimizer.
+        hadpsgd.comm.TopologyError: If the layout does not suit the algorithm (BMUF needs
+            nodes of equal size).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, algo: str = "ssgd",
+                 *, topology: Topology | None = None, precision: str = "fp32",
+                 max_grad_norm: float = 0.0, overlap: bool | str = "auto",
+                 grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB, grad_wire: str = "fp32",
+                 options: AlgoOptions | None = None, **option_values: Any) -> None:
+        entry = algorithm_spec(algo)
+        opts = build_options(entry, option_values, options)
+        check_shared(precision, max_grad_norm, overlap, grad_bucket_mb, grad_wire)
+        topo = topology if topology is not None else init(ranks_per_node=opts.ranks_per_node())
+        check_layout(opts, topo)
+        check_device(model, topo)
+        self.precision = precision
+        self.algorithm: Algorithm = entry.cls(
+            model, optimizer, topo, options=opts, max_grad_norm=float(max_grad_norm),
+            overlap=overlap, grad_bucket_mb=float(grad_bucket_mb), precision=precision,
+            grad_wire=grad_wire)
+        """The algorithm itself (the same object the CLI's loop drives), for what is not here."""
+        self.topology = topo
+        self._sampler: Sampler | None = None
+        self._sampler_state: dict[str, Any] | None = None  # loaded before sampler() was made
+        self._closed = False
+
+    # ------------------------------------------------------------------ what it holds
+    @property
+    def model(self) -> nn.Module:
+        """The local replica (the model given; its parameters now live in a flat buffer)."""
+        return self.algorithm.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer given."""
+        return self.algorithm.optimizer
+
+    @property
+    def options(self) -> AlgoOptions:
+        """The algorithm's validated options (its ``Options`` dataclass)."""
+        return self.algorithm.options
+
+    @property
+    def algo(self) -> str:
+        """The algorithm's registered name."""
+        return self.algorithm.name
+
+    @property
+    def steps(self) -> int:
+        """Steps this learner has taken (skipped ones included), restored by a resume."""
+        return self.algorithm.steps
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether learners step at their own pace (ADPSGD across super-learners)."""
+        return self.algorithm.asynchronous and self.topology.num_nodes > 1
+
+    # ------------------------------------------------------------------ a step
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context of the forward and the loss: ``precision``'s autocast (none for fp32)."""
+        return autocast(self.precision, self.topology.device)
+
+    @property
+    def loss_scale(self) -> float:
+        """What to multiply the loss by before backward: fp16's agreed scale, else 1."""
+        return self.algorithm.loss_scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times :attr:`loss_scale`: what to call ``backward()`` on (fp16's scaled)."""
+        scale = self.algorithm.loss_scale
+        return loss * scale if scale != 1.0 else loss
+
+    def step(self, loss: torch.Tensor | None = None) -> StepResult:
+        """After the user's ``backward()``: what the algorithm does at a step.
+
+        The gradient mean (all learners for SSGD, the super-learner for BMUF and ADPSGD),
+        fp16's unscaling and the scale's agreed update, clipping, the optimizer step (skipped
+        on every learner that shares a non-finite gradient), then BMUF's block sync when a
+        block ends or ADPSGD's gossip delta. Every wait has the topology's deadline: a peer
+        that never comes is named in a :class:`hadpsgd.comm.CommTimeoutError`.
+
+        Args:
+            loss: The step's (unscaled) loss, read in the step's one device synchronisation.
+
+        Returns:
+            The step's verdict: loss, finiteness (this learner's and the averaged gradient's),
+            norm, whether the update was skipped, and whether that was fp16's overflow.
+        """
+        result = self.algorithm.step(None if loss is None else loss.detach())
+        if self._sampler is not None:
+            self._sampler.stepped()
+        if self.topology.size > 1:
+            # What this rank answers a peer whose collective times out waiting for it.
+            self.topology.now_doing(f"in the training script after step {self.steps} "
+                                    "(forward, backward or data), outside hadpsgd")
+        return result
+
+    def zero_grad(self) -> None:
+        """Zero the gradients in place (``optimizer.zero_grad()`` works too, at a copy's cost)."""
+        self.algorithm.zero_grad()
+
+    # ------------------------------------------------------------------ data and evaluation
+    def sampler(self, num_samples: int, batch_size: int, seed: int = 0) -> Sampler:
+        """A batch sampler for ``DataLoader(dataset, batch_sampler=...)``, made collectively.
+
+        SSGD, BMUF (and ADPSGD on one super-learner): this learner's shard of each step, the
+        same number of steps on every learner. ADPSGD across super-learners: the shared,
+        work-conserving pool (:class:`hadpsgd.api.PoolSampler`), whose epochs end after a
+        different number of steps on each learner. Call ``set_epoch(epoch)`` before every
+        epoch; :meth:`step` counts what it trained, which :meth:`state_dict` saves.
+
+        Args:
+            num_samples: ``len(dataset)``.
+            batch_size: Samples per learner per step.
+            seed: Shuffling seed (the same on every learner).
+        """
+        if self._sampler is not None:
+            self._sampler.close()
+        # As the CLI's loop: the pool needs super-learners of one size (a slot is a batch
+        # for each member); ADPSGD over unequal nodes keeps the shards.
+        pooled = self.asynchronous and self.topology.equal_nodes
+        self._sampler = make_sampler(self.topology, pooled, num_samples, batch_size, seed)
+        if self._sampler_state is not None:
+            self._sampler.load_state_dict(self._sampler_state)
+            self._sampler_state = None
+        return self._sampler
+
+    @contextlib.contextmanager
+    def evaluation_model(self) -> Iterator[nn.Module]:
+        """The model to evaluate and deploy, inside a ``with`` block (collective).
+
+        SSGD: the replica. BMUF: the global model theta_n swapped in (the local model comes
+        back after the block). ADPSGD: a copy holding the replicas' average (the replicas are
+        not changed). Every learner enters it at the same point (after an epoch).
+        """
+        with self._doing("averaging for evaluation"):
+            self.algorithm.sync()
+        with self.algorithm.evaluation_parameters() as model:
+            yield model
+
+    def finish(self) -> None:
+        """The end of training, before the last evaluation and checkpoint (collective).
+
+        BMUF averages and filters its last, partial block (no trained step is left out of
+        the global model); the others agree as at :meth:`evaluation_model`.
+        """
+        self.algorithm.finish()
+
+    def metrics(self) -> dict[str, float]:
+        """This learner's figures of the CLI's log line.
+
+        ``grad_wire_bytes``; fp16's ``loss_scale`` and ``overflow_steps``; BMUF's and
+        ADPSGD's ``wire_bytes`` across nodes; ADPSGD's ``exchanges_per_step``, ``staleness``
+        and ``consensus_distance`` (at the last :meth:`evaluation_model`); ``skipped_steps``.
+        """
+        figures = self.algorithm.metrics()
+        figures["steps"] = float(self.algorithm.steps)
+        figures["skipped_steps"] = float(self.algorithm.skipped_steps)
+        return figures
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self, gather: bool = True) -> dict[str, Any]:
+        """Everything to resume exactly, for the user's checkpoint (collective).
+
+        The model's parameters, the optimizer's and the algorithm's state, the sampler's
+        position and, where super-learners differ (BMUF mid-block, fp16's scale per node),
+        each one's own part. With ``gather`` rank 0's dict holds every node's part, so rank
+        0 alone may save it; every other rank's holds its own node's. ``gather=False`` keeps
+        each node's part on its own ranks (large models: save one file per node).
+        """
+        with self._doing("gathering the state for a checkpoint"):
+            sampler = self._sampler.state_dict() if self._sampler is not None else None
+            return collect(self.algorithm, self.topology,
+                           sampler if sampler is not None else self._sampler_state, gather)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (every learner, the same dict or its own rank's).
+
+        Restores the model, so load the user's model state before this, or not at all.
+
+        Raises:
+            ValueError: For the state of another algorithm or layout, or one without this
+                learner's node part (a non-zero rank's dict saved with ``gather``).
+        """
+        part = node_part(state, self.algo, self.topology)
+        self.model.load_state_dict(state["model"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        if part is not None:
+            self.algorithm.load_node_state(part)
+        if state.get("sampler") is not None:
+            if self._sampler is not None:
+                self._sampler.load_state_dict(state["sampler"])
+            else:
+                self._sampler_state = state["sampler"]
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """Finish communication in flight and release the sampler's pool (collective)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.algorithm.close()
+        if self._sampler is not None:
+            self._sampler.close()
+
+    def __enter__(self) -> Distributed:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # On an error the peers may be gone: closing would wait for them until the deadline
+        # and bury the error; hadpsgd.init's hook aborts the job instead.
+        if exc_type is None:
+            self.close()
+
+    def _doing(self, what: str) -> contextlib.AbstractContextManager:
+        """``Topology.doing(what)`` (what a stuck peer is told), or nothing on one learner."""
+        if self.topology.size > 1:
+            return self.topology.doing(what)
+        return contextlib.nullcontext()
+
+
+__all__ = ["Distributed"]

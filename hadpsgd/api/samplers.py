@@ -1,0 +1,198 @@
+"""Batch samplers for a user's own ``DataLoader``: shards, or ADPSGD's shared pool.
+
+Both hand out lists of sample indices (``DataLoader(dataset, batch_sampler=...)``), shuffled
+per epoch from the seed, and both are the samplers ``python -m hadpsgd.run`` trains with,
+given what they need to live outside its loop:
+
+- :class:`ShardSampler` (SSGD, BMUF, and ADPSGD on one super-learner) is
+  :class:`~hadpsgd.data.ChunkBatchSampler`: every learner its deterministic shard, the same
+  number of steps on every learner, the ranks' batches of a step together the batch one
+  process with N times the batch size would take (SSGD's big-batch equivalence). It counts
+  the steps :meth:`hadpsgd.Distributed.step` takes, so that its state resumes mid-epoch exactly.
+- :class:`PoolSampler` (ADPSGD across super-learners) is
+  :class:`~hadpsgd.data.PooledBatchSampler` over a shared counter (the CLI's
+  :func:`~hadpsgd.train.pooled.ticket_taker`): each super-learner takes the next batch when it
+  is ready, so a slow one takes fewer and nobody waits; every batch of the epoch is taken
+  exactly once. Its iteration ends when the pool is empty, after a different number of steps
+  on each super-learner. :meth:`PoolSampler.set_epoch` is where the learners meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hadpsgd.comm import SharedCounter, Topology
+from hadpsgd.data import ChunkBatchSampler, PooledBatchSampler
+from hadpsgd.train.pooled import POOL_SLOTS, SLOT_NEXT, ticket_taker
+
+_NONE = 2**62
+"""Larger than any slot: a learner that holds no untrained slot."""
+
+
+class ShardSampler(ChunkBatchSampler):
+    """This learner's shard of every step's global batch (see the module docstring).
+
+    Args:
+        num_samples: Samples in the dataset (indices ``0 .. num_samples - 1``).
+        batch_size: Samples per learner per step.
+        rank: This learner's rank.
+        world_size: Number of learners.
+        seed: Shuffling seed, the same on every learner.
+
+    Raises:
+        ValueError: If the data do not fill one global batch.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int,
+                 seed: int) -> None:
+        super().__init__(num_samples, batch_size, rank, world_size, seed, shuffle=True,
+                         drop_last=True)
+        self.trained = 0
+        """Steps taken in this epoch since :meth:`set_epoch` (or since the resumed point)."""
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int, start_step: int | None = None) -> None:
+        """Start ``epoch``'s order; after :meth:`load_state_dict`, at the saved step.
+
+        Args:
+            epoch: The epoch (>= 0), mixed into the shuffling seed.
+            start_step: Batches of the epoch to skip; by default 0, or the saved step when
+                ``epoch`` is the epoch a loaded state stopped in.
+        """
+        if start_step is None:
+            start_step = self._resume[1] if self._resume and self._resume[0] == epoch else 0
+        self._resume = None
+        super().set_epoch(epoch, start_step=start_step)
+        self.trained = 0
+
+    def stepped(self) -> None:
+        """One batch was trained (called by :meth:`hadpsgd.Distributed.step`)."""
+        self.trained += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next step is: ``{"epoch", "step"}`` (the next epoch's start at its end)."""
+        step = self.start_step + self.trained
+        if step >= len(self):
+            return {"epoch": self.epoch + 1, "step": 0}
+        return {"epoch": self.epoch, "step": step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at :meth:`state_dict`'s point: :attr:`epoch` is the epoch to go on with."""
+        epoch, step = int(state["epoch"]), int(state["step"])
+        super().set_epoch(epoch, start_step=step)
+        self.trained = 0
+        self._resume = (epoch, step)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class PoolSampler(PooledBatchSampler):
+    """Batches from one pool shared by every super-learner (see the module docstring).
+
+    Made collectively (every learner, the same arguments). Call :meth:`set_epoch` before
+    each epoch on every learner: it is a meeting (it resets the shared pool, so every learner
+    must have finished the previous epoch), and :meth:`close` at the end (also collective).
+
+    Args:
+        topo: The learners; a slot holds one batch for each member of a super-learner.
+        num_samples, batch_size, seed: As for :class:`ShardSampler`.
+    """
+
+    def __init__(self, topo: Topology, num_samples: int, batch_size: int, seed: int) -> None:
+        self.topo = topo
+        self.pool: SharedCounter | None = topo.shared_counter(POOL_SLOTS)
+        take: Callable[[], int] = ticket_taker(topo, self.pool, lambda: self)
+        super().__init__(num_samples, batch_size, topo.rank, topo.size, seed, take=take,
+                         group_size=topo.local_size, group_rank=topo.local_rank)
+        self.trained = 0
+        """Batches this learner trained in this epoch (its own pace: it differs by learner)."""
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int, start_step: int | None = None) -> None:
+        """Every learner meets and the pool restarts at ``epoch``'s first (or saved) slot.
+
+        Args:
+            epoch: The epoch (>= 0), mixed into the shuffling seed.
+            start_step: The first slot to hand out; by default 0, or the saved slot when
+                ``epoch`` is the epoch a loaded state stopped in.
+        """
+        if start_step is None:
+            start_step = self._resume[1] if self._resume and self._resume[0] == epoch else 0
+        self._resume = None
+        super().set_epoch(epoch, start_step=0)  # slots are the pool's, not the shard's steps
+        self._restart(start_step)
+
+    def _restart(self, first_slot: int) -> None:
+        """Collective: the pool's next slot is ``first_slot``; nothing is held or pending."""
+        assert self.pool is not None, "the sampler was closed"
+        self.held = None
+        self.handed.clear()
+        self.pool.reset([first_slot] + [0] * (POOL_SLOTS - 1))
+        self.open(self.slots)
+        self.trained = 0
+
+    def stepped(self) -> None:
+        """The oldest slot handed to the loader was trained (by :meth:`Distributed.step`)."""
+        if self.handed:
+            self.handed.popleft()
+        self.trained += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the pool stands (collective): every slot below ``slot`` was trained.
+
+        The learners agree on the lowest slot any of them took but did not train (handed to
+        its loader, or held); slots below it were all taken, hence trained. At the end of an
+        epoch (where ADPSGD's learners meet) that is every slot, and the state is the next
+        epoch's start; mid-epoch, slots past it that some learner trained would be trained
+        again after a resume.
+        """
+        assert self.pool is not None, "the sampler was closed"
+        mine = min([*self.handed, self.held if self.held is not None else _NONE])
+        lowest = min(self.topo.allgather_object(mine))
+        taken = int(self.topo.bcast_object(
+            int(self.pool.read()[SLOT_NEXT]) if self.topo.rank == 0 else None, root=0))
+        slot = min(lowest, taken, self.slots)
+        if slot >= self.slots:
+            return {"epoch": self.epoch + 1, "slot": 0}
+        return {"epoch": self.epoch, "slot": slot}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at :meth:`state_dict`'s point (collective: the pool restarts there)."""
+        epoch, slot = int(state["epoch"]), int(state["slot"])
+        super().set_epoch(epoch, start_step=0)
+        self._restart(slot)
+        self._resume = (epoch, slot)
+
+    def close(self) -> None:
+        """Release the shared pool (collective); iteration then ends at once."""
+        super().close()
+        if self.pool is not None:
+            self.pool.free()
+            self.pool = None
+
+
+Sampler = ShardSampler | PoolSampler
+"""What :meth:`hadpsgd.Distributed.sampler` returns."""
+
+
+def make_sampler(topo: Topology, pooled: bool, num_samples: int, batch_size: int,
+                 seed: int) -> Sampler:
+    """A :class:`PoolSampler` where ``pooled`` (ADPSGD across super-learners), else shards.
+
+    Raises:
+        ValueError: For a bad size or seed, or data that do not fill one global batch.
+    """
+    for name, value, low in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1),
+                             ("seed", seed, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"sampler: {name} must be an integer >= {low}, got {value!r}")
+    if pooled:
+        # Checked before the collective window is made: every learner refuses alike.
+        ChunkBatchSampler(num_samples, batch_size, topo.rank, topo.size, seed)
+        return PoolSampler(topo, num_samples, batch_size, seed)
+    return ShardSampler(num_samples, batch_size, topo.rank, topo.size, seed)
+
+
+__all__ = ["PoolSampler", "Sampler", "ShardSampler", "make_sampler"]

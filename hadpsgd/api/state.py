@@ -1,0 +1,78 @@
+"""The state :meth:`hadpsgd.Distributed.state_dict` returns, and its checks on loading.
+
+One dict that goes into the user's own checkpoint: the local model, the algorithm's state
+(the optimizer's inside it), the sampler's position and, where super-learners part ways
+between agreements (BMUF mid-block, fp16's scale per node), each super-learner's own part
+(:meth:`~hadpsgd.algorithms.Algorithm.node_state`), keyed by node. The CLI writes those parts
+to one file per node (:mod:`hadpsgd.train.shards`); here they are gathered to rank 0 by
+default, so that a script saves one file from rank 0 as it would with DDP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hadpsgd.algorithms import Algorithm
+from hadpsgd.comm import Topology
+
+STATE_FORMAT = 1
+"""The version of the state's layout."""
+
+
+def collect(algo: Algorithm, topo: Topology, sampler: dict[str, Any] | None,
+            gather: bool) -> dict[str, Any]:
+    """The state of ``algo`` on this rank (collective where there are node parts).
+
+    Args:
+        algo: The algorithm (its model and optimizer inside).
+        topo: The learners.
+        sampler: The sampler's position, if there is one.
+        gather: Gather every node's part to rank 0 (node leaders send; the others hold the
+            same as their leader).
+    """
+    node = algo.node_state()  # None on every rank, or on none
+    state: dict[str, Any] = {
+        "format": STATE_FORMAT, "algo": algo.name,
+        "layout": {"size": topo.size, "num_nodes": topo.num_nodes},
+        "model": algo.model.state_dict(), "algorithm": algo.state_dict(), "sampler": sampler,
+    }
+    if node is not None:
+        parts = {topo.node: node}
+        if gather and topo.size > 1:
+            sent = topo.gather_object((topo.node, node) if topo.local_rank == 0 else None,
+                                      root=0)
+            if sent is not None:
+                parts = dict(p for p in sent if p is not None)
+        state["nodes"] = parts
+    return state
+
+
+def node_part(state: Any, algo: str, topo: Topology) -> dict[str, Any] | None:
+    """This rank's node part of ``state`` (None if it has none), after checking ``state``.
+
+    Raises:
+        ValueError: For something that is no such state, the state of another algorithm or
+            layout, or one without this learner's node part (a non-zero rank's, gathered).
+    """
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError("load_state_dict: not a hadpsgd.Distributed state (no 'format' "
+                         f"{STATE_FORMAT}); pass what state_dict() returned")
+    if state["algo"] != algo:
+        raise ValueError(f"load_state_dict: the state is {state['algo']}'s, this is {algo}; "
+                         f"make Distributed(..., algo={state['algo']!r})")
+    layout = state["layout"]
+    if (layout["size"], layout["num_nodes"]) != (topo.size, topo.num_nodes):
+        raise ValueError(f"load_state_dict: the state was saved by {layout['size']} learners "
+                         f"on {layout['num_nodes']} nodes, this is {topo.size} on "
+                         f"{topo.num_nodes}; resume with the same layout")
+    nodes = state.get("nodes")
+    if nodes is None:
+        return None
+    if topo.node not in nodes:
+        raise ValueError(f"load_state_dict: the state holds the parts of node(s) "
+                         f"{sorted(nodes)}, not node {topo.node}'s: save rank 0's state_dict() "
+                         "(it gathers every node's), or each node's own with gather=False")
+    return nodes[topo.node]
+
+
+__all__ = ["STATE_FORMAT", "collect", "node_part"]

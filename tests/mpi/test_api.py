@@ -1,0 +1,48 @@
+"""The public API under real mpirun: each algorithm, the deadline, and the example script.
+
+Kept to five launches (about a minute on 2 busy cores): one job runs every algorithm's checks
+(tests/workers/api_algorithms.py), one the deadline, and the example once per algorithm.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests._mpi import ROOT, assert_ok, run_mpi, run_worker
+
+pytestmark = pytest.mark.mpi
+
+TWO_NODES = {"HADPSGD_RANKS_PER_NODE": "2"}
+
+
+def test_each_algorithm_through_the_api(tmp_path):
+    # SSGD: bit-identical replicas and the big-batch process; fp16: one learner's overflow
+    # skipped by all with the scale halved everywhere; BMUF: 2k steps == k, save (rank 0's
+    # file), load into other weights, k; ADPSGD: every sample of 2 epochs trained once.
+    res = run_worker(4, "api_algorithms", str(tmp_path), env=TWO_NODES)
+    assert_ok(res)
+    for phase in ("ssgd", "fp16", "bmuf", "adpsgd"):
+        assert res.stdout.count(f"OK {phase} rank") == 4, res.output[-4000:]
+
+
+def test_a_learner_that_stops_stepping_is_named_within_the_deadline():
+    start = time.monotonic()
+    res = run_worker(2, "api_deadline", env={"HADPSGD_TIMEOUT": "5"})
+    assert res.returncode != 0 and "NO TIMEOUT" not in res.stdout, res.output[-4000:]
+    assert ("rank(s) 1 never arrived (rank 1 answers: alive, in the training script after "
+            "step 1") in res.output, res.output[-4000:]
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("algo", ["ssgd", "bmuf", "adpsgd"])
+def test_the_example_trains_its_own_model(algo, tiny_data):
+    res = run_mpi(4, [str(ROOT / "examples" / "own_model.py"), "--algo", algo,
+                      "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1])],
+                  env=TWO_NODES)
+    assert_ok(res)
+    found = re.search(r"held-out CTC loss ([\d.]+) -> ([\d.]+)", res.stdout)
+    assert found, res.output[-4000:]
+    assert float(found[2]) < 0.8 * float(found[1]), found[0]

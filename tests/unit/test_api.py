@@ -1,0 +1,225 @@
+"""The public API without processes: options in the caller's words, state, samplers, fp16."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import hadpsgd
+from hadpsgd.algorithms import ADPSGDOptions, BMUFOptions
+from hadpsgd.api import OptionError, ShardSampler
+from hadpsgd.api.options import check_layout
+from hadpsgd.api.samplers import make_sampler
+from tests._mpi import ROOT
+from tests.fakes import OneLearner
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _dist(algo: str = "ssgd", seed: int = 0, **kw) -> hadpsgd.Distributed:
+    net = _model(seed)
+    return hadpsgd.Distributed(net, torch.optim.Adam(net.parameters(), lr=0.01), algo,
+                               topology=OneLearner(), **kw)
+
+
+DATA = torch.Generator().manual_seed(1)
+X, Y = torch.randn(40, 5, generator=DATA), torch.randint(0, 3, (40,), generator=DATA)
+
+
+def _train(dist: hadpsgd.Distributed, sampler: ShardSampler, steps: int) -> None:
+    """A user's loop over epochs, from the sampler's epoch on, until ``steps`` in all."""
+    epoch = sampler.epoch
+    while dist.steps < steps:
+        sampler.set_epoch(epoch)
+        for idx in sampler:
+            with dist.autocast():
+                loss = nn.functional.cross_entropy(dist.model(X[idx]).float(), Y[idx])
+            dist.zero_grad()
+            dist.scale(loss).backward()
+            dist.step(loss)
+            if dist.steps == steps:
+                return
+        epoch += 1
+
+
+def _flat(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
+
+
+# ---------------------------------------------------------------------- the package
+def test_import_hadpsgd_stays_light_and_names_the_api():
+    # The decoder's tools import hadpsgd without torch; the API's names load on first use.
+    code = ("import sys, hadpsgd; assert 'torch' not in sys.modules; "
+            "[getattr(hadpsgd, n) for n in hadpsgd.__all__]; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    assert out.strip() == "True"
+    assert set(hadpsgd.__all__) <= set(dir(hadpsgd))
+    assert hadpsgd.Distributed.__module__ == "hadpsgd.api.distributed"
+    assert hadpsgd.StepResult is hadpsgd.algorithms.StepResult
+    with pytest.raises(AttributeError):
+        hadpsgd.no_such_name  # noqa: B018
+
+
+# ---------------------------------------------------------------------- options
+@pytest.mark.parametrize(("kw", "option", "says"), [
+    ({"algo": "dpsgd"}, "algo", "registered: adpsgd, bmuf, ssgd"),
+    ({"algo": "bmuf", "sync_period": 0}, "sync_period", "sync_period must be > 0"),
+    ({"algo": "bmuf", "sync_period": "8"}, "sync_period", "must be int"),
+    ({"algo": "bmuf", "nesterov": 1}, "nesterov", "must be bool"),
+    ({"algo": "bmuf", "block_momentum": 1.0}, "block_momentum", "block_momentum must be in"),
+    ({"algo": "bmuf", "fragments": 5, "sync_period": 4}, "fragments", "more than sync_period"),
+    ({"algo": "bmuf", "adam_moments": "mean"}, "adam_moments", "adam_moments must be one of"),
+    ({"algo": "bmuf", "worker_lr": "all"}, "worker_lr", "worker_lr must be one of"),
+    ({"algo": "adpsgd", "max_staleness": -1}, "max_staleness", "max_staleness must be >= 0"),
+    ({"algo": "adpsgd", "wire": "fp8"}, "wire", "wire must be one of fp32, bf16, int8"),
+    ({"algo": "ssgd", "sync_period": 8}, "sync_period", "ssgd has no option sync_period"),
+    ({"precision": "fp8"}, "precision", "precision must be one of fp32, bf16, fp16"),
+    ({"grad_wire": "int8"}, "grad_wire", "grad_wire must be one of"),
+    ({"overlap": 1}, "overlap", "overlap must be"),
+    ({"max_grad_norm": float("nan")}, "max_grad_norm", "max_grad_norm must be"),
+    ({"grad_bucket_mb": 0}, "grad_bucket_mb", "grad_bucket_mb must be"),
+])
+def test_a_bad_option_is_refused_naming_the_keyword(kw, option, says):
+    with pytest.raises(OptionError) as err:
+        _dist(**kw)
+    assert err.value.option == option
+    assert says in str(err.value)
+    assert "--" not in str(err.value)  # the keyword the caller wrote, not the CLI's flag
+    assert isinstance(err.value, ValueError)
+
+
+def test_options_reach_the_algorithm_as_its_own_dataclass():
+    dist = _dist("bmuf", sync_period=3, block_lr=1, max_grad_norm=2)
+    assert dist.options.sync_period == 3 and dist.options.block_lr == 1
+    assert dist.algorithm.max_grad_norm == 2.0 and dist.algo == "bmuf"
+    dist.close()
+    dist.close()  # idempotent
+
+
+def test_options_may_come_built_as_the_cli_builds_them():
+    dist = _dist("bmuf", options=BMUFOptions(sync_period=5))
+    assert dist.options.sync_period == 5
+    with pytest.raises(OptionError, match="BMUFOptions for bmuf") as err:
+        _dist("bmuf", options=ADPSGDOptions())
+    assert err.value.option == "options"
+    with pytest.raises(OptionError, match="not both"):
+        _dist("bmuf", options=BMUFOptions(), sync_period=3)
+
+
+def test_super_learners_must_be_what_the_options_ask_for():
+    opts = ADPSGDOptions(super_learner_size=1)
+    check_layout(opts, SimpleNamespace(node_sizes=[1, 1, 1], size=3))
+    check_layout(ADPSGDOptions(super_learner_size=2), SimpleNamespace(node_sizes=[2, 2, 1],
+                                                                      size=5))
+    with pytest.raises(OptionError, match=r"hadpsgd.init\(ranks_per_node=1\)") as err:
+        check_layout(opts, SimpleNamespace(node_sizes=[2, 2], size=4))
+    assert err.value.option == "super_learner_size"
+
+
+def test_a_model_elsewhere_or_outside_the_optimizer_is_refused():
+    net = _model().to("meta")
+    with pytest.raises(ValueError, match="model.to"):
+        hadpsgd.Distributed(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                            topology=OneLearner())
+    net = _model()
+    with pytest.raises(ValueError, match="not in the optimizer"):
+        hadpsgd.Distributed(net, torch.optim.SGD(net[0].parameters(), lr=0.1),
+                            topology=OneLearner())
+
+
+# ---------------------------------------------------------------------- state
+@pytest.mark.parametrize(("algo", "kw"), [("ssgd", {}), ("bmuf", {"sync_period": 3}),
+                                          ("ssgd", {"precision": "fp16"})])
+def test_state_round_trip_is_exact(algo, kw):
+    k = 7  # 10 steps per epoch of 4: mid-epoch, and mid-block for tau 3
+    straight = _dist(algo, **kw)
+    _train(straight, straight.sampler(40, 4, seed=2), 2 * k)
+
+    first = _dist(algo, **kw)
+    _train(first, first.sampler(40, 4, seed=2), k)
+    buf = io.BytesIO()
+    torch.save({"user": 1, "hadpsgd": first.state_dict()}, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)["hadpsgd"]
+    assert state["sampler"] == {"epoch": 0, "step": k}
+
+    resumed = _dist(algo, seed=5, **kw)  # other weights: the load restores them
+    resumed.load_state_dict(state)  # before the sampler is made: it is kept for it
+    sampler = resumed.sampler(40, 4, seed=2)
+    assert (sampler.epoch, resumed.steps) == (0, k)
+    _train(resumed, sampler, 2 * k)
+    assert torch.equal(_flat(resumed.model), _flat(straight.model))
+    with resumed.evaluation_model() as a, straight.evaluation_model() as b:
+        assert torch.equal(_flat(a), _flat(b))
+    assert resumed.metrics()["steps"] == 2 * k
+    if kw.get("precision") == "fp16":
+        assert resumed.loss_scale == straight.loss_scale == 2.0**16
+
+
+def test_a_state_of_another_algorithm_or_layout_is_refused():
+    state = _dist("bmuf").state_dict()
+    with pytest.raises(ValueError, match="algo='bmuf'"):
+        _dist("ssgd").load_state_dict(state)
+    state["layout"]["size"] = 4
+    with pytest.raises(ValueError, match="saved by 4 learners"):
+        _dist("bmuf").load_state_dict(state)
+    with pytest.raises(ValueError, match="not a hadpsgd.Distributed state"):
+        _dist("bmuf").load_state_dict({"model": {}})
+
+
+# ---------------------------------------------------------------------- a step
+def test_fp16_scales_the_loss_and_halves_on_overflow():
+    dist = _dist(precision="fp16")
+    assert dist.loss_scale == 2.0**16
+    loss = nn.functional.cross_entropy(dist.model(X[:4]), Y[:4])
+    assert torch.equal(dist.scale(loss), loss * 2.0**16)
+    (dist.scale(loss) * 2.0**200).backward()  # an overflow the scale has to search past
+    result = dist.step(loss)
+    assert result.skipped and result.overflow and not result.finite
+    assert dist.loss_scale == 2.0**15 and dist.metrics()["overflow_steps"] == 1
+    fp32 = _dist()
+    assert fp32.loss_scale == 1.0 and fp32.scale(loss) is loss
+
+
+def test_bmuf_evaluates_its_global_model_and_gives_the_local_one_back():
+    dist = _dist("bmuf", sync_period=4)
+    _train(dist, dist.sampler(40, 4, seed=0), 5)  # one step into the second block
+    local = _flat(dist.model)
+    with dist.evaluation_model() as model:
+        assert not torch.equal(_flat(model), local)
+    assert torch.equal(_flat(dist.model), local)
+    dist.finish()  # the partial block joins the global model
+    with dist.evaluation_model() as model:
+        assert torch.equal(_flat(model), _flat(dist.model))
+
+
+# ---------------------------------------------------------------------- samplers
+def test_shard_sampler_resumes_once_at_the_saved_step():
+    sampler = ShardSampler(40, 4, rank=0, world_size=1, seed=0)
+    sampler.set_epoch(3)
+    full = list(sampler)
+    sampler.load_state_dict({"epoch": 3, "step": 6})
+    sampler.set_epoch(3)
+    assert list(sampler) == full[6:]
+    sampler.set_epoch(3)  # a later epoch start begins at its first step again
+    assert list(sampler) == full
+    for _ in range(len(sampler)):
+        sampler.stepped()
+    assert sampler.state_dict() == {"epoch": 4, "step": 0}
+
+
+@pytest.mark.parametrize(("args", "says"), [((0, 4, 0), "num_samples"), ((40, 0, 0), "batch_size"),
+                                            ((40, 4, -1), "seed"), ((3, 4, 0), "global batch")])
+def test_a_sampler_that_cannot_work_is_refused(args, says):
+    with pytest.raises(ValueError, match=says):
+        make_sampler(OneLearner(), False, *args)
