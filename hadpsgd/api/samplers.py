@@ -11,7 +11,7 @@ given what they need to live outside its loop:
   the steps :meth:`hadpsgd.Distributed.step` takes, so that its state resumes mid-epoch exactly.
 - :class:`PoolSampler` (ADPSGD across super-learners) is
   :class:`~hadpsgd.data.PooledBatchSampler` over a shared counter (the CLI's
-  :func:`~hadpsgd.train.pooled.ticket_taker`): each super-learner takes the next batch when it
+  :func:`ticket_taker`): each super-learner takes the next batch when it
   is ready, so a slow one takes fewer and nobody waits; every batch of the epoch is taken
   exactly once. Its iteration ends when the pool is empty, after a different number of steps
   on each super-learner. :meth:`PoolSampler.set_epoch` is where the learners meet.
@@ -22,9 +22,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from hadpsgd.comm import SharedCounter, Topology
 from hadpsgd.data import ChunkBatchSampler, PooledBatchSampler
-from hadpsgd.train.pooled import POOL_SLOTS, SLOT_NEXT, ticket_taker
+
+SLOT_NEXT, SLOT_STOP, SLOT_NONFINITE, SLOT_LOSS, SLOT_LOGGED = range(5)
+POOL_SLOTS = 5
+"""Shared counters: next free data slot, stop requests, non-finite events, loss sum (in
+micro-nats) and the number of losses in it."""
+
+
+def ticket_taker(topo: Topology, pool: SharedCounter,
+                 sampler: Callable[[], PooledBatchSampler]) -> Callable[[], int]:
+    """``take()`` for the pooled sampler, the same ticket on every member of a super-learner.
+
+    The leader takes a slot (or refuses, -1, once the sampler is closed); the members receive
+    its ticket.
+    """
+    ticket = torch.zeros(1, dtype=torch.int64)  # host tensor: the intra-node MPI path
+
+    def take() -> int:
+        if topo.local_rank == 0:
+            ticket[0] = -1 if sampler().closed else pool.take(SLOT_NEXT)
+        if topo.local_size > 1:
+            topo.intra_broadcast_(ticket, root=0)
+        return int(ticket[0])
+
+    return take
+
 
 _NONE = 2**62
 """Larger than any slot: a learner that holds no untrained slot."""

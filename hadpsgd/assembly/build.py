@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hadpsgd import algorithms
 from hadpsgd.algorithms import Algorithm
+from hadpsgd.api import Distributed
 from hadpsgd.assembly import provenance, rundir
 from hadpsgd.assembly.data import load_data
 from hadpsgd.assembly.runlock import RunDirBusy, lock_run
@@ -57,14 +57,15 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     model = build_model(cfg.model.preset, train_set.file.feat_dim, train_set.file.num_classes,
                         per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
                         ).to(topo.device)
-    algo = build_algorithm(cfg, model, build_optimizer(cfg.optim, model), topo)
+    dist = build_distributed(cfg, model, build_optimizer(cfg.optim, model), topo)
+    algo = dist.algorithm
     out_dir = make_out_dir(cfg, topo, train_set.file.path)
     metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
     # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
     schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,
                           algo.update_batch(cfg.train.batch_size),
                           cfg.optim.warmup_epochs, cfg.optim.anneal)
-    return Trainer(algo, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
+    return Trainer(dist, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
                    metrics, config=to_dict(cfg))
 
 
@@ -80,9 +81,11 @@ def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
     problem = None
     if topo.rank == 0 and cfg.train.out_dir is not None:
         out = Path(cfg.train.out_dir)
-        # A live run there first: its files are not a finished run's (and may be mid-write).
-        problem = _lock_problem(out) if out.is_dir() else None
-        problem = problem or rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
+        # A fresh start where a run is stops here, before it writes even the lock file; any
+        # start that may go on (a resume, --overwrite) takes the lock first, so a live run
+        # there is named (and two fresh starts racing into an empty directory meet below).
+        problem = rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
+        problem = problem or (_lock_problem(out) if out.is_dir() else None)
         problem = problem or rundir.writable_problem(out)
     problem = topo.bcast_object(problem, root=0)
     if problem is not None:
@@ -152,10 +155,20 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer
     raise ValueError(f"--optimizer {cfg.optimizer!r} is unknown; choose sgd, adam or adamw")
 
 
+def build_distributed(cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+                      topo: Topology) -> Distributed:
+    """``model`` and ``optimizer`` under ``--algo``'s algorithm, through the public API.
+
+    The CLI is one client of :class:`hadpsgd.Distributed`, as a user's own loop is: the same
+    object, built from the run's validated options instead of keywords.
+    """
+    return Distributed(model, optimizer, cfg.train.algo, topology=topo, **algorithm_kwargs(cfg))
+
+
 def build_algorithm(cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                     topo: Topology) -> Algorithm:
     """The algorithm ``--algo`` names, with its own options and the shared ones."""
-    return algorithms.build(cfg.train.algo, model, optimizer, topo, **algorithm_kwargs(cfg))
+    return build_distributed(cfg, model, optimizer, topo).algorithm
 
 
 def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:

@@ -13,16 +13,17 @@ from torch.nn import functional as F  # noqa: N812
 
 from hadpsgd import env, faults
 from hadpsgd.algorithms import Algorithm
+from hadpsgd.api import Distributed
+from hadpsgd.api.samplers import POOL_SLOTS, ticket_taker
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
-from hadpsgd.precision import autocast
 from hadpsgd.train.checkpoint import checkpoint_path
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate, speech_note
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.plan import EpochPlan
-from hadpsgd.train.pooled import POOL_SLOTS, PooledPlan, ticket_taker
+from hadpsgd.train.pooled import PooledPlan
 from hadpsgd.train.progress import Progress
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
@@ -68,8 +69,14 @@ class LoopOptions:
 class Trainer:
     """Runs the epochs of one learner; every rank runs the same steps in lock step.
 
+    The loop is a client of the public API (:mod:`hadpsgd.api`), as a user's own loop is:
+    its steps go through a :class:`~hadpsgd.api.Distributed`'s ``autocast``, ``step``,
+    ``zero_grad``, ``evaluation_model`` and ``finish``; what only a run of the CLI has
+    (checkpoints with sharded node parts, the schedule, the plans) it takes from the
+    algorithm the object holds.
+
     Args:
-        algo: The distributed algorithm (wraps model and optimizer).
+        dist: The model and optimizer under the distributed algorithm.
         topo: The communication topology.
         train_set: Training chunks.
         heldout_set: Held-out chunks, evaluated after every epoch.
@@ -88,11 +95,12 @@ class Trainer:
     ``max_loss_ratio`` times the start raises :class:`DivergedError` on every rank).
     """
 
-    def __init__(self, algo: Algorithm, topo: Topology, train_set: ChunkDataset,
+    def __init__(self, dist: Distributed, topo: Topology, train_set: ChunkDataset,
                  heldout_set: ChunkDataset, schedule: LRSchedule, opts: LoopOptions,
                  out_dir: Path, metrics: MetricsWriter, config: dict[str, Any],
                  stop: StopFlag = FLAG) -> None:
-        self.algo = algo
+        self.dist = dist
+        self.algo: Algorithm = dist.algorithm
         self.topo = topo
         self.train_set = train_set
         self.heldout_set = heldout_set
@@ -110,13 +118,13 @@ class Trainer:
         self.control = ControlPoint(topo, stop, opts.max_nonfinite)
         classes = train_set.file.num_classes
         self.guard = DivergenceGuard(
-            opts.max_loss_ratio, algo.divergence_hint,
+            opts.max_loss_ratio, self.algo.divergence_hint,
             reference=math.log(classes) if classes > 1 else None,
             what=f"the loss of a uniform guess over the {classes} classes (ln {classes} = "
                  f"{math.log(max(classes, 2)):.3g}, where training starts)")
         # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
         # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
-        self.plan = self._plan(algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes)
+        self.plan = self._plan(self.algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes)
         self.sampler = self.plan.sampler
         self.recorder = Recorder(self.sampler)
         self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers,
@@ -233,7 +241,7 @@ class Trainer:
                     return self.history
                 if self.pos.step_in_epoch >= len(self.sampler):
                     if self.pos.epoch + 1 >= self.opts.epochs or self._done():
-                        self.algo.finish()  # the last epoch: nothing trained may be left out
+                        self.dist.finish()  # the last epoch: nothing trained may be left out
                     self._evaluate()
                     self.pos.epoch += 1
                     self.pos.step_in_epoch = 0
@@ -244,7 +252,7 @@ class Trainer:
             # Stopped inside an epoch by max_steps (or resumed a finished run): still leave
             # a held-out figure and a checkpoint of the final state.
             if self._checkpointed_step != self.pos.global_step:
-                self.algo.finish()
+                self.dist.finish()
                 self._evaluate()
                 self.checkpoint()
             return self.history
@@ -303,7 +311,7 @@ class Trainer:
         model = self.algo.model
         # From pinned memory on CUDA (make_loader): the copies queue behind the last step's
         # kernels and the host goes on to the forward without waiting for them.
-        with autocast(self.opts.precision, self.topo.device):
+        with self.dist.autocast():
             logits = model(feats.to(self.topo.device, non_blocking=True))
         target = labels.to(self.topo.device, non_blocking=True).reshape(-1)
         # Summed over the counted frames (padding and frames of another chunk are IGNORE)
@@ -315,13 +323,13 @@ class Trainer:
                                ignore_index=IGNORE, reduction="sum") / max(target.numel(), 1)
         if poison == "nan":
             loss = loss * float("nan")
-        scale = self.algo.loss_scale  # fp16's dynamic loss scale; 1 otherwise
+        scale = self.dist.loss_scale  # fp16's dynamic loss scale; 1 otherwise
         if poison == "overflow":
             scale *= 2.0**40  # the tests' overflow: fp16's gradient is Inf at this scale
         (loss * scale if scale != 1.0 else loss).backward()
         # The loss is read with the gradients' finiteness and norm: one device sync a step.
-        result = self.algo.step(loss.detach())
-        self.algo.zero_grad()
+        result = self.dist.step(loss.detach())
+        self.dist.zero_grad()
         value = result.loss
         loss_finite = math.isfinite(value)
         # An overflow the loss scale was searching for (fp16) is no non-finite data: it is
@@ -386,8 +394,7 @@ class Trainer:
 
     def _evaluate(self) -> EvalResult:
         self.topo.now_doing(f"evaluating held-out after step {self.pos.global_step}")
-        self.algo.sync()
-        with self.algo.evaluation_parameters() as model:
+        with self.dist.evaluation_model() as model:
             result = evaluate(model, self.heldout_set, self.topo,
                               batch_size=4 * self.opts.batch_size,
                               precision=self.opts.precision)

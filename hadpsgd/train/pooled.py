@@ -17,37 +17,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
+from hadpsgd.api.samplers import (
+    SLOT_NEXT,
+    SLOT_STOP,
+)
 from hadpsgd.comm import SharedCounter, Topology
 from hadpsgd.data import PooledBatchSampler
 from hadpsgd.train.plan import Agree, EpochPlan
 from hadpsgd.train.progress import Progress
 
-SLOT_NEXT, SLOT_STOP, SLOT_NONFINITE, SLOT_LOSS, SLOT_LOGGED = range(5)
-POOL_SLOTS = 5
-"""Shared counters: next free data slot, stop requests, non-finite events, loss sum (in
-micro-nats) and the number of losses in it."""
 _NONE = np.iinfo(np.int64).max
-
-
-def ticket_taker(topo: Topology, pool: SharedCounter,
-                 sampler: Callable[[], PooledBatchSampler]) -> Callable[[], int]:
-    """``take()`` for the pooled sampler, the same ticket on every member of a super-learner.
-
-    The leader takes a slot (or refuses, -1, once the sampler is closed); the members receive
-    its ticket.
-    """
-    ticket = torch.zeros(1, dtype=torch.int64)  # host tensor: the intra-node MPI path
-
-    def take() -> int:
-        if topo.local_rank == 0:
-            ticket[0] = -1 if sampler().closed else pool.take(SLOT_NEXT)
-        if topo.local_size > 1:
-            topo.intra_broadcast_(ticket, root=0)
-        return int(ticket[0])
-
-    return take
 
 
 class _Signals:

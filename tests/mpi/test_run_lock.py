@@ -15,14 +15,14 @@ pytestmark = pytest.mark.mpi
 
 def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_first(tiny_data,
                                                                          tmp_path):
-    """The first run (slowed to 0.25 s a step, 80 steps) holds the directory; a second start there
+    """The first run (slowed to 0.25 s a step, 48 steps) holds the directory; a second start there
     with another seed, and a --resume auto, both exit 2 naming the first (host, pid, start)
     before writing anything; the first ends normally with its own config.json."""
     out = tmp_path / "race"
     first: dict = {}
 
     def run_first() -> None:
-        first["res"] = run_mpi(2, run_args(tiny_data, out, "--max-steps", "80",
+        first["res"] = run_mpi(2, run_args(tiny_data, out, "--max-steps", "48",
                                            "--checkpoint-every", "2", "--seed", "1",
                                            "--batch-size", "4"),
                                env={"HADPSGD_EMULATE_STEP": "ms=250"})

@@ -19,12 +19,13 @@ ALLOWED = {
     "algorithms": {"cli", "comm", "faults", "precision"},
     "config_file": {"cli"},
     "config": {"cli", "config_file", "models", "algorithms", "precision"},
-    # The loop takes built parts and knows no flags: neither cli nor config.
+    # The loop takes built parts and knows no flags: neither cli nor config. It drives the
+    # algorithm through the public API, as a user's loop does.
     "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms",
-              "precision"},
+              "precision", "api"},
     # The public API (hadpsgd.init, hadpsgd.Distributed): built parts a user's own loop
     # drives; it knows no flags of the run (no config) and no BLSTM (no models).
-    "api": {"exit_codes", "cli", "comm", "data", "algorithms", "precision", "train"},
+    "api": {"exit_codes", "cli", "comm", "data", "algorithms", "precision"},
     "assembly": {"exit_codes", "env", "cli", "models", "comm", "data", "faults", "algorithms",
                  "config", "train", "precision", "api"},
     # Decoding reads log-likelihood matrices: no torch, no training.
