@@ -25,8 +25,8 @@ What each algorithm does with the new world:
 - **BMUF** restarts its blocks from the global model at the snapshot, among the survivors'
   super-learners, with the block momentum of the new worker count (1 - 1/N' by default);
   the block in flight at the failure is dropped (its local steps are retrained).
-  A super-learner that loses a member goes on with its survivors (its node group is rebuilt
-  among them, so an emulated node may get smaller: the leader hierarchy takes unequal nodes).
+  A super-learner that loses a member leaves as a whole (its local model is one node's, and
+  BMUF needs nodes of equal size); the others keep their node groups.
 - **ADPSGD / H-ADPSGD** are not built for this yet: their learners agree only at meetings, so
   there is no recent state every survivor holds; they stop at a failure (bounded in time).
 
@@ -36,6 +36,7 @@ every chunk is trained at least once, and fewer than one new global batch of chu
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -60,7 +61,7 @@ class NotEnoughLearners(RuntimeError):
 def min_learners(cfg: RunConfig, started: int) -> int:
     """``--min-learners`` as a count: itself (>= 1), or that fraction of ``started``."""
     value = cfg.train.min_learners
-    return int(value) if value >= 1 else max(1, int(-(-value * started // 1)))
+    return int(value) if value >= 1 else max(1, math.ceil(value * started))
 
 
 def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseException,
