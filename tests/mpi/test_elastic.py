@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._mpi import ROOT, MPIResult
+from tests._mpi import LAUNCH_TRIES, ROOT, MPIResult, launcher_failed_to_start
 
 pytestmark = pytest.mark.mpi
 
@@ -33,16 +33,19 @@ def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
            "--train", str(data[0]), "--heldout", str(data[1]), "--preset", "tiny",
            "--out-dir", str(out), "--no-progress", "--batch-size", "2",
            "--on-failure", "continue", *extra]
-    # Its own session: a launch that hangs is killed with mpirun and every rank under it.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish (hang?)\n{out}\n{err}")
-    return MPIResult(proc.returncode, out, err)
+    for _ in range(LAUNCH_TRIES):
+        # Its own session: a launch that hangs is killed with mpirun and every rank under it.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=ROOT, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"{' '.join(cmd)} did not finish (hang?)\n{stdout}\n{stderr}")
+        if proc.returncode == 0 or not launcher_failed_to_start(stdout + stderr):
+            break
+    return MPIResult(proc.returncode, stdout, stderr)
 
 
 def _records(out: Path, kind: str) -> list[dict]:
