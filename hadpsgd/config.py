@@ -114,7 +114,7 @@ class ModelConfig:
                               f"{', '.join(_lstm_layouts())}")
 
 
-ELASTIC_ALGOS = ("ssgd", "bmuf")
+ELASTIC_ALGOS = ("ssgd", "bmuf", "adpsgd")
 """The algorithms that continue among the survivors of a failure (--on-failure continue)."""
 
 DEFAULT_LR: dict[str, float] = {"sgd": 0.5, "adam": 0.004, "adamw": 0.004}
@@ -225,9 +225,10 @@ class TrainConfig:
     the LSTM stays fp32 there). What runs in which precision: docs/gpu.md."""
     on_failure: Literal["stop", "continue"] = "stop"
     """What the job does when a learner dies: stop (every rank ends, bounded in time, and the
-    run resumes from its last checkpoint), or continue among the survivors (ssgd and bmuf;
-    needs mpirun --with-ft ulfm, which python -m hadpsgd.launch adds): they drop the dead
-    learner(s) and go on from the state they all hold at the last control point."""
+    run resumes from its last checkpoint), or continue among the survivors (needs mpirun
+    --with-ft ulfm, which python -m hadpsgd.launch adds): they drop the dead learner(s) and go
+    on, SSGD and BMUF from the state they all hold at the last control point, ADPSGD from each
+    survivor's own replica."""
     min_learners: float = 1.0
     """With --on-failure continue, stop as today when fewer learners than this survive: a
     count (>= 1), or a fraction of the starting learners (< 1, e.g. 0.5)."""

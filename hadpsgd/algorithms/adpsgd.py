@@ -142,8 +142,12 @@ class ADPSGD(Algorithm):
     def _check_thread(self) -> None:
         if self.thread is not None and self.thread.error is not None:
             err = self.thread.error
-            raise CommTimeoutError(f"gossip thread failed: {err}") if isinstance(
-                err, CommTimeoutError) else RuntimeError(f"gossip thread failed: {err}")
+            # Chained: a dead peer's MPI error stays visible (--on-failure continue).
+            raise (CommTimeoutError(f"gossip thread failed: {err}") if isinstance(
+                err, CommTimeoutError) else RuntimeError(f"gossip thread failed: {err}")) from err
+        # A peer revoked the world after a failure (--on-failure continue): stop stepping
+        # now, even if this learner's own exchanges and data pool never touched the dead one.
+        self.topo.check_revoked()
 
     def grad_scope(self) -> GradScope:
         """The gradients are averaged inside the super-learner (node-synchronous) only."""

@@ -27,11 +27,19 @@ What each algorithm does with the new world:
   the block in flight at the failure is dropped (its local steps are retrained).
   A super-learner that loses a member leaves as a whole (its local model is one node's, and
   BMUF needs nodes of equal size); the others keep their node groups.
-- **ADPSGD / H-ADPSGD** are not built for this yet: their learners agree only at meetings, so
-  there is no recent state every survivor holds; they stop at a failure (bounded in time).
+- **ADPSGD / H-ADPSGD** go on from each survivor's own replica as it is at the failure
+  (nothing is rolled back: the learners never agreed on a common state, and need not). The
+  ring re-forms among the survivors' super-learners; an H-ADPSGD super-learner that lost a
+  member leaves as a whole, as in BMUF. A gossip exchange with the dead learner that did not
+  complete is not applied (the delta is computed only from a completed swap); one that
+  completed is a valid average with the dead learner's last model and stays.
 
-The data position is scaled to the new global batch (``adopt``): in the interrupted epoch,
-every chunk is trained at least once, and fewer than one new global batch of chunks twice.
+The data position of SSGD and BMUF is scaled to the new global batch (``adopt``): in the
+interrupted epoch, every chunk is trained at least once, and fewer than one new global batch
+of chunks twice. ADPSGD's survivors pool the slots each trained since the last meeting and
+hand out the slots none of them trained next (:func:`~hadpsgd.train.pooled.reorder`): the
+dead learner's slots go back to the pool (counted in the failure record as
+``returned_slots``), and no survivor's slot is trained twice.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from hadpsgd.assembly.runlock import release_runs
 from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig
 from hadpsgd.train.loop import Trainer
+from hadpsgd.train.pooled import reorder
+from hadpsgd.train.snapshot import learner_state
 
 
 class LeftTheJob(RuntimeError):
@@ -88,10 +98,10 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     world, gone_now = ulfm.shrink(topo.comm)
     gone = [topo.launch_ranks[r] for r in gone_now]  # processes keep their launch ranks
     lost = ", ".join(f"rank {topo.launch_ranks[r]} ({old_hosts[r]})" for r in gone_now)
-    # BMUF: a super-learner that lost a member leaves as a whole (its local model is one
-    # node's, and BMUF needs nodes of equal size); SSGD keeps every survivor.
+    # BMUF, H-ADPSGD: a super-learner that lost a member leaves as a whole (its local model
+    # is one node's, and both need nodes of equal size); SSGD keeps every survivor.
     damaged = any(r in gone_now for r in topo.node_ranks)
-    leaves = cfg.train.algo == "bmuf" and damaged and topo.num_nodes > 1
+    leaves = cfg.train.algo != "ssgd" and damaged and topo.num_nodes > 1
     world = ulfm.keep(world, not leaves)
     if world is None:
         raise LeftTheJob(f"rank {topo.launch_ranks[topo.rank]}: super-learner {topo.node} "
@@ -104,9 +114,17 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
             f"learner(s) {lost} failed ({err}); {survivors} survive, fewer than --min-learners "
             f"{need}: stopping. Resume from the last checkpoint with --resume auto (at "
             "another -np: --allow-resume-change np)")
-    assert trainer.snapshots is not None
-    step = ulfm.agree_min(world, trainer.snapshots.latest_step)
-    snapshot = trainer.snapshots.at(step)
+    asynchronous = trainer.algo.asynchronous
+    failed_at = getattr(trainer.plan, "_step", 0) if asynchronous else trainer.pos.global_step
+    if asynchronous:
+        # Each survivor's replica as it is; the data from the first slot nobody trained.
+        snapshot = learner_state(trainer)
+        start, order, trained = _pooled_position(world, trainer)
+        step = trainer.pos.global_step
+    else:
+        assert trainer.snapshots is not None
+        step = ulfm.agree_min(world, trainer.snapshots.latest_step)
+        snapshot = trainer.snapshots.at(step)
     _quietly(trainer.metrics.close)
     release_runs()  # the new rank 0 takes the run directory's lock (maybe another process)
     options = cfg.algo_options()
@@ -116,16 +134,69 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     continued = _continuing(cfg)
     rebuilt = build_trainer(continued, new)
     summary = adopt(rebuilt, snapshot, same_optimizer=True)
+    extra: dict[str, Any] = {}
+    if asynchronous:
+        summary, returned = _place_pooled(rebuilt, getattr(trainer.plan, "epoch_base", 0),
+                                          start, order, trained)
+        extra["returned_slots"] = returned
+        where = (f"from their own replicas; {returned} slot(s) taken but trained by no "
+                 "survivor go back to the data pool")
+    else:
+        where = (f"from the control point at step {step} ({failed_at - step} steps "
+                 "retrained)")
     rebuilt.metrics.write("failure", step, learners=new.size, lost=gone,
                           hosts=[old_hosts[r] for r in gone_now],
-                          recovery_s=round(time.monotonic() - t0, 3))
+                          recovery_s=round(time.monotonic() - t0, 3), **extra)
     if new.rank == 0:
-        print(f"[hadpsgd] failure: learner(s) {lost} gone at step "
-              f"{trainer.pos.global_step}; {new.size} learners go on ({new.num_nodes} nodes, "
-              f"global batch {cfg.train.batch_size * new.size}) from the control point at "
-              f"step {step} ({trainer.pos.global_step - step} steps retrained), after "
+        print(f"[hadpsgd] failure: learner(s) {lost} gone at step {failed_at}; {new.size} "
+              f"learners go on ({new.num_nodes} nodes, global batch "
+              f"{cfg.train.batch_size * new.size}) {where}, after "
               f"{time.monotonic() - t0:.2f} s: {summary}", file=sys.stdout, flush=True)
     return new, rebuilt
+
+
+def _pooled_position(world: Any, trainer: Trainer) -> tuple[int, list[int] | None, set[int]]:
+    """What the survivors know of ADPSGD's data pool (collective over ``world``).
+
+    Returns:
+        The last meeting's first untrained ticket, the epoch's ticket order, and the slots
+        the survivors trained since that meeting.
+    """
+    plan = trainer.plan
+    start = int(getattr(plan, "pool_next", 0))
+    every = ulfm.allgather_object(world, (start, list(getattr(plan, "trained", []))))
+    return (min(s for s, _ in every), getattr(plan, "order", None),
+            {slot for _, slots in every for slot in slots})
+
+
+def _place_pooled(trainer: Trainer, epoch_base: int, start: int, order: list[int] | None,
+                  trained: set[int]) -> tuple[str, int]:
+    """Position the rebuilt run's pool in the interrupted epoch (see :func:`reorder`).
+
+    ``epoch_base`` is the global step the epoch started at; a global step is one slot per
+    node, so the survivors' steps count from the slots trained, at the new node count.
+
+    Returns:
+        A summary, and the number of slots the dead learner(s) had taken since the last
+        meeting that go back to the pool.
+    """
+    pos, plan = trainer.pos, trainer.plan
+    if not hasattr(plan, "pool_next"):  # one super-learner left: the shards, from its step
+        first = start + len(trained)
+        pos.step_in_epoch = first // trainer.topo.num_nodes
+        pos.global_step = epoch_base + pos.step_in_epoch
+        return f"carried over each learner's own replica; epoch {pos.epoch}", 0
+    slots = plan.pooled.slots
+    new_order, first = reorder(order, start, trained, slots)
+    plan.order, plan.pool_next = new_order, first
+    pos.step_in_epoch = first // trainer.topo.num_nodes  # a global step: a slot per node
+    pos.global_step = epoch_base + pos.step_in_epoch
+    # The dead learner's slots: untrained ones among the tickets the survivors went past.
+    tickets = list(order) if order is not None else list(range(slots))
+    last = max((i for i, s in enumerate(tickets) if s in trained), default=start - 1)
+    returned = sum(1 for s in tickets[start:last + 1] if s not in trained)
+    return (f"carried over each learner's own replica and optimizer state; epoch {pos.epoch}, "
+            f"{first} of {slots} slots trained"), returned
 
 
 def _continuing(cfg: RunConfig) -> RunConfig:

@@ -17,6 +17,7 @@ from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
 from hadpsgd.comm.objects import allgather_object, bcast_object, gather_object
 from hadpsgd.comm.pair import PairChannel
 from hadpsgd.comm.staging import wait_device
+from hadpsgd.comm.ulfm import raise_if_revoked
 
 if TYPE_CHECKING:
     from hadpsgd.comm.side import SideChannel
@@ -365,6 +366,11 @@ class Topology:
         """Remember communicators made after start-up (see :meth:`communicators`)."""
         self._tracked.extend(comms)
         return comms
+
+    def check_revoked(self) -> None:
+        """Raise MPI's ``ERR_REVOKED`` if a peer revoked the world after a failure (ULFM)."""
+        if self.size > 1:
+            raise_if_revoked(self.comm)
 
     def communicators(self) -> list[Any]:
         """Every MPI communicator this learner may wait on: what a failure must revoke."""

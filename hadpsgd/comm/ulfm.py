@@ -37,6 +37,24 @@ def enabled() -> bool:
             and hasattr(MPI.Comm, "Shrink") and hasattr(MPI, "ERR_PROC_FAILED"))
 
 
+def raise_if_revoked(comm: Any) -> None:
+    """Raise MPI's ``ERR_REVOKED`` if a peer revoked ``comm`` after a failure (a local check).
+
+    A learner whose own operations never involve the dead process (an ADPSGD learner that
+    only gossips with live neighbours and takes batches from the pool) learns of the failure
+    here, at its next step, instead of at the next meeting. A no-op without ULFM.
+    """
+    global _FT  # noqa: PLW0603 - decided once per process, asked every step
+    if _FT is None:
+        _FT = enabled()
+    if _FT and comm.Is_revoked():
+        MPI = mpi()  # noqa: N806
+        raise MPI.Exception(MPI.ERR_REVOKED)
+
+
+_FT: bool | None = None
+
+
 def _classes() -> set[int]:
     MPI = mpi()  # noqa: N806
     names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
@@ -105,3 +123,8 @@ def agree_min(comm: Any, value: int) -> int:
     out = np.empty(1, dtype=np.int64)
     comm.Allreduce(np.array([value], dtype=np.int64), out, op=MPI.MIN)
     return int(out[0])
+
+
+def allgather_object(comm: Any, obj: Any) -> list[Any]:
+    """Every survivor's ``obj`` (collective over ``comm``, the survivors' world)."""
+    return comm.allgather(obj)

@@ -231,6 +231,15 @@ class PooledBatchSampler(ChunkBatchSampler):
         workers prefetches: the step being trained is the oldest, not the last)."""
         self.closed = False
         """Set by :meth:`close`: the next ticket is a refusal."""
+        self.order: list[int] | None = None
+        """The slot each ticket of this epoch hands out (None: ticket ``t`` is slot ``t``).
+        Set after a failure, so that the slots a dead learner had taken come next and the
+        survivors' are not handed out again (``hadpsgd.assembly.elastic``)."""
+
+    def slot_of(self, ticket: int) -> int:
+        """The slot a ticket hands out (see :attr:`order`)."""
+        order = self.order
+        return order[ticket] if order is not None and 0 <= ticket < len(order) else ticket
 
     def close(self) -> None:
         """Take no more slots this segment (the loader still yields what it was handed)."""
@@ -255,5 +264,5 @@ class PooledBatchSampler(ChunkBatchSampler):
                 self.held = slot if slot < self.slots else None
                 return
             self.handed.append(slot)
-            lo = (slot * self.group_size + self.group_rank) * b
+            lo = (self.slot_of(slot) * self.group_size + self.group_rank) * b
             yield perm[lo:lo + b].tolist()

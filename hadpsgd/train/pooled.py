@@ -30,6 +30,34 @@ from hadpsgd.train.progress import Progress
 _NONE = np.iinfo(np.int64).max
 
 
+def reorder(order: list[int] | None, start: int, trained: set[int],
+            slots: int) -> tuple[list[int], int]:
+    """The epoch's ticket order after a failure, and the first ticket not yet trained.
+
+    After a failure (``--on-failure continue``) the survivors pool the slots each trained
+    since the last meeting (``trained``); every ticket below ``start`` (the last meeting's
+    :attr:`PooledPlan.pool_next`) was trained. The new order keeps those, puts the slots the
+    survivors trained after them, then every other slot in its old order: first those the dead
+    learner had taken (trained or not, its model is gone), then the untaken ones. So every
+    slot of the epoch is trained once by the survivors' models, none twice by them.
+
+    Args:
+        order: The ticket order so far (None: ticket ``t`` is slot ``t``).
+        start: The first ticket not known to be trained by everybody.
+        trained: The slots the survivors trained at or after ``start``.
+        slots: The slots of the epoch in the survivors' world.
+
+    Returns:
+        The new order (a permutation of ``range(slots)``) and the first ticket to hand out.
+    """
+    old = list(order) if order is not None else list(range(slots))
+    old += [s for s in range(len(old), slots)]  # a smaller world may have a longer epoch
+    done = old[:start] + [s for s in old[start:] if s in trained]
+    new = [s for s in done if s < slots] + [s for s in old[start:] if s not in trained
+                                           and s < slots]
+    return new, sum(1 for s in done if s < slots)
+
+
 class _Signals:
     """This learner's side of the shared control counters (adds only what is new)."""
 
@@ -99,6 +127,11 @@ class PooledPlan(EpochPlan):
         self.last_loss = float("nan")  # a learner that took no batch adds NaN: the guard skips
         self._signals: _Signals | None = None
         self._step = 0
+        self._slot = -1
+        self.trained: list[int] = []
+        """The slots this learner trained since the last meeting (read after a failure)."""
+        self.order: list[int] | None = None
+        """The interrupted epoch's ticket order after a failure (see :func:`reorder`)."""
 
     @property
     def pooled(self) -> PooledBatchSampler:
@@ -112,12 +145,14 @@ class PooledPlan(EpochPlan):
         sampler = self.pooled
         self.epoch_base = pos.global_step - pos.step_in_epoch
         sampler.set_epoch(pos.epoch)
+        sampler.order = self.order
         sampler.held = None
         sampler.handed.clear()
         self.pool.reset([self.pool_next, 0, 0, 0, 0])
         self._signals = _Signals(self.pool, self.control_point, self.opts.max_nonfinite)
         self.local = 0
         self.last_loss = float("nan")
+        self.trained.clear()
 
     def segment(self, pos: Any, loader: Any) -> Iterator[Any] | None:
         """Hand out slots up to the next meeting: a checkpoint, ``--max-steps`` or epoch end.
@@ -139,6 +174,7 @@ class PooledPlan(EpochPlan):
         """The global step of the slot just handed out, and its key in the chunk trace."""
         sampler = self.pooled
         slot = sampler.handed.popleft()
+        self._slot = sampler.slot_of(slot)
         step = self.epoch_base + slot // self.topo.num_nodes + 1
         self._step = step
         trace_key = (pos.epoch * sampler.slots + slot) * self.topo.local_size
@@ -148,6 +184,7 @@ class PooledPlan(EpochPlan):
         """Count this learner's batches (the position is agreed at the meeting)."""
         self.local += 1
         self.last_loss = loss
+        self.trained.append(self._slot)
         return self.local
 
     def control(self, loss: float, log: bool, progress: Progress, pos: Any, lr: float) -> bool:
@@ -182,6 +219,7 @@ class PooledPlan(EpochPlan):
         lowest = min(self.topo.allgather_object(held))  # after it, nobody takes a slot
         taken = int(self.pool.read()[SLOT_NEXT])
         self.pool_next = min(lowest, taken, sampler.slots)
+        self.trained.clear()  # every slot below pool_next is trained, none above it
         pos.step_in_epoch = self.pool_next // self.topo.num_nodes
         pos.global_step = self.epoch_base + pos.step_in_epoch
         self._log_learners(pos)
@@ -208,16 +246,22 @@ class PooledPlan(EpochPlan):
         return bool(self.opts.checkpoint_every) and self.pool_next == self.end
 
     def end_epoch(self) -> None:
-        """The next epoch starts at its first slot."""
+        """The next epoch starts at its first slot, in index order."""
         self.pool_next = 0
+        self.order = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the pool stands: every slot below it trained."""
-        return {"pool_next": self.pool_next}
+        """Where the pool stands: every ticket below it trained (and the order, if changed)."""
+        state: dict[str, Any] = {"pool_next": self.pool_next}
+        if self.order is not None:
+            state["pool_order"] = list(self.order)
+        return state
 
     def load_state_dict(self, state: dict[str, Any], pos: Any) -> None:
         """The epoch's untrained slots start here (older checkpoints: from the position)."""
         self.pool_next = int(state.get("pool_next", pos.step_in_epoch * self.topo.num_nodes))
+        order = state.get("pool_order")
+        self.order = [int(s) for s in order] if order is not None else None
 
     def close(self) -> None:
         """Release the shared data pool (collective)."""

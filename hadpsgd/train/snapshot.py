@@ -32,6 +32,25 @@ def _host_copy(obj: Any) -> Any:
     return obj
 
 
+def learner_state(trainer: Any, model: Any = None) -> dict[str, Any]:
+    """A host copy of what continuing needs, taken now.
+
+    ``model``'s weights (default: this learner's own replica, as it is now), the optimizer's
+    state, the position and the held-out history. Taken without any communication, so it
+    also serves after a failure, when the replicas of an asynchronous algorithm (ADPSGD) go
+    on as they are.
+    """
+    algo = trainer.algo
+    return {
+        "model": _host_copy((model or algo.model).state_dict()),
+        "algo": {"optimizer": _host_copy(algo.optimizer.state_dict())},
+        "progress": asdict(trainer.pos),
+        "history": [asdict(r) for r in trainer.history],
+        "world_size": trainer.topo.size,
+        "config": trainer.config,
+    }
+
+
 class Snapshots:
     """The last two snapshots of a learner, by global step."""
 
@@ -44,18 +63,9 @@ class Snapshots:
         Args:
             trainer: The :class:`hadpsgd.train.loop.Trainer` (not imported: it imports this).
         """
-        algo = trainer.algo
-        with algo.evaluation_parameters() as model:
+        with trainer.algo.evaluation_parameters() as model:
             # The deployable model: BMUF's global model, the replica elsewhere.
-            weights = _host_copy(model.state_dict())
-        state = {
-            "model": weights,
-            "algo": {"optimizer": _host_copy(algo.optimizer.state_dict())},
-            "progress": asdict(trainer.pos),
-            "history": [asdict(r) for r in trainer.history],
-            "world_size": trainer.topo.size,
-            "config": trainer.config,
-        }
+            state = learner_state(trainer, model)
         self._kept.append((trainer.pos.global_step, state))
 
     @property

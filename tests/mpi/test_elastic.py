@@ -109,6 +109,37 @@ def test_bmuf_super_learner_that_lost_a_member_leaves_and_the_others_go_on(tiny_
     assert _records(out, "eval")[-1]["step"] == 24
 
 
+def test_adpsgd_goes_on_from_its_replicas_and_trains_every_chunk_once(tiny_data, tmp_path):
+    """Flat ADPSGD on 4 learners, rank 2 SIGKILLed at its step 10 of a one-epoch run: the 3
+    survivors go on from their own replicas with the ring re-formed, the slots the dead had
+    taken go back to the pool, and over the epoch the survivors train every chunk exactly
+    once (the dead learner's chunks included, none twice)."""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--algo", "adpsgd", "--super-learner-size", "1",
+                  "--epochs", "1", fault="kind=kill,rank=2,step=10")
+    assert res.returncode == 0, res.output[-4000:]
+    assert "failure: learner(s) rank 2" in res.stdout and "3 learners go on" in res.stdout
+    failure, = _records(out, "failure")
+    assert failure["learners"] == 3 and failure["lost"] == [2]
+    assert failure["returned_slots"] >= 1  # at least the slot the dead one held
+    assert _final_world(out) == 3
+    survivors: Counter = Counter()
+    dead: set[int] = set()
+    for path in (out / "trace").glob("chunks-rank*.jsonl"):
+        rank = int(path.stem.removeprefix("chunks-rank"))
+        for rec in map(json.loads, path.read_text().splitlines()):
+            if rank == 2:
+                dead.update(rec["chunks"])
+            else:
+                survivors.update(rec["chunks"])
+    from hadpsgd.data import ChunkDataset
+
+    total = len(ChunkDataset(tiny_data[0], 21))
+    assert max(survivors.values()) == 1  # no survivor's chunk twice
+    assert dead <= set(survivors)  # the dead learner's chunks were trained again
+    assert total - len(survivors) < 3 * 2  # only the last incomplete global batch
+
+
 def test_below_min_learners_the_job_stops_in_bounded_time(tiny_data, tmp_path):
     """With --min-learners 2 of 2, one death ends the job as without the option (exit 1),
     naming the dead rank and the resume."""
