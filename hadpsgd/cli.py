@@ -17,6 +17,32 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+_LAUNCH_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+def launch_rank() -> int:
+    """The rank ``mpirun`` gave this process (0 outside a launcher)."""
+    import os
+
+    for name in _LAUNCH_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class RankParser(argparse.ArgumentParser):
+    """An argument parser whose errors only the launch's rank 0 prints.
+
+    Under ``mpirun`` every rank parses the same command line and refuses it alike (exit 2,
+    before MPI starts): one copy of the usage and the error is enough, not one per rank.
+    """
+
+    def error(self, message: str) -> typing.NoReturn:  # noqa: D102
+        if launch_rank() != 0:
+            self.exit(2)
+        super().error(message)
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the option and the fix."""

@@ -17,6 +17,7 @@ from hadpsgd import algorithms
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GRAD_WIRES
 from hadpsgd.cli import (
     ConfigError,
+    RankParser,
     add_arguments,
     check_finite,
     field_docs,
@@ -189,18 +190,23 @@ class TrainConfig:
     --out-dir (corrupted or incomplete ones are reported and skipped)."""
     overwrite: bool = False
     """Start afresh in an --out-dir that already holds a run, deleting its config.json,
-    metrics.jsonl, checkpoints/ and tb/ first (without it such a start is refused: continue
-    the run with --resume auto, or choose another --out-dir)."""
+    metrics.jsonl, train.log, checkpoints/ and tb/ first (without it such a start is refused:
+    continue the run with --resume auto, or choose another --out-dir)."""
     allow_resume_change: str | None = field(default=None, metadata={"const": "all"})
     """A resume runs the run's own configuration: a flag given on it that differs from the
     run's is refused, except --epochs, --max-steps, --log-every, --progress, --tensorboard,
-    --checkpoint-every, --keep-checkpoints, --num-workers and --max-nonfinite. This lets the
-    flags it names (comma-separated, e.g. lr,batch-size; np for another number of ranks), or
-    all of them (the flag alone), differ. Another -np, --algo, --optimizer or --batch-size
-    carries over the deployable model (and optimizer state if the optimizer matches) and the
-    epoch position; the algorithm's own state starts afresh, so the result is not exact."""
+    --checkpoint-every, --keep-checkpoints, --keep-best, --num-workers and --max-nonfinite.
+    This lets the flags it names (comma-separated, e.g. lr,batch-size; np for another number
+    of ranks), or all of them (the flag alone), differ. Another -np, --algo, --optimizer or
+    --batch-size carries over the deployable model (and optimizer state if the optimizer
+    matches) and the epoch position; the algorithm's own state starts afresh, so the result
+    is not exact."""
     keep_checkpoints: int = 3
     """Keep only the newest this many checkpoints in --out-dir (0 keeps all)."""
+    keep_best: int = 1
+    """Besides the newest --keep-checkpoints, never delete this many checkpoints with the
+    lowest held-out loss (those written after an evaluation: each epoch's end and the run's);
+    checkpoints/best.json lists every scored checkpoint, best first (0: only the newest)."""
     control_every: int = 10
     """Every this many steps the ranks agree (one tiny allreduce) on stop requests from
     signals and on non-finite steps; a SIGTERM/SIGINT/SIGUSR1 takes effect at the next one."""
@@ -249,8 +255,8 @@ class TrainConfig:
             )
         _positive(self, "epochs", "batch_size", "log_every")
         _positive(self, "control_every")
-        _positive(self, "max_steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite",
-                  allow_zero=True)
+        _positive(self, "max_steps", "checkpoint_every", "keep_checkpoints", "keep_best",
+                  "max_nonfinite", allow_zero=True)
         if self.max_loss_ratio and self.max_loss_ratio <= 1.0:
             raise ConfigError(f"--max-loss-ratio must be > 1 (or 0 to disable the divergence "
                               f"check), got {self.max_loss_ratio}")
@@ -406,7 +412,7 @@ def _foreign_options(ns: argparse.Namespace, algo: str) -> list[str]:
 
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     """Parse the command line into a validated :class:`RunConfig` (exits 2 on bad input)."""
-    parser = argparse.ArgumentParser(
+    parser = RankParser(
         prog="python -m hadpsgd.run", allow_abbrev=False,
         description="Train the SWB BLSTM with SSGD, ADPSGD / H-ADPSGD or BMUF over MPI. "
                     "Launch with mpirun (one process per learner). Algorithms: "

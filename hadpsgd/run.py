@@ -26,6 +26,7 @@ from hadpsgd.assembly.footprint import (
     startup_line,
 )
 from hadpsgd.assembly.runlock import release_runs
+from hadpsgd.assembly.runlog import CONSOLE
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig, parse_config
@@ -62,6 +63,9 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     if cfg.train.resume:
         check_layout(cfg, topo)  # another -np or layout: refused before anything is written
     trainer = build_trainer(cfg, topo)
+    if topo.rank == 0:  # the run directory stands: rank 0's console goes to train.log too
+        CONSOLE.attach(trainer.ckpt_dir.parent, f"resume (--resume {cfg.train.resume})"
+                       if cfg.train.resume else "start")
     if cfg.train.resume:
         resume(trainer, cfg, topo)
     clock.mark("data, model and algorithm")
@@ -128,7 +132,8 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
               f"{first.loss:.4f} (first evaluation) -> {last.loss:.4f} (last), frame accuracy "
               f"{last.accuracy:.4f}{speech_note(last)}\n[hadpsgd] metrics: {trainer.metrics.path}\n"
               f"[hadpsgd] checkpoint: {trainer.last_checkpoint}\n"
-              f"[hadpsgd] config: {out / 'config.json'}"
+              f"[hadpsgd] config: {out / 'config.json'}\n"
+              f"[hadpsgd] log: {out / 'train.log'}; plot: python -m hadpsgd.plot {out}"
               + (f"\n[hadpsgd] tensorboard: tensorboard --logdir {out / 'tb'}"
                  if (out / "tb").is_dir() else ""), flush=True)
 
@@ -142,6 +147,27 @@ def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: boo
     if topo.size > 1:
         topo.abort(code)  # the peers may be blocked in a collective this rank never joins
     return code
+
+
+def _user_error(err: BaseException, topo: comm.Topology) -> int:
+    """A user error before training: said once and exit 2 where every rank found it.
+
+    Every rank checks the same flags and files, so usually every rank refuses alike: then
+    rank 0 says it once (and any other message once, with the ranks that gave it) and every
+    rank exits 2 cleanly, without an abort banner. Where some rank did not refuse within a
+    few seconds, the job is aborted as for any other failure (its peers may wait for it).
+    """
+    every = topo.every_rank_failed(str(err) or type(err).__name__)
+    if every is None:
+        return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
+    if topo.rank == 0:
+        by_message: dict[str, list[int]] = {}
+        for rank, message in enumerate(every):
+            by_message.setdefault(message, []).append(rank)
+        for message, ranks in by_message.items():
+            where = "" if len(by_message) == 1 else f"rank(s) {', '.join(map(str, ranks))}: "
+            print(f"hadpsgd: error: {where}{message}", file=sys.stderr, flush=True)
+    return EXIT_USER_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     clock.mark("MPI and communicators")
+    if topo.rank == 0:
+        CONSOLE.install()  # kept in memory until the run directory stands (train.log)
     FLAG.install()
     warnings.formatwarning = _format_warning
     try:
@@ -175,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_failure_mode(cfg, topo)
             trainer = _setup(cfg, topo, clock)
         except USER_ERRORS as err:
-            return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
+            return _user_error(err, topo)
         started = topo.size
         while True:
             try:
@@ -187,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # The survivors drop the dead learner(s) and go on (hadpsgd.assembly.elastic).
                 _SURVIVED = True
                 topo, trainer = recover(cfg, topo, trainer, err, started)
+                if topo.rank == 0 and not CONSOLE.installed:  # rank 0 is now this learner
+                    CONSOLE.install()
+                    CONSOLE.attach(trainer.ckpt_dir.parent, "continued by this learner as "
+                                   "rank 0 after a failure")
     except NonFiniteError as err:
         return _fail(err, topo, EXIT_DIVERGED, traceback_too=False)
     except comm.CommTimeoutError as err:  # the message names the peer and what it was doing
@@ -211,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         FLAG.uninstall()
         release_runs()  # the run directory is free for the next run (as at process exit)
+        CONSOLE.close()
     topo.close()
     return EXIT_STOPPED if trainer.stopped_by else EXIT_OK
 

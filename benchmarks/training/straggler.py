@@ -43,9 +43,14 @@ def ideal(groups: int, k: float) -> float:
 
 
 def train_seconds(metrics: Path) -> float:
-    """Seconds between the first and the last held-out evaluation of a run."""
-    times = [json.loads(ln)["time"] for ln in metrics.read_text().splitlines()
-             if '"kind": "eval"' in ln]
+    """Seconds between the first and the last held-out evaluation after a training epoch.
+
+    The evaluation before training (step 0) is left out: the span starts after the first
+    epoch, which holds the start-up's warm-up, as it did before that evaluation existed.
+    """
+    records = [json.loads(ln) for ln in metrics.read_text().splitlines()
+               if '"kind": "eval"' in ln]
+    times = [r["time"] for r in records if r.get("step") != 0]
     if len(times) < 2:
         raise SystemExit(f"{metrics}: fewer than two evaluations; use --epochs >= 2")
     return times[-1] - times[0]

@@ -16,6 +16,7 @@ from pathlib import Path
 from hadpsgd.comm import Topology
 from hadpsgd.config import RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
+from hadpsgd.data.pipeline import cmvn_mismatch
 from hadpsgd.data.validate import VALIDATE_COMMAND, nonfinite_error, path_problem, scan_frames
 
 
@@ -36,6 +37,9 @@ def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDatase
             f"{heldout_path} has {heldout_set.file.num_classes} classes but {train_path} has "
             f"{train_set.file.num_classes}; both splits must share one label set"
         )
+    mismatch = cmvn_mismatch(train_path, heldout_path)  # the Kaldi imports' CMVN records
+    if mismatch is not None:
+        raise FeatureFileError(mismatch)
     check_steps(train_set, cfg.train.batch_size, topo.size)
     files = [train_set.file, heldout_set.file]
     if topo.rank == 0:

@@ -29,7 +29,7 @@ from hadpsgd.train.checkpoint import (
 )
 
 MAY_CHANGE = ("epochs", "max_steps", "log_every", "progress", "tensorboard", "checkpoint_every",
-              "keep_checkpoints", "num_workers", "max_nonfinite")
+              "keep_checkpoints", "keep_best", "num_workers", "max_nonfinite")
 """Options a resume may change freely: how long, how often it logs and checkpoints, how many
 loader workers, and how many non-finite steps it tolerates from now on. None changes what
 the steps compute."""

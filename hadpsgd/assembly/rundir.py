@@ -14,8 +14,9 @@ import os
 import shutil
 from pathlib import Path
 
-RUN_FILES = ("config.json", "metrics.jsonl", "priors.json")
-"""Files of a run directory that hadpsgd writes (besides the two folders below)."""
+RUN_FILES = ("config.json", "metrics.jsonl", "priors.json", "train.log", "plot.png")
+"""Files of a run directory that hadpsgd writes (besides the two folders below): the log of
+rank 0's console (:mod:`hadpsgd.assembly.runlog`) and ``python -m hadpsgd.plot``'s figure too."""
 RUN_DIRS = ("checkpoints", "tb")
 """Folders of a run directory that hadpsgd writes: checkpoints and TensorBoard events."""
 

@@ -299,7 +299,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
         reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
         placement=placement, hosts=[label.partition(":")[0] for label in labels], notes=notes,
-        launch_ranks=launch_ranks,
+        launch_ranks=launch_ranks, _errors=world.Dup() if size > 1 else None,
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

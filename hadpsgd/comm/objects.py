@@ -96,3 +96,25 @@ def allgather_object(comm: Any, watchdog: Watchdog, obj: Any,
                   group)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     return [pickle.loads(out[bounds[i]:bounds[i + 1]].tobytes()) for i in range(size)]
+
+
+def every_rank_failed(comm: Any, message: str, wait_s: float) -> list[str] | None:
+    """Every rank's ``message`` if every rank of ``comm`` calls this within ``wait_s``.
+
+    For an error before training (a bad flag, a run directory in use): every rank usually
+    finds it alike, and can then say it once and exit cleanly instead of aborting the job.
+    ``comm`` is a communicator used for nothing else, so that a rank that went on elsewhere
+    (and never comes) leaves no collective mismatched: the caller then aborts as usual.
+
+    Returns:
+        The messages by rank, or None if some rank did not come within ``wait_s``.
+    """
+    import time
+
+    request = comm.Ibarrier()
+    end = time.monotonic() + wait_s
+    while not request.Test():
+        if time.monotonic() > end:
+            return None  # the barrier stays pending: the job is about to be aborted
+        time.sleep(0.005)
+    return comm.allgather(message)

@@ -14,7 +14,12 @@ from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hierarchical import ReducePath, Reducer, Route
 from hadpsgd.comm.mpi import MPI_NATIVE, abort_job
-from hadpsgd.comm.objects import allgather_object, bcast_object, gather_object
+from hadpsgd.comm.objects import (
+    allgather_object,
+    bcast_object,
+    every_rank_failed,
+    gather_object,
+)
 from hadpsgd.comm.pair import PairChannel
 from hadpsgd.comm.staging import wait_device
 from hadpsgd.comm.ulfm import raise_if_revoked
@@ -95,6 +100,8 @@ class Topology:
     survivors of a failure renumber themselves (``hadpsgd.comm.ulfm``)."""
     _tracked: list[Any] = field(repr=False, default_factory=list)
     """Communicators made after start-up (channels, counters): revoked with the rest."""
+    _errors: Any = field(repr=False, default=None)
+    """A communicator for nothing but :meth:`every_rank_failed`."""
 
     # ------------------------------------------------------------------ layout
     @property
@@ -366,6 +373,17 @@ class Topology:
         """Remember communicators made after start-up (see :meth:`communicators`)."""
         self._tracked.extend(comms)
         return comms
+
+    def every_rank_failed(self, message: str, wait_s: float = 3.0) -> list[str] | None:
+        """Every learner's error message, if every learner failed before training (bounded).
+
+        Returns:
+            The messages by rank; None if some learner did not report an error within
+            ``wait_s`` seconds (it went on, or failed elsewhere): then abort as usual.
+        """
+        if self.size == 1 or self._errors is None:
+            return [message]
+        return every_rank_failed(self._errors, message, wait_s)
 
     def check_revoked(self) -> None:
         """Raise MPI's ``ERR_REVOKED`` if a peer revoked the world after a failure (ULFM)."""

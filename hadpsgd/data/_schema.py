@@ -13,7 +13,8 @@ dataset        dtype / shape                 meaning
 
 File attributes: ``num_classes``, ``feat_dim``, ``format_version`` (= :data:`FORMAT_VERSION`);
 optional ``silence_classes`` (int32 ``[S]``): the classes that are silence, so evaluation can
-report the accuracy on speech frames apart (:data:`SILENCE_CLASSES`).
+report the accuracy on speech frames apart (:data:`SILENCE_CLASSES`); optional ``pipeline``
+(JSON): what the Kaldi import did to the features (:data:`PIPELINE`).
 
 Its names and version live here, shared by the reader and the writer; kept in a module of
 its own so that :mod:`hadpsgd.data.reader` and
@@ -41,6 +42,9 @@ SILENCE_CLASSES = "silence_classes"
 """Optional file attribute: the class ids of silence (a Kaldi silence phone has several pdfs).
 A quarter of a speech corpus's frames can be silence, which frame accuracy then mostly
 measures; held-out evaluation reports the accuracy over the other frames beside it."""
+PIPELINE = "pipeline"
+"""Optional file attribute: the Kaldi import's record of every transformation of the raw
+features (CMVN, normalisation statistics, class count), JSON (:mod:`hadpsgd.data.pipeline`)."""
 NORM_MEAN = "norm/mean"
 NORM_STD = "norm/std"
 REQUIRED_DATASETS = (FEATS, LABELS, OFFSETS, UTT_IDS)

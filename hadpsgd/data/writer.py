@@ -167,12 +167,15 @@ class FeatureWriter:
         std[std < _MIN_STD] = 1.0
         return self._mean.astype(np.float32), std.astype(np.float32)
 
-    def commit(self, norm: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def commit(self, norm: tuple[np.ndarray, np.ndarray] | None = None,
+               attrs: dict[str, str] | None = None) -> None:
         """Write the index and attributes and move the file to its final name.
 
         Args:
             norm: Optional ``(mean, std)``, each ``[feat_dim]``, stored as ``norm/mean`` and
                 ``norm/std``; readers normalise frames with them.
+            attrs: More file attributes, e.g. the Kaldi import's ``pipeline`` record; in the
+                file when it appears under its name, never after.
 
         Raises:
             ValueError: If no utterance was appended or ``norm`` is malformed; the temporary
@@ -193,6 +196,7 @@ class FeatureWriter:
             h5.attrs["feat_dim"] = self.feat_dim
             if self.silence_classes:
                 h5.attrs[SILENCE_CLASSES] = np.asarray(self.silence_classes, dtype=np.int32)
+            h5.attrs.update(attrs or {})
             # append() checked every frame and label: say so, for the readers to trust, with
             # the fingerprint that tells them whether the data is still what was checked.
             h5.attrs[VALIDATED] = json.dumps(stamp(

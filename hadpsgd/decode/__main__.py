@@ -1,9 +1,13 @@
-"""Decode frame log-likelihoods of the digit set and score them (``python -m hadpsgd.decode``).
+"""Decode frame log-likelihoods and score them (``python -m hadpsgd.decode``).
 
 usage: python -m hadpsgd.decode LOGLIKES [--refs utt-id|none|FILE] [--acoustic-scale A]
            [--beam B] [--self-loop-prob P | --durations-from TRAIN.h5] [--word-penalty W]
-           [--hyps OUT.txt] [--json OUT.json]
+           [--graph HCLG.fst --words words.txt] [--hyps OUT.txt] [--json OUT.json]
 
+Through the digit-loop graph of the digit set by default, or a user's graph (``--graph``,
+input labels class id + 1: :mod:`hadpsgd.decode.user_graph`). The word penalty's default
+follows the kind of scores the input records (the forward pass's ``kind``): 4 for
+pseudo-log-likelihoods, 0 for log-posteriors (:data:`hadpsgd.decode.graph.DEFAULT_WORD_PENALTY`).
 Prints Kaldi ``compute-wer``'s summary (%WER, %SER, sentences scored) on stdout and the decode
 time on stderr. Exit status 0, or 2 for a user's error (a missing or malformed file, a bad
 flag), with one line naming it and the fix. docs/decode.md has the graph and the measurements
@@ -74,36 +78,48 @@ def build_parser() -> argparse.ArgumentParser:
     from hadpsgd.decode.search import DEFAULT_ACOUSTIC_SCALE, DEFAULT_BEAM, DEFAULT_MAX_ACTIVE
 
     parser = argparse.ArgumentParser(
-        prog=_PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Viterbi-decode per-utterance frame log-likelihoods of the connected-digit "
-                    "set through a digit-loop HMM graph and report the word error rate.")
+        prog=_PROG,
+        description="Viterbi-decode per-utterance frame log-likelihoods through the "
+                    "connected-digit loop (or a user's --graph) and report the word error "
+                    "rate.")
     parser.add_argument("loglikes", metavar="LOGLIKES",
-                        help="the matrices [frames, 31]: a Kaldi rspecifier (ark:FILE.ark, "
+                        help="the matrices [frames, classes]: a Kaldi rspecifier (ark:FILE.ark, "
                              "scp:FILE.scp, ark,scp:A.ark,A.scp) or an HDF5 file (datasets "
                              "loglikes or feats, offsets, utt_ids)")
-    parser.add_argument("--refs", default="utt-id", metavar="utt-id|none|FILE",
+    parser.add_argument("--refs", default=None, metavar="utt-id|none|FILE",
                         help="references: 'utt-id' takes the digits an utterance id ends with "
                              "(...-4821 is 4 8 2 1), FILE is a Kaldi text file ('utt word "
-                             "word ...'), 'none' decodes without scoring")
+                             "word ...'), 'none' decodes without scoring (default: utt-id, "
+                             "none with --graph)")
     parser.add_argument("--acoustic-scale", type=_positive, default=DEFAULT_ACOUSTIC_SCALE,
                         metavar="A", help="factor on the log-likelihoods against the graph's "
-                                          "log-probabilities")
+                                          f"log-probabilities (default {DEFAULT_ACOUSTIC_SCALE})")
     parser.add_argument("--beam", type=_positive, default=DEFAULT_BEAM, metavar="B",
-                        help="search beam in cost units (negative scaled log-probability)")
+                        help="search beam in cost units (negative scaled log-probability; "
+                             f"default {DEFAULT_BEAM:g})")
     parser.add_argument("--max-active", type=int, default=DEFAULT_MAX_ACTIVE, metavar="N",
-                        help="the most active graph states kept per frame")
+                        help="the most active graph states kept per frame (default "
+                             f"{DEFAULT_MAX_ACTIVE})")
     loops = parser.add_mutually_exclusive_group()
-    loops.add_argument("--self-loop-prob", type=_probability, default=DEFAULT_SELF_LOOP_PROB,
-                       metavar="P", help="every HMM state's self-loop probability (mean stay "
-                                         "1/(1-P) frames)")
+    loops.add_argument("--self-loop-prob", type=_probability, default=None, metavar="P",
+                       help="every HMM state's self-loop probability (mean stay 1/(1-P) "
+                            f"frames; default {DEFAULT_SELF_LOOP_PROB})")
     loops.add_argument("--durations-from", metavar="TRAIN.h5",
                        help="estimate each class's self-loop probability from the mean state "
                             "durations of this feature file's frame labels instead")
-    parser.add_argument("--silence-prob", type=_probability, default=DEFAULT_SILENCE_PROB,
-                        metavar="S", help="probability of silence before the first and after "
-                                          "each word")
-    parser.add_argument("--word-penalty", type=_finite, default=0.0, metavar="W",
-                        help="cost added per word (positive: fewer insertions, more deletions)")
+    parser.add_argument("--silence-prob", type=_probability, default=None, metavar="S",
+                        help="probability of silence before the first and after each word "
+                             f"(default {DEFAULT_SILENCE_PROB})")
+    parser.add_argument("--word-penalty", type=_finite, default=None, metavar="W",
+                        help="cost added per word (positive: fewer insertions, more "
+                             "deletions; default 4 for pseudo-log-likelihoods, 0 for "
+                             "log-posteriors or scores of unknown kind)")
+    parser.add_argument("--graph", metavar="HCLG.fst",
+                        help="decode through this FST instead of the digit loop: input labels "
+                             "class id + 1 (0: epsilon), output labels word ids of --words "
+                             "(docs/kaldi.md)")
+    parser.add_argument("--words", metavar="words.txt",
+                        help="the graph's word symbol table ('word id' per line); with --graph")
     parser.add_argument("--hyps", metavar="OUT.txt",
                         help="write the hypotheses here as a Kaldi text file")
     parser.add_argument("--json", metavar="OUT.json",
@@ -127,7 +143,9 @@ def _missing_packages() -> str | None:
 def _self_loop_probs(args: argparse.Namespace) -> Any:
     """``--self-loop-prob``, or per-class estimates from ``--durations-from``'s labels."""
     if args.durations_from is None:
-        return args.self_loop_prob
+        from hadpsgd.decode.graph import DEFAULT_SELF_LOOP_PROB
+
+        return DEFAULT_SELF_LOOP_PROB if args.self_loop_prob is None else args.self_loop_prob
     import h5py
     import numpy as np
 
@@ -158,10 +176,46 @@ def _writing(path: str, what: str) -> Iterator[None]:
                          "path") from None
 
 
+def _user_graph(args: argparse.Namespace) -> Any:
+    """The user's ``--graph`` (None: the digit loop), after refusing flags that do not fit."""
+    if args.graph is None:
+        if args.words is not None:
+            raise UsageError("--words goes with --graph (the digit loop's words are 0..9); "
+                             "drop it, or pass the graph")
+        return None
+    if args.words is None:
+        raise UsageError(f"--graph {args.graph} needs --words words.txt, the word symbol "
+                         "table its output labels index")
+    digit_only = [flag for flag, value in (
+        ("--self-loop-prob", args.self_loop_prob), ("--durations-from", args.durations_from),
+        ("--silence-prob", args.silence_prob), ("--word-penalty", args.word_penalty))
+        if value is not None]
+    if digit_only:
+        raise UsageError(f"{', '.join(digit_only)} shape the digit-loop graph; a --graph "
+                         "carries its own transition, silence and word costs (build them into "
+                         "it); drop them")
+    from hadpsgd.decode.user_graph import load_graph
+
+    return load_graph(args.graph, args.words)
+
+
+def _settings_line(kind: str | None, kind_from: str, scale: float, penalty: float,
+                   defaulted: bool, user: bool) -> str:
+    """What the scores are and which scale and penalty they get, for stderr."""
+    line = f"scores: {kind or 'kind unknown'} ({kind_from}); acoustic scale {scale:g}"
+    if user:
+        return line
+    line += f", word penalty {penalty:g}"
+    if defaulted:
+        line += (" (the default for this kind)" if kind else
+                 " (pass --word-penalty 4 if these are pseudo-log-likelihoods)")
+    return line
+
+
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from hadpsgd.decode.graph import build_graph
+    from hadpsgd.decode.graph import DEFAULT_SILENCE_PROB, DEFAULT_WORD_PENALTY, build_graph
     from hadpsgd.decode.loglikes import LoglikesReader
     from hadpsgd.decode.search import Decoder
     from hadpsgd.decode.wer import read_text, reference_from_utt_id, score, write_text
@@ -170,12 +224,24 @@ def _run(args: argparse.Namespace) -> int:
         # Found before decoding, not after it.
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: its directory does not exist; create it first")
-    refs = read_text(args.refs) if args.refs not in ("utt-id", "none") else {}
-    reader = LoglikesReader(args.loglikes, NUM_CLASSES)
-    graph = build_graph(NUM_CLASSES, STATES_PER_WORD, SILENCE_CLASS,
-                        self_loop_prob=_self_loop_probs(args), silence_prob=args.silence_prob,
-                        word_penalty=args.word_penalty)
-    decoder = Decoder(graph, args.acoustic_scale, args.beam, args.max_active)
+    user = _user_graph(args)
+    refs_mode = args.refs or ("none" if user is not None else "utt-id")
+    refs = read_text(refs_mode) if refs_mode not in ("utt-id", "none") else {}
+    reader = LoglikesReader(args.loglikes, None if user is not None else NUM_CLASSES)
+    penalty = (args.word_penalty if args.word_penalty is not None
+               else DEFAULT_WORD_PENALTY[reader.kind])
+    silence_prob = DEFAULT_SILENCE_PROB if args.silence_prob is None else args.silence_prob
+    decoder = None
+    if user is None:
+        graph = build_graph(NUM_CLASSES, STATES_PER_WORD, SILENCE_CLASS,
+                            self_loop_prob=_self_loop_probs(args), silence_prob=silence_prob,
+                            word_penalty=penalty)
+        decoder = Decoder(graph, args.acoustic_scale, args.beam, args.max_active)
+    elif reader.num_classes is not None:  # an HDF5 file: the graph is checked before decoding
+        decoder = Decoder(user.fitted(reader.num_classes), args.acoustic_scale, args.beam,
+                          args.max_active)
+    print(_settings_line(reader.kind, reader.kind_from, args.acoustic_scale, penalty,
+                         args.word_penalty is None, user is not None), file=sys.stderr)
     hyps: dict[str, tuple[str, ...]] = {}
     not_final: list[str] = []
     frames, seconds = 0, 0.0
@@ -186,8 +252,11 @@ def _run(args: argparse.Namespace) -> int:
             if utt in hyps:
                 raise UsageError(f"utterance {utt!r} appears twice in {args.loglikes}; write "
                                  "each utterance once")
-            if args.refs == "utt-id":
+            if refs_mode == "utt-id":
                 refs[utt] = reference_from_utt_id(utt)  # fails at the first id without digits
+            if decoder is None:  # a Kaldi table: its first matrix tells the model's classes
+                decoder = Decoder(user.fitted(matrix.shape[1]), args.acoustic_scale,
+                                  args.beam, args.max_active)
             start = time.perf_counter()
             hyp = decoder.decode(matrix)
             seconds += time.perf_counter() - start
@@ -200,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.hyps:
         with _writing(args.hyps, "hypotheses"):
             write_text(args.hyps, hyps)
-    result = score(refs, hyps) if args.refs != "none" else None
+    result = score(refs, hyps) if refs_mode != "none" else None
     if result is not None:
         print(result.summary())
     per_utt_ms = 1000.0 * seconds / len(hyps)
@@ -212,14 +281,17 @@ def _run(args: argparse.Namespace) -> int:
               f"(e.g. {not_final[0]}); their best partial path was used; try a larger --beam",
               file=sys.stderr)
     if args.json:
-        report = {"loglikes": args.loglikes, "refs": args.refs,
+        digits = user is None
+        report = {"loglikes": args.loglikes, "refs": refs_mode,
+                  "kind": reader.kind, "kind_from": reader.kind_from,
                   "settings": {"acoustic_scale": args.acoustic_scale, "beam": args.beam,
                                "max_active": args.max_active,
-                               "self_loop_prob": None if args.durations_from
-                               else args.self_loop_prob,
+                               "graph": args.graph, "words": args.words,
+                               "self_loop_prob": _self_loop_probs(args) if digits
+                               and args.durations_from is None else None,
                                "durations_from": args.durations_from,
-                               "silence_prob": args.silence_prob,
-                               "word_penalty": args.word_penalty},
+                               "silence_prob": silence_prob if digits else None,
+                               "word_penalty": penalty if digits else None},
                   "utterances": len(hyps), "frames": frames, "decode_seconds": seconds,
                   "ms_per_utterance": per_utt_ms, "real_time_factor": rtf,
                   "not_final": not_final,
@@ -241,11 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_USER_ERROR
     from hadpsgd.decode.loglikes import LoglikesError
+    from hadpsgd.decode.user_graph import GraphError
     from hadpsgd.decode.wer import ReferencesError
 
     try:
         return _run(args)
-    except (UsageError, LoglikesError, ReferencesError) as exc:
+    except (UsageError, LoglikesError, ReferencesError, GraphError) as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
 

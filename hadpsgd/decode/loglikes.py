@@ -16,10 +16,17 @@ Sources:
 Every matrix is checked for its shape and for NaN / +inf (``-inf``, a zero probability, is
 allowed) before it is decoded; a problem is a :class:`LoglikesError` naming the source, the
 utterance and the fix.
+
+What the matrices hold, log-posteriors or pseudo-log-likelihoods (:attr:`LoglikesReader.kind`),
+is read from the HDF5 file's ``kind`` attribute or, for a Kaldi table, from the sidecar
+``python -m hadpsgd.forward`` writes beside each file it names: ``FILE.json``
+(:func:`sidecar_of`, e.g. ``ll.scp.json``), whose ``bytes`` must still be the file's size (a
+file written again by another tool leaves a stale sidecar, which is then not believed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -30,8 +37,15 @@ import h5py
 import numpy as np
 
 LOGLIKES, FEATS, OFFSETS, UTT_IDS = "loglikes", "feats", "offsets", "utt_ids"
+POSTERIORS, PSEUDO = "log-posteriors", "pseudo-log-likelihoods"
+"""The two kinds of scores (the ``kind`` attribute and sidecar field of the forward pass)."""
 _RSPECIFIER = re.compile(r"^(?P<kind>ark|scp)(?P<opts>(,[a-z]+)*):(?P<path>.*)$")
 _BOTH = re.compile(r"^ark,scp(?P<opts>(,[a-z]+)*):(?P<ark>[^,]+),(?P<scp>.+)$")
+DIGITS = ("the digit graph needs {n} (30 digit states + silence); pass the output of a model "
+          "trained on the digit set")
+"""Why the digit graph needs its width (:func:`check_matrix`'s ``needs``)."""
+LEARNT = ("the first utterance had {n}; one source holds the output of one model")
+"""The width of a source whose first utterance set it (no width asked for)."""
 
 
 class LoglikesError(ValueError):
@@ -73,8 +87,35 @@ def _check_file(path: Path, kaldi: bool) -> None:
                             ".h5 file in it")
 
 
-def check_matrix(utt: str, matrix: Any, num_classes: int, source: str) -> np.ndarray:
-    """``matrix`` as a float32 ``[frames, num_classes]`` array, or a :class:`LoglikesError`."""
+def sidecar_of(path: str | os.PathLike[str]) -> Path:
+    """The sidecar the forward pass writes beside a Kaldi output file: ``FILE.json``."""
+    return Path(f"{os.fspath(path)}.json")
+
+
+def _sidecar_kind(path: Path) -> tuple[str | None, str]:
+    """The kind a file's sidecar records, and where that came from (or why it is unknown)."""
+    sidecar = sidecar_of(path)
+    if not sidecar.is_file():
+        return None, f"unknown (no {sidecar.name} beside it)"
+    try:
+        info = json.loads(sidecar.read_text(encoding="utf-8"))
+        kind, size = info.get("kind"), info.get("bytes")
+    except (OSError, ValueError, AttributeError):
+        return None, f"unknown ({sidecar} is not the forward pass's sidecar)"
+    if kind not in (POSTERIORS, PSEUDO):
+        return None, f"unknown ({sidecar} names no kind)"
+    if size != path.stat().st_size:
+        return None, (f"unknown ({sidecar} describes a file of {size} bytes, {path.name} has "
+                      f"{path.stat().st_size}: written again since)")
+    return kind, f"{sidecar.name}"
+
+
+def check_matrix(utt: str, matrix: Any, num_classes: int, source: str,
+                 needs: str = DIGITS) -> np.ndarray:
+    """``matrix`` as a float32 ``[frames, num_classes]`` array, or a :class:`LoglikesError`.
+
+    ``needs`` says in words why the width must be ``num_classes`` (for the message).
+    """
     array = np.asarray(matrix)
     if array.ndim != 2 or array.dtype.kind != "f":
         raise LoglikesError(f"utterance {utt!r} in {source} is not a float matrix (shape "
@@ -82,8 +123,7 @@ def check_matrix(utt: str, matrix: Any, num_classes: int, source: str) -> np.nda
                             "model's per-frame log-likelihoods")
     if array.shape[1] != num_classes:
         raise LoglikesError(f"utterance {utt!r} in {source} has {array.shape[1]} classes per "
-                            f"frame, the digit graph needs {num_classes} (30 digit states + "
-                            "silence); pass the output of a model trained on the digit set")
+                            f"frame, {needs.format(n=num_classes)}")
     if np.isnan(array).any() or np.isposinf(array).any():
         raise LoglikesError(f"utterance {utt!r} in {source} holds NaN or +inf; re-run the "
                             "forward pass (a diverged model?) or drop that utterance")
@@ -95,16 +135,18 @@ class LoglikesReader:
 
     Args:
         source: A Kaldi rspecifier or an HDF5 file (see the module docstring).
-        num_classes: The number of columns every matrix must have.
+        num_classes: The number of columns every matrix must have; None: the first
+            matrix's (an HDF5 file's from its shape), every other one alike.
 
     Raises:
         LoglikesError: If the source is missing or its layout is wrong (at construction for
             the file and the HDF5 layout, at iteration for a matrix).
     """
 
-    def __init__(self, source: str | os.PathLike[str], num_classes: int):
+    def __init__(self, source: str | os.PathLike[str], num_classes: int | None):
         self.source = os.fspath(source)
         self.num_classes = num_classes
+        self._needs = DIGITS if num_classes is not None else LEARNT
         kaldi = _rspecifier(self.source)
         path = kaldi[1] if kaldi else Path(self.source)
         _check_file(path, kaldi is not None)
@@ -112,8 +154,14 @@ class LoglikesReader:
         self._offsets = np.zeros(1, dtype=np.int64)
         self._utt_ids: list[str] = []
         self._dataset = ""
+        self.kind: str | None = None
+        """``log-posteriors``, ``pseudo-log-likelihoods``, or None if not recorded."""
+        self.kind_from = "unknown (a stream)"
+        """Where :attr:`kind` was read, or why it is unknown."""
         if self._rspecifier is None:
             self._open_hdf5(path)
+        elif path.is_file():
+            self.kind, self.kind_from = _sidecar_kind(path)
 
     def _open_hdf5(self, path: Path) -> None:
         if not h5py.is_hdf5(path):
@@ -129,6 +177,13 @@ class LoglikesReader:
             shape = h5[self._dataset].shape
             offsets = np.asarray(h5[OFFSETS][:], dtype=np.int64)
             ids = [u.decode() if isinstance(u, bytes) else str(u) for u in h5[UTT_IDS][:]]
+            kind = h5.attrs.get("kind")
+        if kind in (POSTERIORS, PSEUDO):
+            self.kind, self.kind_from = str(kind), f"the 'kind' attribute of {path.name}"
+        else:
+            self.kind_from = f"unknown (no 'kind' attribute in {path.name})"
+        if self.num_classes is None and len(shape) == 2:
+            self.num_classes = int(shape[1])
         if len(shape) != 2 or shape[1] != self.num_classes:
             raise LoglikesError(f"{path}: {self._dataset} has shape {list(shape)}, the digit "
                                 f"graph needs [frames, {self.num_classes}] (30 digit states + "
@@ -153,14 +208,14 @@ class LoglikesReader:
             data = h5[self._dataset]
             for u, utt in enumerate(self._utt_ids):
                 matrix = data[self._offsets[u]:self._offsets[u + 1]]
-                yield utt, check_matrix(utt, matrix, self.num_classes, self.source)
+                yield utt, self._checked(utt, matrix)
 
     def _iter_kaldi(self, rspecifier: str) -> Iterator[tuple[str, np.ndarray]]:
         kaldiio = _kaldiio()
         try:
             with kaldiio.ReadHelper(rspecifier) as reader:
                 for utt, matrix in reader:
-                    yield utt, check_matrix(utt, matrix, self.num_classes, self.source)
+                    yield utt, self._checked(utt, matrix)
         except LoglikesError:
             raise
         except (OSError, ValueError, RuntimeError, EOFError) as exc:
@@ -168,3 +223,9 @@ class LoglikesReader:
             reason = " ".join(str(exc).split())  # kaldiio's messages span lines
             raise LoglikesError(f"cannot read {self.source} as a Kaldi table ({reason}); check "
                                 "that it is a binary or text archive of float matrices") from None
+
+    def _checked(self, utt: str, matrix: Any) -> np.ndarray:
+        if self.num_classes is None:  # the first matrix sets the width
+            width = np.shape(matrix)
+            self.num_classes = int(width[1]) if len(width) == 2 else 0
+        return check_matrix(utt, matrix, self.num_classes, self.source, self._needs)

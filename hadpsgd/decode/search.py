@@ -13,12 +13,11 @@ The decoder adds ``-scaled log-likelihood`` to the graph's cost on every arc it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import kaldi_decoder
 import kaldifst
 import numpy as np
-
-from hadpsgd.decode.graph import DecodingGraph
 
 DEFAULT_ACOUSTIC_SCALE = 0.1
 """Kaldi's usual scale for hybrid models; measured against others in docs/decode.md."""
@@ -26,6 +25,21 @@ DEFAULT_BEAM = 16.0
 """Kaldi's default decoding beam (``FasterDecoderOptions``), in cost units."""
 DEFAULT_MAX_ACTIVE = 7000
 """Kaldi's ``decode.sh`` default; the digit graph has 33 states, so it never binds there."""
+
+
+class Graph(Protocol):
+    """What the search needs of a graph: the digit loop's or a user's (``--graph``)."""
+
+    @property
+    def fst(self) -> Any:
+        """The FST: input label class + 1 (0: epsilon), output label a word id."""
+
+    @property
+    def num_classes(self) -> int:
+        """Matrix columns the graph reads."""
+
+    def word(self, olabel: int) -> str:
+        """The word of an output label."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +61,12 @@ class Hypothesis:
 
 
 class Decoder:
-    """Decodes utterances one by one through a :class:`DecodingGraph`.
+    """Decodes utterances one by one through a graph (:class:`Graph`).
 
     Args:
-        graph: The graph (kept alive here: the decoder holds only a reference to its FST).
+        graph: The digit graph (:class:`hadpsgd.decode.graph.DecodingGraph`) or a user's
+            (:class:`hadpsgd.decode.user_graph.UserGraph`); kept alive here: the decoder
+            holds only a reference to its FST.
         acoustic_scale: Factor on the log-likelihoods before they meet the graph's costs.
         beam: Pruning beam in cost units.
         max_active: The most tokens kept per frame.
@@ -59,7 +75,7 @@ class Decoder:
         ValueError: For a non-positive scale, beam or max_active.
     """
 
-    def __init__(self, graph: DecodingGraph, acoustic_scale: float = DEFAULT_ACOUSTIC_SCALE,
+    def __init__(self, graph: Graph, acoustic_scale: float = DEFAULT_ACOUSTIC_SCALE,
                  beam: float = DEFAULT_BEAM, max_active: int = DEFAULT_MAX_ACTIVE):
         for name, value in (("acoustic scale", acoustic_scale), ("beam", beam),
                             ("max active", max_active)):

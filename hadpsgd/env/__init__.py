@@ -27,6 +27,10 @@ HADPSGD_EMULATE_STEP    step spec   none              a fixed wait before every 
                                                       e.g. ``ms=40,rank=1,factor=2`` (rank 1 twice
                                                       as slow): an emulated device step for
                                                       benchmarks on shared cores
+HADPSGD_STDOUT_TTY      0 or 1      ask stdout        whether the console the run's output goes to
+                                                      is a terminal (progress bar) or not (plain
+                                                      lines); set by ``python -m hadpsgd.launch``,
+                                                      whose ranks' stdout is mpirun's pty
 ======================  ==========  ================  ==============================================
 
 The README's "Environment variables" table lists the same variables. A variable set to the
@@ -54,9 +58,10 @@ DEBUG = "HADPSGD_DEBUG"
 FAULT = "HADPSGD_FAULT"
 TRACE_CHUNKS = "HADPSGD_TRACE_CHUNKS"
 EMULATE_STEP = "HADPSGD_EMULATE_STEP"
+STDOUT_TTY = "HADPSGD_STDOUT_TTY"
 
 NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, CUDA_AWARE, CACHE,
-                          DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP)
+                          DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP, STDOUT_TTY)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -313,6 +318,30 @@ def emulated_step_s(rank: int) -> float:
     return wait
 
 
+def stdout_tty() -> bool | None:
+    """``HADPSGD_STDOUT_TTY``: whether the console the run's output reaches is a terminal.
+
+    Open MPI hands every rank a pseudo-terminal as its stdout, so a rank cannot see that the
+    user redirected ``python -m hadpsgd.launch ... > log``; the launcher, which can, says so
+    here. The progress bar follows it: a bar on a terminal, plain lines in a file.
+
+    Returns:
+        ``True`` for ``1``, ``False`` for ``0``, ``None`` when unset (ask the rank's own
+        stdout, as under a plain ``mpirun``).
+
+    Raises:
+        EnvError: If it is set to anything else.
+    """
+    value = raw(STDOUT_TTY)
+    if value is None:
+        return None
+    if value not in ("0", "1"):
+        raise EnvError(f"{STDOUT_TTY}={value!r} is neither 0 nor 1; set 1 if the run's output "
+                       "goes to a terminal (progress bar), 0 if to a file (plain lines), or "
+                       "unset it to ask the process's stdout")
+    return value == "1"
+
+
 def check() -> None:
     """Parse every variable this module reads, so a bad one is reported before any work.
 
@@ -333,3 +362,4 @@ def check() -> None:
     debug()
     trace_chunks_dir()
     emulated_step_s(0)
+    stdout_tty()

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from hadpsgd import comm
 from hadpsgd.data import PRIORS_FILE, Priors, load_priors
 from hadpsgd.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR
+from hadpsgd.forward.average import add_arguments as add_average_arguments
+from hadpsgd.forward.average import load_averaged
 from hadpsgd.forward.chunks import CONTEXTS
 from hadpsgd.forward.features import open_features
 from hadpsgd.forward.job import (
@@ -33,8 +35,9 @@ from hadpsgd.forward.job import (
     retire_index,
     run,
 )
-from hadpsgd.forward.model import ForwardError, LoadedModel, describe, load_model
+from hadpsgd.forward.model import ForwardError, LoadedModel, describe
 from hadpsgd.forward.output import parse_output
+from hadpsgd.forward.pipeline import add_arguments as add_cmvn_arguments
 from hadpsgd.precision import set_tf32
 
 DEFAULT_CONTEXT = "whole"
@@ -88,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
                         "fp32, as in training without --tf32)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it shows on rank 0 when stdout is a terminal)")
+    add_average_arguments(p)  # --avg N, --avg-best N
+    add_cmvn_arguments(p)  # --utt2spk, --cmvn: Kaldi input's CMVN
     return p
 
 
@@ -124,13 +129,14 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
                                "of the output, which needs files; write ark,scp:out.ark,"
                                "out.scp or out.h5, or run one process to pipe it")
         check_new(out, topo.size, args.overwrite)
-        loaded = load_model(args.model)
+        loaded = load_averaged(args.model, args.avg, args.avg_best)
         priors, priors_line = resolve_priors(args.priors, loaded)
         chunk_len = args.chunk_len if args.chunk_len is not None else loaded.chunk_len
         opts = Options(args.context, chunk_len, args.chunk_overlap,
                        _precision(args.precision, loaded),
                        progress=not args.no_progress and sys.stdout.isatty())
-        features, norm_line = open_features(args.features, args.norm, loaded.train_file)
+        features, norm_line = open_features(args.features, args.norm, loaded.train_file,
+                                            args.utt2spk, args.cmvn)
         return Job(loaded, features, out, priors, opts), priors_line, norm_line
 
     job, priors_line, norm_line = agree(topo, local)

@@ -2,11 +2,13 @@
 
 An HDF5 file knows every utterance's length up front and reads any of them at will; its own
 normalisation statistics (``norm/``) are applied on read, as in training. A Kaldi table
-(``scp:feats.scp``, ``ark:feats.ark``, ``ark:cmd |``) is read as kaldiio gives it: the
-features are normalised with the statistics training used (``--norm``), since raw Kaldi
-features are not what the model was trained on. Under mpirun its lengths are learnt in one
-pass on rank 0 (an ``scp`` is then read at random, an ``ark`` streamed again by every rank);
-one process streams it once, so ``ark:-`` (standard input) works there.
+(``scp:feats.scp``, ``ark:feats.ark``, ``ark:cmd |``) is read as kaldiio gives it, then given
+what the training file's import did to its features: the recorded CMVN
+(:mod:`hadpsgd.forward.pipeline`: ``--utt2spk``, ``--cmvn``, or a refusal), then the statistics
+training used (``--norm``), applied as the reader applies ``norm/``. Under mpirun its lengths
+are learnt in one pass on rank 0 (an ``scp`` is then read at random, an ``ark`` streamed again
+by every rank); one process streams it once, so ``ark:-`` (standard input) works there. A
+per-speaker CMVN computed here reads the table once more first, for the speakers' statistics.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from hadpsgd.data import FeatureFile, FeatureFileError
+from hadpsgd.data.cmvn import Cmvn
+from hadpsgd.forward import pipeline
 from hadpsgd.forward.model import ForwardError
 
 # A Kaldi rspecifier: "scp:..." / "ark:..." with options ("ark,t:", "scp,p:").
@@ -75,11 +79,13 @@ class H5Features(Features):
 
 
 class KaldiFeatures(Features):
-    """A Kaldi table read through kaldiio, normalised with ``norm`` (mean, std) if given."""
+    """A Kaldi table read through kaldiio, given ``cmvn``, then ``norm`` (mean, std), if given."""
 
-    def __init__(self, rspec: str, norm: Norm) -> None:
+    def __init__(self, rspec: str, norm: Norm, cmvn: Cmvn | None = None) -> None:
         self.kaldiio = _kaldiio()
-        self.rspec, self.name, self.norm = rspec, rspec, norm
+        self.rspec, self.name, self.norm, self.cmvn = rspec, rspec, norm, cmvn
+        # As FeatureFile.read applies norm/: the same frames as an import of these features.
+        self._inv_std = None if norm is None else (1.0 / norm[1]).astype(np.float32)
         self.feat_dim = 0  # known once the first utterance is read
         self._stream: Iterator[tuple[str, np.ndarray]] | None = None
         self._peeked: tuple[str, np.ndarray] | None = None
@@ -89,6 +95,7 @@ class KaldiFeatures(Features):
 
     def peek_dim(self) -> int:
         """Open the stream and read the first utterance's dimension (kept for :meth:`read`)."""
+        self._ensure_cmvn()
         try:
             self._stream = iter(self.kaldiio.ReadHelper(self.rspec))
             self._peeked = next(self._stream, None)
@@ -114,11 +121,35 @@ class KaldiFeatures(Features):
             if not index:
                 self.feat_dim = self._dim(utt, np.asarray(raw))
             index.append((utt, len(raw)))
+            self._accumulate(utt, raw)  # the same pass gives the speakers' statistics
         if not index:
             raise ForwardError(f"--features {self.rspec} holds no utterance; check the table")
+        if self.cmvn is not None:
+            self.cmvn.ready = True
         self.index = index
         self._check_norm()
         return index
+
+    def _accumulate(self, utt: str, raw: Any) -> None:
+        """Add an utterance to its speaker's statistics, where they are computed here."""
+        if self.cmvn is None or self.cmvn.ready:
+            return
+        if self.cmvn.key(utt) is None:
+            raise ForwardError(f"--features {self.rspec}: utterance {utt!r} is not in "
+                               "--utt2spk; pass the utt2spk of these features")
+        self.cmvn.accumulate(utt, np.asarray(raw))
+
+    def _ensure_cmvn(self) -> None:
+        """The speakers' statistics, in a pass of their own if not learnt yet."""
+        if self.cmvn is None or self.cmvn.ready:
+            return
+        try:
+            for utt, raw in self.kaldiio.ReadHelper(self.rspec):
+                self._accumulate(utt, raw)
+        except (OSError, RuntimeError) as err:
+            raise ForwardError(f"--features {self.rspec} cannot be read ({err}); check the "
+                               "rspecifier and the files it names") from None
+        self.cmvn.ready = True
 
     def _check_norm(self) -> None:
         if self.norm is not None and self.norm[0].shape != (self.feat_dim,):
@@ -145,12 +176,16 @@ class KaldiFeatures(Features):
         if not np.isfinite(mat).all():
             raise ForwardError(f"--features {self.rspec}: utterance {utt!r} holds NaN or Inf; "
                                "fix or drop it")
+        if self.cmvn is not None:
+            mat = pipeline.prepare(self.cmvn, utt, mat)
         if self.norm is not None:
-            mat = (mat - self.norm[0]) / self.norm[1]
+            mat = mat - self.norm[0]
+            mat *= self._inv_std
         return mat
 
     def read(self, first: int = 0, stop: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """The utterances ``first`` .. ``stop`` - 1 (an scp at random, an ark streamed)."""
+        self._ensure_cmvn()
         if self.scp is not None and self.index is not None:
             table = self.kaldiio.load_scp(self.scp)  # random access: only this range is read
             for utt, _ in self.index[first:stop]:
@@ -183,32 +218,65 @@ def training_norm(train_file: str | None, features: str) -> tuple[Norm, str]:
                        "std), or --norm none if training used unnormalised features")
 
 
-def open_features(spec: str, norm: str, train_file: str | None) -> tuple[Features, str]:
+def open_features(spec: str, norm: str, train_file: str | None, utt2spk: str | None = None,
+                  cmvn: str | None = None) -> tuple[Features, str]:
     """The features ``--features`` names and a description of their normalisation.
 
+    Args:
+        spec: ``--features``.
+        norm: ``--norm``.
+        train_file: The training file the checkpoint names (its ``norm/`` and import record).
+        utt2spk: ``--utt2spk`` (Kaldi input whose training import had per-speaker CMVN).
+        cmvn: ``--cmvn`` (Kaldi's statistics, or ``applied``).
+
     Raises:
-        ForwardError: For a missing or malformed input, or a ``--norm`` that does not apply.
+        ForwardError: For a missing or malformed input, a ``--norm`` that does not apply, or
+            a CMVN the training import had and the flags do not redo (or the reverse).
     """
+    record, where = pipeline.training_record(train_file, norm)
     if not is_kaldi(spec):
         if norm != "auto":
             raise ForwardError(f"--norm {norm} applies to Kaldi features only: an .h5 file's "
                                f"own norm/ statistics are applied as in training; drop --norm")
+        if utt2spk is not None or cmvn is not None:
+            raise ForwardError("--utt2spk and --cmvn apply to Kaldi features only: an .h5 "
+                               "file's CMVN was applied at its import; drop them")
         try:
             h5 = H5Features(spec)
         except FeatureFileError as err:
             raise ForwardError(f"--features {err}; pass an .h5 feature file or a Kaldi "
                                "rspecifier (scp:feats.scp, ark:feats.ark)") from None
-        stats = "the file's norm/" if h5.file.norm_mean is not None else "none (no norm/)"
-        return h5, stats
+        pipeline.check_h5(spec, record, where)
+        return h5, _h5_norm(h5, train_file)
+    applier, cmvn_line = pipeline.plan(spec, record, where, utt2spk, cmvn, _kaldiio())
     if norm == "none":
-        return KaldiFeatures(spec, None), "none (--norm none)"
+        return KaldiFeatures(spec, None, applier), f"{cmvn_line}, then none (--norm none)"
     if norm == "auto":
         stats, described = training_norm(train_file, spec)
-        return KaldiFeatures(spec, stats), described
+        return KaldiFeatures(spec, stats, applier), f"{cmvn_line}, then {described}"
     from hadpsgd.data.kaldi import load_norm
 
     try:
-        return KaldiFeatures(spec, load_norm(norm)), f"from {norm}"
+        return KaldiFeatures(spec, load_norm(norm), applier), f"{cmvn_line}, then from {norm}"
     except (ValueError, OSError) as err:
         raise ForwardError(f"--norm {norm}: {err}; pass a feature file with norm/ or an .npz "
                            "with mean and std") from None
+
+
+def _h5_norm(h5: H5Features, train_file: str | None) -> str:
+    """An ``.h5`` input's statistics in words, and whether they are the training file's."""
+    own = h5.file.norm_mean
+    if own is None:
+        return "none (no norm/)"
+    if train_file is None or not Path(train_file).is_file() \
+            or Path(train_file).resolve() == h5.file.path.resolve():
+        return "the file's norm/"
+    try:
+        train = FeatureFile(train_file)
+    except FeatureFileError:
+        return "the file's norm/"
+    if train.norm_mean is None or (np.array_equal(own, train.norm_mean)
+                                   and np.array_equal(h5.file.norm_std, train.norm_std)):
+        return "the file's norm/ (the training file's)"
+    return (f"the file's norm/, NOT the training file's ({train_file}): the model saw frames "
+            "normalised otherwise; import this split with --like TRAIN.h5 to share them")

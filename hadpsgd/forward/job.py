@@ -33,6 +33,7 @@ from hadpsgd.forward.output import (
     open_writer,
     part_spec,
 )
+from hadpsgd.forward.sidecar import write_sidecars
 
 USER_ERRORS = (ForwardError, FeatureFileError, PriorsError, ValueError, FileNotFoundError,
                ImportError)
@@ -271,7 +272,7 @@ def run(topo: Topology, job: Job) -> dict[str, Any]:
                                      device=topo.device)
     mine = part_spec(out, topo.rank) if topo.size > 1 else out
     attrs = {"kind": "pseudo-log-likelihoods" if priors else "log-posteriors",
-             "priors": priors.source if priors else "", "checkpoint": str(loaded.checkpoint),
+             "priors": priors.source if priors else "", "checkpoint": loaded.source,
              "context": opts.context, "chunk_len": opts.chunk_len,
              "chunk_overlap": opts.overlap, "precision": opts.precision}
     writer = open_writer(mine, loaded.num_classes, attrs)
@@ -303,5 +304,6 @@ def run(topo: Topology, job: Job) -> dict[str, Any]:
         return {"utterances": utts, "frames": frames}
     assert counts is not None
     files = merge(out, topo.size) if topo.size > 1 else [out.describe()]
+    files += write_sidecars(out, loaded.num_classes, attrs)  # what a Kaldi archive holds
     return {"utterances": sum(u for u, _ in counts), "frames": sum(f for _, f in counts),
             "seconds": time.perf_counter() - start, "files": files}

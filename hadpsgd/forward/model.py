@@ -34,6 +34,23 @@ class LoadedModel:
     """The run's resolved configuration, as saved in the checkpoint."""
     weights: str
     """``eval_model`` (BMUF's global model) or ``model`` (the learner's replica)."""
+    averaged: tuple[Path, ...] = ()
+    """The checkpoints whose weights were averaged into :attr:`model` (``--avg``,
+    ``--avg-best``: :mod:`hadpsgd.forward.average`), :attr:`checkpoint` first; empty for one
+    checkpoint's own weights."""
+    selection: str = ""
+    """How :attr:`averaged` was chosen, as a phrase (``newest 3``); empty without averaging."""
+    skipped: tuple[str, ...] = ()
+    """The checkpoints left out of an average because they failed verification, each with
+    why."""
+
+    @property
+    def source(self) -> str:
+        """What the weights are: the checkpoint, or the average and its checkpoints."""
+        if not self.averaged:
+            return str(self.checkpoint)
+        return (f"average of {len(self.averaged)} checkpoints of {self.checkpoint.parent} "
+                f"({self.selection}): {', '.join(p.name for p in self.averaged)}")
 
     @property
     def input_dim(self) -> int:
@@ -101,27 +118,42 @@ def _shapes(weights: dict[str, Any], where: Path) -> tuple[int, int]:
                            "python -m hadpsgd.run") from None
 
 
-def load_model(spec: str | Path) -> LoadedModel:
-    """Load the model ``--model`` names, built from the preset its configuration names.
+def read_state(path: Path, verify: bool = True) -> dict[str, Any]:
+    """The state of checkpoint ``path`` (:func:`~hadpsgd.train.checkpoint.load_checkpoint`).
+
+    Raises:
+        ForwardError: For a missing, broken or foreign checkpoint, naming it.
+    """
+    try:
+        return load_checkpoint(path, verify=verify)
+    except (CheckpointError, FileNotFoundError) as err:
+        raise ForwardError(f"--model: {err}") from None
+
+
+def deployable(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A checkpoint state's deployable weights, its run's configuration and the weights' key.
 
     BMUF's checkpoints hold the global model apart from the learner's replica
     (``eval_model``, the model training evaluates): that one is used when present.
 
     Raises:
-        ForwardError: For a missing, broken or foreign checkpoint, naming it and the fix.
+        ForwardError: If the state names no model preset.
     """
-    path, run_dir = find_checkpoint(spec)
-    try:
-        state = load_checkpoint(path)
-    except (CheckpointError, FileNotFoundError) as err:
-        raise ForwardError(f"--model: {err}") from None
     config = state.get("config")
     if not isinstance(config, dict) or "preset" not in config.get("model", {}):
         raise ForwardError(f"checkpoint {path} has no configuration naming its model preset "
                            "(config.model.preset); it predates hadpsgd's saved configs: "
                            "retrain, or save the state with a 'config' entry")
-    weights_key = "eval_model" if "eval_model" in state else "model"
-    weights = state[weights_key]
+    key = "eval_model" if "eval_model" in state else "model"
+    return state[key], config, key
+
+
+def build(weights: dict[str, Any], config: dict[str, Any], path: Path) -> BLSTM:
+    """The BLSTM of ``config``'s preset holding ``weights``, in evaluation mode, on the CPU.
+
+    Raises:
+        ForwardError: If the weights do not fit the preset (naming the checkpoint ``path``).
+    """
     input_dim, num_classes = _shapes(weights, path)
     preset = config["model"]["preset"]
     try:
@@ -134,17 +166,33 @@ def load_model(spec: str | Path) -> LoadedModel:
         raise ForwardError(f"checkpoint {path} does not fit a {preset!r} BLSTM with "
                            f"{input_dim} inputs and {num_classes} classes ({first}); the "
                            "checkpoint's config and weights disagree") from None
-    model.eval()
-    return LoadedModel(model, path, run_dir, config, weights_key)
+    return model.eval()
+
+
+def load_model(spec: str | Path) -> LoadedModel:
+    """Load the model ``--model`` names, built from the preset its configuration names.
+
+    BMUF's checkpoints hold the global model apart from the learner's replica
+    (``eval_model``, the model training evaluates): that one is used when present.
+
+    Raises:
+        ForwardError: For a missing, broken or foreign checkpoint, naming it and the fix.
+    """
+    path, run_dir = find_checkpoint(spec)
+    weights, config, key = deployable(read_state(path), path)
+    return LoadedModel(build(weights, config, path), path, run_dir, config, key)
 
 
 def describe(loaded: LoadedModel) -> str:
-    """One line: which checkpoint, which weights, the model's shape."""
+    """One line: which checkpoint (or average), which weights, the model's shape."""
     try:
         step = read_manifest(loaded.checkpoint).get("step", "?")
     except CheckpointError:
         step = "?"
-    return (f"{loaded.checkpoint} (step {step}, {loaded.weights}): "
-            f"{loaded.config['model']['preset']} BLSTM, {loaded.input_dim} inputs, "
-            f"{loaded.num_classes} classes, trained on chunks of {loaded.chunk_len} frames")
+    shape = (f"{loaded.config['model']['preset']} BLSTM, {loaded.input_dim} inputs, "
+             f"{loaded.num_classes} classes, trained on chunks of {loaded.chunk_len} frames")
+    skipped = "".join(f"; {why}" for why in loaded.skipped)
+    if loaded.averaged:
+        return f"{loaded.source} ({loaded.weights}): {shape}{skipped}"
+    return f"{loaded.checkpoint} (step {step}, {loaded.weights}): {shape}"
 

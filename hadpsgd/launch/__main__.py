@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.dry_run:
         return 0
     # SIGTERM / Ctrl-C become a graceful stop (checkpoint, exit 75); see launch.forward.
-    return run_forwarding(cmd, launch_env(nprocs=opts.nprocs))
+    # Whether our stdout is a terminal: the ranks' is mpirun's pty even under `> log`.
+    return run_forwarding(cmd, launch_env(nprocs=opts.nprocs, stdout_tty=sys.stdout.isatty()))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -60,7 +61,12 @@ def _flavour(path: str) -> str:
     return "unknown"
 
 
-def launch_env(base: dict[str, str] | None = None, nprocs: int = 1) -> dict[str, str]:
+STDOUT_TTY = "HADPSGD_STDOUT_TTY"
+"""Tells the ranks whether the launcher's stdout is a terminal (parsed by ``hadpsgd.env``)."""
+
+
+def launch_env(base: dict[str, str] | None = None, nprocs: int = 1,
+               stdout_tty: bool | None = None) -> dict[str, str]:
     """Environment for a local job: root allowed, quiet one-sided warnings, one thread/rank.
 
     The ``OMPI_*`` settings are for Open MPI; MPICH ignores them and needs none of its own
@@ -69,6 +75,9 @@ def launch_env(base: dict[str, str] | None = None, nprocs: int = 1) -> dict[str,
     Args:
         base: Environment to start from (default: this process's).
         nprocs: Number of ranks that will share this machine's cores.
+        stdout_tty: Whether the launcher's own stdout is a terminal, passed on to the ranks
+            (:data:`STDOUT_TTY`): Open MPI gives them a pty whatever the user redirected, so
+            only the launcher knows whether a progress bar or plain lines fit. None: unset.
 
     Returns:
         A new environment; ``base`` is not modified.
@@ -81,6 +90,8 @@ def launch_env(base: dict[str, str] | None = None, nprocs: int = 1) -> dict[str,
     # The UCX one-sided component warns on machines without a fast network; it is unused.
     env.setdefault("OMPI_MCA_osc", "^ucx")
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(nprocs, 1))))
+    if stdout_tty is not None:
+        env.setdefault(STDOUT_TTY, "1" if stdout_tty else "0")
     return env
 
 
@@ -104,14 +115,33 @@ def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = Non
             *failure_flags(launcher, argv), python or sys.executable, "-m", module, *argv]
 
 
-def continues_on_failure(argv: list[str]) -> bool:
-    """Whether ``argv`` asks the run to go on without a dead learner (``--on-failure``)."""
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` / ``--name=VALUE`` in ``argv`` (None if absent)."""
     for i, arg in enumerate(argv):
-        if arg == "--on-failure" and i + 1 < len(argv):
-            return argv[i + 1] == "continue"
-        if arg == "--on-failure=continue":
-            return True
-    return False
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.partition("=")[2]
+    return None
+
+
+def continues_on_failure(argv: list[str]) -> bool:
+    """Whether ``argv`` asks the run to go on without a dead learner (``--on-failure``).
+
+    A resume (``--resume``) runs its run's own configuration: there the run directory's
+    ``config.json`` says, unless the flag is given again.
+    """
+    given = _flag(argv, "--on-failure")
+    if given is not None:
+        return given == "continue"
+    out_dir = _flag(argv, "--out-dir")
+    if _flag(argv, "--resume") is None or out_dir is None:
+        return False
+    try:
+        saved = json.loads((Path(out_dir) / "config.json").read_text())
+        return saved.get("train", {}).get("on_failure") == "continue"
+    except (OSError, ValueError, AttributeError):
+        return False  # no readable run there: hadpsgd.run says what is wrong
 
 
 def failure_flags(launcher: Launcher, argv: list[str]) -> list[str]:

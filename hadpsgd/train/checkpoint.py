@@ -7,10 +7,13 @@ Layout under ``<out-dir>/checkpoints``::
                                   mid-block): written by that node's leader (sharded)
     step-00000120/MANIFEST.json   size and SHA-256 of every file, step, world size, algorithm
     latest                        name of the newest complete checkpoint (informative)
+    best.json                     the checkpoints with a held-out score, best first
+                                  (:mod:`hadpsgd.train.best`)
 
 A checkpoint is written into a hidden temporary directory (data file fsynced, then the
 manifest fsynced, then the directory), renamed into place (atomic on POSIX) and the parent
-directory fsynced; only then does ``latest`` move and old checkpoints get pruned. A crash at
+directory fsynced; only then does ``latest`` move and old checkpoints get pruned (the newest
+``keep``, and the ``keep_best`` with the lowest held-out loss, stay). A crash at
 any point leaves either the previous checkpoints untouched or the new one complete. The
 node parts go into the same temporary directory before rank 0 writes the manifest
 (:mod:`hadpsgd.train.shards`), so the rename publishes all parts or none. Readers
@@ -34,6 +37,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+
+from hadpsgd.train.best import BEST_FILE, rank, write_best
 
 FORMAT = "hadpsgd-checkpoint/1"
 STATE_FILE = "state.pt"
@@ -177,7 +182,8 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
                     meta: dict[str, Any] | None = None,
                     on_phase: Callable[[str], None] | None = None,
                     staged: Path | None = None,
-                    parts: dict[str, dict[str, Any]] | None = None) -> Path:
+                    parts: dict[str, dict[str, Any]] | None = None,
+                    keep_best: int = 0) -> Path:
     """Write ``state`` as the checkpoint directory ``path``, crash-safely.
 
     Args:
@@ -185,12 +191,14 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
             ``torch.load(weights_only=True)`` reads back without running any code.
         path: The checkpoint directory (see :func:`checkpoint_path`).
         keep: Keep only the newest ``keep`` checkpoints afterwards (0 keeps all).
-        meta: Extra manifest fields (world size, algorithm, ...), readable without loading.
+        meta: Extra manifest fields (world size, algorithm, ...), readable without loading;
+            ``heldout`` (:data:`hadpsgd.train.best.SCORE_KEY`) is the held-out score.
         on_phase: Called with ``"ckpt-data"``, ``"ckpt-manifest"`` and ``"ckpt-rename"`` as
             each phase completes (the fault-injection hook of the tests).
         staged: The temporary directory (:func:`staging_dir`) that already holds ``parts``,
             written by other ranks (:mod:`hadpsgd.train.shards`); None makes one.
         parts: The manifest entries (:func:`write_file`) of the files in ``staged``.
+        keep_best: Pruning spares the ``keep_best`` checkpoints with the lowest held-out loss.
 
     Returns:
         ``path``.
@@ -252,7 +260,9 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
                                    f"updated ({err.strerror or err}); --resume auto will find "
                                    "the checkpoint: fix that, then continue") from None
     if keep > 0:
-        prune(parent, keep)
+        prune(parent, keep, keep_best)
+    else:
+        refresh_best(parent, keep_best)
     return path
 
 
@@ -317,10 +327,50 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def prune(ckpt_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints, and stale temporaries; returns removed."""
+def scored_checkpoints(ckpt_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The checkpoints in ``ckpt_dir`` with a held-out score, best first, with their manifests.
+
+    Best is the lowest held-out loss (``manifest["heldout"]["loss"]``; of a tie, the newer
+    one). Manifests are read, not the data verified: verify a checkpoint before loading it.
+    One whose manifest is missing or damaged is left out.
+    """
+    found = []
+    for path in list_checkpoints(ckpt_dir):
+        try:
+            found.append((path, read_manifest(path)))
+        except CheckpointError:
+            continue
+    return rank(found)
+
+
+def refresh_best(ckpt_dir: Path, keep_best: int,
+                 ranked: list[tuple[Path, dict[str, Any]]] | None = None) -> None:
+    """Rewrite ``best.json`` from the manifests on disk (where any has a score, or it exists)."""
+    ranked = scored_checkpoints(ckpt_dir) if ranked is None else ranked
+    if not ranked and not (Path(ckpt_dir) / BEST_FILE).exists():
+        return
+    try:
+        write_best(Path(ckpt_dir), ranked, keep_best)
+    except OSError as err:
+        # The checkpoints are complete; the index is rewritten at the next one.
+        raise CheckpointWriteError(f"{Path(ckpt_dir) / BEST_FILE} could not be written "
+                                   f"({err.strerror or err}); the checkpoints are complete "
+                                   "(each MANIFEST.json holds its score): fix that, then "
+                                   "continue with --resume auto") from None
+
+
+def prune(ckpt_dir: Path, keep: int, keep_best: int = 0) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints, and stale temporaries; returns removed.
+
+    The ``keep_best`` checkpoints with the lowest held-out loss (:func:`scored_checkpoints`)
+    are never deleted, however old; ``best.json`` is rewritten for what remains.
+    """
+    ranked = scored_checkpoints(ckpt_dir)
+    spared = {path for path, _ in ranked[:max(keep_best, 0)]}
     removed = []
     for old in list_checkpoints(ckpt_dir)[:-keep] if keep > 0 else []:
+        if old in spared:
+            continue
         shutil.rmtree(old, ignore_errors=True)
         removed.append(old)
     for tmp in Path(ckpt_dir).glob(".step-*"):
@@ -328,6 +378,7 @@ def prune(ckpt_dir: Path, keep: int) -> list[Path]:
         # because only one rank writes, one checkpoint at a time.
         if not tmp.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(tmp, ignore_errors=True)
+    refresh_best(ckpt_dir, keep_best, [(p, m) for p, m in ranked if p not in removed])
     return removed
 
 

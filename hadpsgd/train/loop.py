@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,13 +17,14 @@ from hadpsgd.api.samplers import POOL_SLOTS, ticket_taker
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
+from hadpsgd.train.best import SCORE_KEY
 from hadpsgd.train.checkpoint import checkpoint_path
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate, speech_note
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.plan import EpochPlan
 from hadpsgd.train.pooled import PooledPlan
-from hadpsgd.train.progress import Progress
+from hadpsgd.train.progress import Progress, on_terminal
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
 from hadpsgd.train.snapshot import Snapshots
@@ -62,6 +62,7 @@ class LoopOptions:
     max_nonfinite: int = 5
     max_loss_ratio: float = 5.0
     keep_checkpoints: int = 3
+    keep_best: int = 1
     precision: str = "fp32"
     on_failure: str = "stop"
 
@@ -79,7 +80,8 @@ class Trainer:
         dist: The model and optimizer under the distributed algorithm.
         topo: The communication topology.
         train_set: Training chunks.
-        heldout_set: Held-out chunks, evaluated after every epoch.
+        heldout_set: Held-out chunks, evaluated before a fresh run's first step and after
+            every epoch.
         schedule: The learning-rate recipe.
         opts: Loop options.
         out_dir: Run directory (checkpoints under ``out_dir/checkpoints``).
@@ -113,6 +115,7 @@ class Trainer:
         self.history: list[EvalResult] = []
         self.last_checkpoint: Path | None = None
         self._checkpointed_step = -1
+        self._evaluated_step = -1
         self.stopped_by: str | None = None
         """Set when the run ended early on an agreed stop request (after its checkpoint)."""
         self.control = ControlPoint(topo, stop, opts.max_nonfinite)
@@ -215,8 +218,12 @@ class Trainer:
             meta = {"step": step, "epoch": self.pos.epoch, "world_size": self.topo.size,
                     "num_nodes": self.topo.num_nodes, "algo": self.algo.name,
                     "config": self.config}
+            if self._evaluated_step == step and self.history:
+                # Evaluated at this very step: its score ranks it (--keep-best, best.json).
+                meta[SCORE_KEY] = asdict(self.history[-1])
             write_sharded(self.topo, path, self.state_dict, self.algo.node_state(),
-                          keep=self.opts.keep_checkpoints, meta=meta, on_phase=hook)
+                          keep=self.opts.keep_checkpoints, meta=meta, on_phase=hook,
+                          keep_best=self.opts.keep_best)
             if self.topo.rank != 0 and faults.active():
                 # A learner that is not the writer dies while rank 0 writes (the tests' hook).
                 faults.hit("ckpt-wait", self.topo.rank, step)
@@ -237,6 +244,10 @@ class Trainer:
         self._trace = ChunkTrace(launch)
         if self.snapshots is not None:
             self.snapshots.take(self)  # where a failure before the first control point goes on
+        if self.pos.global_step == 0 and not self.history:
+            # A fresh run's starting point, so its summary reads from a real start (not on a
+            # resume).
+            self._evaluate()
         try:
             while self.pos.epoch < self.opts.epochs and not self._done():
                 self._epoch()
@@ -299,7 +310,7 @@ class Trainer:
         return Progress(self.algo, self.metrics,
                         self.opts.batch_size * self.topo.size * self.train_set.chunk_len,
                         len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
-                        bar=self.opts.progress and self.topo.rank == 0 and sys.stdout.isatty(),
+                        bar=self.opts.progress and self.topo.rank == 0 and on_terminal(),
                         lines=self.topo.rank == 0)
 
     def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> float:
@@ -402,6 +413,7 @@ class Trainer:
                               batch_size=4 * self.opts.batch_size,
                               precision=self.opts.precision)
         self.history.append(result)
+        self._evaluated_step = self.pos.global_step
         speech = ({} if result.speech_accuracy is None else
                   {"heldout_speech_acc": result.speech_accuracy,
                    "speech_frames": result.speech_frames})
@@ -409,7 +421,9 @@ class Trainer:
                            heldout_loss=result.loss, heldout_acc=result.accuracy,
                            frames=result.frames, **speech)
         if self.topo.rank == 0:
-            print(f"[hadpsgd] epoch {self.pos.epoch} step {self.pos.global_step}: held-out "
+            where = (f"epoch {self.pos.epoch} step {self.pos.global_step}"
+                     if self.pos.global_step else "before training")
+            print(f"[hadpsgd] {where}: held-out "
                   f"loss {result.loss:.4f}, frame accuracy {result.accuracy:.4f}"
                   + speech_note(result), flush=True)
         self.guard.heldout(result.loss, self.pos.global_step)

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
+from hadpsgd import env
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.train.metrics import MetricsWriter
 
 LINE_EVERY_S = 10.0
 """The shortest interval between two plain log lines."""
+
+
+def on_terminal() -> bool:
+    """Whether the run's console is a terminal (a progress bar) or a file (plain lines).
+
+    ``HADPSGD_STDOUT_TTY`` decides where the launcher set it (Open MPI gives every rank a pty,
+    so a rank's own stdout says "terminal" even under ``> log``); else this process's stdout.
+    """
+    told = env.stdout_tty()
+    return sys.stdout.isatty() if told is None else told
 
 
 class Progress:

@@ -68,7 +68,7 @@ def _write_part(tmp: Path, path: Path, node: int, obj: Any) -> tuple[dict[str, A
 
 def write_sharded(topo: Topology, path: Path, state_of: Callable[[int | None], dict[str, Any]],
                   node_state: Any, keep: int, meta: dict[str, Any],
-                  on_phase: Callable[[str], None] | None = None) -> None:
+                  on_phase: Callable[[str], None] | None = None, keep_best: int = 0) -> None:
     """Write checkpoint ``path`` from every rank (collective); rank 0 publishes it.
 
     Args:
@@ -79,6 +79,7 @@ def write_sharded(topo: Topology, path: Path, state_of: Callable[[int | None], d
         keep: Keep the newest ``keep`` checkpoints (0: all).
         meta: Extra manifest fields.
         on_phase: The fault-injection hook (rank 0's phases, see ``save_checkpoint``).
+        keep_best: Pruning spares the ``keep_best`` best by held-out loss (``save_checkpoint``).
 
     Raises:
         CheckpointWriteError: On rank 0, naming the node and what failed; the previous
@@ -87,7 +88,8 @@ def write_sharded(topo: Topology, path: Path, state_of: Callable[[int | None], d
     step = int(meta.get("step", 0))
     if node_state is None:
         if topo.rank == 0:
-            save_checkpoint(state_of(None), path, keep=keep, meta=meta, on_phase=on_phase)
+            save_checkpoint(state_of(None), path, keep=keep, meta=meta, on_phase=on_phase,
+                            keep_best=keep_best)
         return
     made: tuple[str | None, str | None] = (None, None)
     if topo.rank == 0:
@@ -116,7 +118,7 @@ def write_sharded(topo: Topology, path: Path, state_of: Callable[[int | None], d
     parts = {part_name(node): e for node, e, _ in sorted(leaders, key=lambda g: g[0])}
     save_checkpoint(state_of(topo.num_nodes), path, keep=keep,
                     meta={**meta, PART_KEY: topo.num_nodes}, on_phase=on_phase,
-                    staged=Path(tmp_name), parts=parts)
+                    staged=Path(tmp_name), parts=parts, keep_best=keep_best)
 
 
 def load_part(path: Path, node: int) -> Any:

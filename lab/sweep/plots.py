@@ -273,6 +273,20 @@ def make_plots(sweep_dir: Path, out_dir: Path | None = None,
             "plots": {k: str(v) for k, v in paths.items()}}
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is one run's directory (``metrics.jsonl``) rather than a sweep's."""
+    return (path / "metrics.jsonl").is_file() and not (path / "results.jsonl").is_file()
+
+
+def _plot_run(run_dir: Path, out: Path | None) -> int:
+    """Draw one run's directory with ``hadpsgd.plot`` (into ``out/plot.png`` if given)."""
+    from hadpsgd.plot.__main__ import main as plot_main
+
+    print(f"lab.plots: note: {run_dir} is a run directory (metrics.jsonl, no results.jsonl), "
+          "not a sweep's: drawn by python -m hadpsgd.plot", file=sys.stderr)
+    return plot_main([str(run_dir)] + (["--out", str(out / "plot.png")] if out else []))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: write the plots and print where."""
     p = argparse.ArgumentParser(prog="python -m lab.plots",
@@ -284,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not a.sweep_dir.is_dir():
         p.error(f"{a.sweep_dir} is not a directory (give a lab.sweep --sweep-dir)")
+    if is_run_dir(a.sweep_dir):
+        return _plot_run(a.sweep_dir, a.out)
     if not (a.sweep_dir / "results.jsonl").is_file():
         print(f"lab.plots: note: {a.sweep_dir}/results.jsonl not found; the plots "
               "will be empty", file=sys.stderr)

@@ -69,12 +69,13 @@ def summarize_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Curves and final figures from the records of one run's ``metrics.jsonl``.
 
     Evaluations are taken in the order written, one per epoch (the last record of an epoch
-    wins: a run stopped by ``--max-steps`` inside an epoch evaluates that partial epoch once).
+    wins: a run stopped by ``--max-steps`` inside an epoch evaluates that partial epoch once);
+    the one before training (step 0) is no epoch's and is left out.
     ``mean_frames_per_s`` is the mean over the training records of their windowed frames/s.
     """
     evals: dict[int, dict[str, Any]] = {}
     for rec in records:
-        if rec.get("kind") == "eval":
+        if rec.get("kind") == "eval" and rec.get("step") != 0:
             evals[int(rec.get("epoch", len(evals)))] = rec
     ordered = [evals[e] for e in sorted(evals)]
     losses = [_finite(r.get("heldout_loss")) for r in ordered]

@@ -48,7 +48,7 @@ def test_trains_evaluates_checkpoints_and_resumes_on_cuda(name, tiny_data, tmp_p
     assert_ok(res)
     assert "device cuda" in res.stdout
     evals = _evals(out)
-    assert [e["epoch"] for e in evals] == [0, 1]
+    assert [e["epoch"] for e in evals] == [0, 0, 1] and evals[0]["step"] == 0
     assert all(e["heldout_loss"] == e["heldout_loss"] for e in evals)  # finite, not NaN
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["world"]["device"].startswith("cuda")

@@ -225,3 +225,16 @@ def test_nan_frame_in_a_stamped_file_read_mid_run(tiny_data, tmp_path, split):
     assert "nan.h5" in line and "non-finite feature value" in line, line
     assert any(f"({utt!r})" in line for utt in utt_ids), line
     assert "changed after it was validated" in line and f"{VALIDATE} {bad}" in line, line
+
+
+def test_an_error_every_rank_finds_is_said_once_and_exits_2_cleanly(tiny_data, tmp_path):
+    """A run directory that holds another run: every rank refuses it alike, so rank 0 says
+    it once and every rank exits 2, with no abort banner after it."""
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    res = launch(3, *tiny_data, out)
+    assert res.returncode == 2, res.output[-4000:]
+    lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and lines[0].startswith("hadpsgd: error: --out-dir"), res.stderr
+    assert "already holds a run" in lines[0] and "MPI_ABORT" not in res.output

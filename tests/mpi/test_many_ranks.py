@@ -28,5 +28,5 @@ def test_sixteen_ranks_in_two_nodes_of_eight(tiny_data, tmp_path):
     assert "start-up " in out and "on the slowest rank" in out
     assert "memory per rank at the end: peak max " in out
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in lines if e["kind"] == "eval"] == [2, 4, 6]
+    assert [e["step"] for e in lines if e["kind"] == "eval"] == [0, 2, 4, 6]
     assert (tmp_path / "checkpoints" / "step-00000006").is_dir()

@@ -20,13 +20,22 @@ def test_two_rank_run_learns_and_writes_outputs(tiny_data, tmp_path):
     assert_ok(res)
     evals = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
     trains = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "train"]
-    assert [e["epoch"] for e in evals] == [0, 1, 2]
-    assert evals[-1]["heldout_loss"] < evals[0]["heldout_loss"]
+    # once before training (step 0), then after every epoch
+    assert [e["epoch"] for e in evals] == [0, 0, 1, 2] and evals[0]["step"] == 0
+    assert evals[-1]["heldout_loss"] < evals[1]["heldout_loss"] < evals[0]["heldout_loss"]
+    assert f"held-out loss {evals[0]['heldout_loss']:.4f} (first evaluation)" in res.stdout
     assert trains and all(t["frames_per_s"] > 0 for t in trains)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["train"]["algo"] == "ssgd" and cfg["world"]["size"] == 2
     assert (out / "checkpoints" / "latest").is_file()
     assert "metrics:" in res.stdout and "checkpoint:" in res.stdout
+    # rank 0's console is in the run directory too, and the best checkpoint is named
+    log = (out / "train.log").read_text()
+    assert log.startswith("===== ") and " start: hadpsgd.run " in log.splitlines()[0]
+    assert "[hadpsgd] before training: held-out loss" in log and "done in" in log
+    best = json.loads((out / "checkpoints" / "best.json").read_text())["checkpoints"]
+    assert best and best[0]["best"] and best[0]["heldout_loss"] == min(
+        e["heldout_loss"] for e in evals[1:])
     # every rank evaluates the same held-out set exactly once: frames = all chunks' frames
     assert len({e["frames"] for e in evals}) == 1
 
@@ -123,7 +132,7 @@ def test_a_run_ending_on_a_checkpoint_boundary_evaluates_and_finishes(algo, tiny
     assert_ok(res)
     assert "done in" in res.stdout
     evals = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
-    assert [e["step"] for e in evals] == [6]
+    assert [e["step"] for e in evals] == [0, 6]  # before training, and at the end
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000006"
 
 

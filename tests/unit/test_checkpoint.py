@@ -245,3 +245,65 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_names_the_space(tmp_path,
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-00000001"]
     assert (ckpt_dir / "latest").read_text().strip() == "step-00000001"
     assert ck.latest_checkpoint(ckpt_dir) == first
+
+
+# --------------------------------------------------------------- --keep-best (best.json)
+def _scored(root: Path, step: int, loss: float | None, keep: int, keep_best: int) -> Path:
+    meta: dict = {"step": step, "epoch": step // 10, "world_size": 1, "algo": "ssgd"}
+    if loss is not None:  # written right after an evaluation of its step
+        meta["heldout"] = {"loss": loss, "accuracy": 1.0 - loss / 10, "frames": 100}
+    return save_checkpoint(_state(step), checkpoint_path(root, step), keep=keep, meta=meta,
+                           keep_best=keep_best)
+
+
+def test_pruning_spares_the_best_by_heldout_loss_and_best_json_lists_them(tmp_path):
+    from hadpsgd.train.best import read_best
+
+    # losses by step; step 35 is a --checkpoint-every checkpoint without a score
+    for step, loss in [(10, 3.0), (20, 1.0), (30, 2.0), (35, None), (40, 0.5), (50, 4.0),
+                       (60, 5.0)]:
+        _scored(tmp_path, step, loss, keep=2, keep_best=2)
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    # the newest 2 (50, 60) and the best 2 (40: 0.5, 20: 1.0); 35 (no score) pruned as usual
+    assert names == ["step-00000020", "step-00000040", "step-00000050", "step-00000060"]
+    best = read_best(tmp_path)
+    assert [(b["name"], b["heldout_loss"], b["best"]) for b in best] == [
+        ("step-00000040", 0.5, True), ("step-00000020", 1.0, True),
+        ("step-00000050", 4.0, False), ("step-00000060", 5.0, False)]
+    assert best[0]["step"] == 40 and best[0]["heldout_acc"] == pytest.approx(0.95)
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["keep_best"] == 2 and doc["metric"] == "heldout_loss"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries
+    # the score is in the checkpoint's own (checksummed) manifest too
+    assert verify_checkpoint(checkpoint_path(tmp_path, 40))["heldout"]["loss"] == 0.5
+
+
+def test_keep_best_zero_prunes_as_before_and_ties_pick_the_newer(tmp_path):
+    from hadpsgd.train.best import read_best
+    from hadpsgd.train.checkpoint import scored_checkpoints
+
+    for step, loss in [(10, 0.1), (20, 2.0), (30, 3.0)]:
+        _scored(tmp_path / "a", step, loss, keep=1, keep_best=0)
+    assert [p.name for p in list_checkpoints(tmp_path / "a")] == ["step-00000030"]
+    assert [b["best"] for b in read_best(tmp_path / "a")] == [False]
+    for step in (10, 20, 30):  # keep all: nothing pruned, the index still written
+        _scored(tmp_path / "b", step, 1.0, keep=0, keep_best=1)
+    ranked = scored_checkpoints(tmp_path / "b")
+    assert [p.name for p, _ in ranked] == ["step-00000030", "step-00000020", "step-00000010"]
+    assert [b["best"] for b in read_best(tmp_path / "b")] == [True, False, False]
+    # no score anywhere (e.g. only --checkpoint-every so far): no best.json
+    _scored(tmp_path / "c", 5, None, keep=3, keep_best=1)
+    assert not (tmp_path / "c" / "best.json").exists() and read_best(tmp_path / "c") == []
+
+
+def test_keep_best_may_change_on_a_resume_and_must_not_be_negative():
+    from hadpsgd.assembly.resume_config import differences
+    from hadpsgd.cli import ConfigError, to_dict
+    from hadpsgd.config import TrainConfig, parse_config
+
+    saved = to_dict(parse_config([]))
+    values, refused = differences(parse_config(["--keep-best", "4", "--batch-size", "16"]),
+                                  saved)
+    assert values["keep_best"] == 4 and [r.split()[0] for r in refused] == ["--batch-size"]
+    with pytest.raises(ConfigError, match="--keep-best must be >= 0"):
+        TrainConfig(keep_best=-1)

@@ -146,3 +146,13 @@ def test_nonfinite_values_built_directly_are_refused_by_name():
         OptimConfig(momentum=float("nan"))
     with pytest.raises(ConfigError, match="--block-lr must be a finite number"):
         BMUFOptions(block_lr=float("inf"))
+
+
+@pytest.mark.parametrize("rank, printed", [("0", True), ("3", False)])
+def test_a_bad_flag_is_printed_by_the_launch_rank_0_only(rank, printed, monkeypatch, capsys):
+    """Under mpirun every rank refuses the same command line: one copy, not one per rank."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", rank)
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(["--lr", "nan"])
+    assert exit_.value.code == 2
+    assert ("--lr" in capsys.readouterr().err) == printed

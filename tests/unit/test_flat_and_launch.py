@@ -89,3 +89,46 @@ def test_launch_env_copies_base():
     base = {"PATH": "/bin"}
     env = launch_env(base, nprocs=2)
     assert base == {"PATH": "/bin"} and env["PATH"] == "/bin" and "OMP_NUM_THREADS" in env
+
+
+def test_launcher_tells_the_ranks_whether_its_stdout_is_a_terminal(monkeypatch):
+    """Open MPI gives every rank a pty: only the launcher knows ``> log`` was asked for."""
+    import hadpsgd.launch.__main__ as launcher
+    from hadpsgd import env
+    from hadpsgd.launch.mpirun import STDOUT_TTY
+    from hadpsgd.train.progress import on_terminal
+
+    assert STDOUT_TTY == env.STDOUT_TTY
+    assert STDOUT_TTY not in launch_env({}, nprocs=2)  # other callers: unchanged
+    assert launch_env({}, nprocs=2, stdout_tty=False)[STDOUT_TTY] == "0"
+    assert launch_env({}, nprocs=2, stdout_tty=True)[STDOUT_TTY] == "1"
+    assert launch_env({STDOUT_TTY: "1"}, nprocs=2, stdout_tty=False)[STDOUT_TTY] == "1"
+    seen = {}
+    monkeypatch.setattr(launcher, "run_forwarding", lambda cmd, env: seen.update(env) or 0)
+    monkeypatch.setattr(launcher.sys.stdout, "isatty", lambda: False, raising=False)
+    monkeypatch.delenv(STDOUT_TTY, raising=False)
+    assert launcher.main(["-n", "2", "--epochs", "1"]) == 0 and seen[STDOUT_TTY] == "0"
+    # The ranks' progress follows it, and their own stdout where it is unset (plain mpirun).
+    monkeypatch.setenv(STDOUT_TTY, "0")
+    assert on_terminal() is False
+    monkeypatch.setenv(STDOUT_TTY, "1")
+    assert on_terminal() is True
+    monkeypatch.delenv(STDOUT_TTY)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert on_terminal() is True
+
+
+def test_a_resumed_elastic_run_gets_ulfm_without_repeating_the_flag(tmp_path):
+    """A resume runs its run's own configuration: the launcher reads --on-failure there."""
+    import json
+
+    launcher = Launcher("/x/mpirun", "openmpi")
+    (tmp_path / "config.json").write_text(json.dumps({"train": {"on_failure": "continue"}}))
+    resume = ["--out-dir", str(tmp_path), "--resume", "auto"]
+    assert "ulfm" in mpirun_command(2, resume, launcher=launcher, python="p")
+    assert "ulfm" not in mpirun_command(2, [*resume, "--on-failure", "stop"], launcher=launcher,
+                                        python="p")
+    assert "ulfm" not in mpirun_command(2, ["--out-dir", str(tmp_path)], launcher=launcher,
+                                        python="p")  # a fresh run: its own flags decide
+    (tmp_path / "config.json").write_text("[not json")
+    assert "ulfm" not in mpirun_command(2, resume, launcher=launcher, python="p")

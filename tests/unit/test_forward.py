@@ -27,14 +27,7 @@ from tests.fakes import OneLearner
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> object:
-    """One torch thread: the tiny model gains nothing from more, and on a shared machine
-    OMP's waiting threads made these tests thirty times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def make_run(out: Path, train: Path, input_dim: int, num_classes: int, seed: int = 0) -> Path:
@@ -354,7 +347,8 @@ def test_overwrite_replaces_and_the_scp_names_the_final_archive(
     assert list(table) == ids
     assert all(np.array_equal(table[u], scores[offsets[i]:offsets[i + 1]])
                for i, u in enumerate(ids))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.h5", "o.ark", "o.h5", "o.scp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # each archive file's sidecar too
+        "fresh.h5", "o.ark", "o.ark.json", "o.h5", "o.scp", "o.scp.json"]
 
 
 def test_under_mpirun_every_part_counts_and_an_old_index_goes_first(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ ALLOWED = {
             "config", "train", "assembly", "precision", "api"},
     # Decoding's forward pass: a top layer beside run (a checkpoint, features, ranks, output).
     "forward": {"exit_codes", "models", "data", "comm", "train", "precision"},
+    # Export: forward's model, averaging and scores, written as TorchScript or ONNX.
+    "export": {"exit_codes", "models", "data", "comm", "train", "precision", "forward"},
+    # A run's curves from its metrics.jsonl: a top layer beside run, no MPI, no training.
+    "plot": {"exit_codes", "train"},
 }
 
 

@@ -16,7 +16,8 @@ def test_ideal_speedup_counts_only_the_straggler_missing_work():
 
 
 def test_train_seconds_spans_first_to_last_evaluation(tmp_path):
-    lines = [{"kind": "train", "time": 1.0}, {"kind": "eval", "time": 2.0},
+    lines = [{"kind": "eval", "step": 0, "time": 0.5},  # before training: not counted
+             {"kind": "train", "time": 1.0}, {"kind": "eval", "time": 2.0},
              {"kind": "train", "time": 3.0}, {"kind": "eval", "time": 7.5}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))

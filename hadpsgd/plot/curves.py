@@ -1,0 +1,120 @@
+"""A run's curves from its ``metrics.jsonl``: training loss, held-out loss and accuracy.
+
+No plotting here (matplotlib is an extra): :mod:`hadpsgd.plot.draw` draws what this reads.
+A resume from the checkpoint of step *s* (a ``resume`` record) or a failure survived from the
+control point of step *s* (a ``failure`` record) voids the records of the steps after *s*
+written before it: those steps were trained again, and the curves keep the second telling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hadpsgd.train.metrics import read_metrics
+
+METRICS_FILE = "metrics.jsonl"
+"""The records of a run, in its run directory (:class:`hadpsgd.train.metrics.MetricsWriter`)."""
+EVENT_KINDS = ("resume", "failure")
+"""Records that mark a place in the run rather than a measurement."""
+
+
+@dataclass
+class Event:
+    """A resume or a survived failure, where it continued from."""
+
+    kind: str
+    """``resume`` or ``failure``."""
+    step: int
+    """The step the run continued from."""
+    note: str = ""
+    """What the record says besides (the learners left after a failure)."""
+
+
+@dataclass
+class Curves:
+    """What a run's plot draws, each series as (steps, values)."""
+
+    train_loss: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """The training loss of every training record (every ``--log-every`` steps)."""
+    heldout_loss: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """The held-out loss of every evaluation (step 0: before training)."""
+    heldout_acc: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """The held-out frame accuracy of every evaluation."""
+    speech_acc: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """The frame accuracy on speech frames, where the held-out file names silence classes."""
+    events: list[Event] = field(default_factory=list)
+    """Resumes and survived failures, in order."""
+
+    @property
+    def empty(self) -> bool:
+        """Whether there is nothing to draw (no training or held-out record)."""
+        return not self.train_loss[0] and not self.heldout_loss[0]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _current(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Event]]:
+    """The measurement records still valid after every resume and failure, and those events."""
+    kept: list[dict[str, Any]] = []
+    events: list[Event] = []
+    for rec in records:
+        step = rec.get("step")
+        if not isinstance(step, int):
+            continue
+        if rec.get("kind") in EVENT_KINDS:
+            kept = [r for r in kept if r["step"] <= step]  # trained again after this point
+            note = (f"{rec['learners']} learners" if isinstance(rec.get("learners"), int)
+                    else "")
+            events.append(Event(str(rec["kind"]), step, note))
+        else:
+            kept.append(rec)
+    return kept, events
+
+
+def curves_of(records: list[dict[str, Any]]) -> Curves:
+    """The curves of ``records`` (a ``metrics.jsonl`` read by :func:`read_metrics`)."""
+    kept, events = _current(records)
+    out = Curves(events=events)
+    for rec in kept:
+        step = rec["step"]
+        pairs = []
+        if rec.get("kind") == "train":
+            pairs = [(out.train_loss, rec.get("loss"))]
+        elif rec.get("kind") == "eval":
+            pairs = [(out.heldout_loss, rec.get("heldout_loss")),
+                     (out.heldout_acc, rec.get("heldout_acc")),
+                     (out.speech_acc, rec.get("heldout_speech_acc"))]
+        for series, value in pairs:
+            number = _number(value)
+            if number is not None:
+                series[0].append(step)
+                series[1].append(number)
+    return out
+
+
+def read_run(run_dir: Path) -> Curves:
+    """The curves of the run in ``run_dir``.
+
+    Raises:
+        FileNotFoundError: If ``run_dir`` is not a directory or has no ``metrics.jsonl``,
+            naming what was expected.
+        ValueError: If ``metrics.jsonl`` has a damaged line (naming it).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a directory: give a run directory (the "
+                                "--out-dir of python -m hadpsgd.run)")
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        hint = (" It holds results.jsonl: for a lab.sweep directory use python -m lab.plots."
+                if (run_dir / "results.jsonl").is_file() else "")
+        raise FileNotFoundError(f"{run_dir} has no {METRICS_FILE}: it is not the --out-dir of "
+                                f"a python -m hadpsgd.run, or the run has not started.{hint}")
+    return curves_of(read_metrics(path))

@@ -1,0 +1,91 @@
+"""Draw a run's curves into one PNG: loss on top, held-out frame accuracy below, by step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hadpsgd.plot.curves import Curves
+
+_EVENT_STYLE = {"resume": ("tab:gray", "--"), "failure": ("tab:red", ":")}
+"""Colour and line style of the vertical line that marks each kind of event."""
+
+
+class PlotUnavailable(ImportError):
+    """matplotlib is missing; the message says how to install it."""
+
+
+def pyplot() -> Any:
+    """The pyplot module of matplotlib on the Agg backend (files only: no display needed).
+
+    Raises:
+        PlotUnavailable: If matplotlib is not installed, with the install command.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable("plotting needs matplotlib: pip install 'hadpsgd[plot]'") \
+            from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mark_events(ax: Any, curves: Curves, labelled: set[str]) -> None:
+    """A vertical line at every resume and failure (each kind in the legend once)."""
+    for event in curves.events:
+        colour, style = _EVENT_STYLE.get(event.kind, ("black", "--"))
+        label = None
+        if event.kind not in labelled:
+            labelled.add(event.kind)
+            label = event.kind
+        ax.axvline(event.step, color=colour, linestyle=style, linewidth=1.0, label=label)
+
+
+def draw(curves: Curves, out: Path, title: str) -> Path:
+    """Write the figure of ``curves`` to ``out`` (PNG); returns ``out``.
+
+    Raises:
+        PlotUnavailable: Without matplotlib.
+    """
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7.0, 6.0))
+    try:
+        steps, values = curves.train_loss
+        if steps:
+            top.plot(steps, values, color="tab:blue", linewidth=1.0, alpha=0.8,
+                     label="training loss")
+        steps, values = curves.heldout_loss
+        if steps:
+            top.plot(steps, values, color="tab:orange", marker="o", markersize=4,
+                     label="held-out loss")
+        top.set_ylabel("cross-entropy (nats)")
+        top.set_title(title, fontsize=10)
+        _mark_events(top, curves, set())
+        top.legend(fontsize=8)
+        top.grid(alpha=0.3)
+        steps, values = curves.heldout_acc
+        if steps:
+            bottom.plot(steps, values, color="tab:green", marker="o", markersize=4,
+                        label="held-out frame accuracy")
+        steps, values = curves.speech_acc
+        if steps:
+            bottom.plot(steps, values, color="tab:olive", marker="s", markersize=3,
+                        label="on speech frames")
+        _mark_events(bottom, curves, {"resume", "failure"})  # the legend above has them
+        bottom.set_xlabel("step")
+        bottom.set_ylabel("frame accuracy")
+        if curves.heldout_acc[0]:
+            bottom.legend(fontsize=8)
+        else:
+            bottom.text(0.5, 0.5, "no held-out evaluation yet", ha="center", va="center",
+                        transform=bottom.transAxes, color="gray")
+        bottom.grid(alpha=0.3)
+        fig.tight_layout()
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,72 @@
+"""``python -m hadpsgd.plot RUN_DIR``: a run's curves from a synthetic ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hadpsgd.plot import curves_of
+from hadpsgd.plot.__main__ import main
+
+RECORDS = [
+    {"kind": "eval", "step": 0, "epoch": 0, "heldout_loss": 3.8, "heldout_acc": 0.05},
+    {"kind": "train", "step": 10, "loss": 3.0},
+    {"kind": "eval", "step": 20, "epoch": 0, "heldout_loss": 2.0, "heldout_acc": 0.5},
+    {"kind": "train", "step": 30, "loss": 1.9},  # trained again after the resume below
+    {"kind": "resume", "step": 20},
+    {"kind": "train", "step": 30, "loss": 1.8},
+    {"kind": "failure", "step": 30, "learners": 3},
+    {"kind": "train", "step": 40, "loss": 1.5},
+    {"kind": "eval", "step": 40, "epoch": 1, "heldout_loss": 1.0, "heldout_acc": 0.8,
+     "heldout_speech_acc": 0.7},
+]
+
+
+def _run(tmp_path: Path, records: list[dict]) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_curves_keep_the_second_telling_after_a_resume_and_mark_events():
+    curves = curves_of(RECORDS)
+    assert curves.train_loss == ([10, 30, 40], [3.0, 1.8, 1.5])
+    assert curves.heldout_loss == ([0, 20, 40], [3.8, 2.0, 1.0])
+    assert curves.heldout_acc == ([0, 20, 40], [0.05, 0.5, 0.8])
+    assert curves.speech_acc == ([40], [0.7])
+    assert [(e.kind, e.step, e.note) for e in curves.events] == [
+        ("resume", 20, ""), ("failure", 30, "3 learners")]
+
+
+def test_plot_writes_the_png_and_prints_its_path(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run = _run(tmp_path, RECORDS)
+    assert main([str(run)]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "plot.png")
+    assert (run / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([str(run), "--out", str(tmp_path / "x" / "f.png")]) == 0
+    assert (tmp_path / "x" / "f.png").is_file()
+
+
+@pytest.mark.parametrize(("records", "says"), [
+    (None, "has no metrics.jsonl"),
+    ([{"kind": "resume", "step": 0}], "no training or held-out record yet"),
+])
+def test_a_directory_without_records_says_so(tmp_path, capsys, records, says):
+    run = _run(tmp_path, records) if records is not None else tmp_path
+    assert main([str(run)]) == 2
+    assert says in capsys.readouterr().err and not (run / "plot.png").exists()
+
+
+def test_lab_plots_given_a_run_directory_draws_the_run(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from lab.sweep.plots import main as lab_main
+
+    run = _run(tmp_path, RECORDS)
+    assert lab_main([str(run)]) == 0
+    seen = capsys.readouterr()
+    assert "is a run directory" in seen.err and "python -m hadpsgd.plot" in seen.err
+    assert (run / "plot.png").is_file() and not (run / "plots").exists()
