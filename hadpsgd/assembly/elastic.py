@@ -95,7 +95,8 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     ulfm.revoke(topo.communicators())
     _quietly(trainer.algo.close)  # background threads see the revoked channels and end
     old_hosts = list(topo.hosts)
-    world, gone_now = ulfm.shrink(topo.comm)
+    ulfm.kill_noted(topo)  # a frozen learner on this host that a peer found at its deadline
+    world, gone_now = ulfm.shrink(topo.comm, timeout=topo.timeout)
     gone = [topo.launch_ranks[r] for r in gone_now]  # processes keep their launch ranks
     lost = ", ".join(f"rank {topo.launch_ranks[r]} ({old_hosts[r]})" for r in gone_now)
     # BMUF, H-ADPSGD: a super-learner that lost a member leaves as a whole (its local model
@@ -131,6 +132,7 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     new = comm.init(options.ranks_per_node() or cfg.comm.ranks_per_node, cfg.comm.device,
                     cfg.comm.intra_backend, cfg.comm.hier_algo, cfg.comm.bucket_mb, base=world,
                     node_hint=topo.node if topo.emulated else None)
+    ulfm.kill_frozen_peers(new)
     continued = _continuing(cfg)
     rebuilt = build_trainer(continued, new)
     summary = adopt(rebuilt, snapshot, same_optimizer=True)

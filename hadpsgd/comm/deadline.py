@@ -36,9 +36,27 @@ class CommTimeoutError(RuntimeError):
             arrived, when they could be determined.
     """
 
-    def __init__(self, message: str, missing: list[int] | None = None) -> None:
+    def __init__(self, message: str, missing: list[int] | None = None,
+                 peer_killed: bool = False) -> None:
         super().__init__(message)
         self.missing = missing or []
+        self.peer_killed = peer_killed
+        """The silent peers were frozen and are being killed (``--on-failure continue``): a
+        peer failure the survivors go on from, not the end of the job."""
+
+
+_silent_handler: Callable[[list[int]], bool] | None = None
+
+
+def on_silent_peers(handler: Callable[[list[int]], bool] | None) -> None:
+    """Call ``handler(ranks)`` when peers past a deadline do not answer (dead or frozen).
+
+    ``hadpsgd.comm.ulfm`` sets it under ``--on-failure continue``: a frozen learner is
+    killed by a learner on its host, so that MPI's failure mitigation finds it gone and the
+    others go on. It returns whether the peers will be killed.
+    """
+    global _silent_handler  # noqa: PLW0603 - one policy per process
+    _silent_handler = handler
 
 
 def timeout_from_env() -> float:
@@ -148,6 +166,7 @@ class Watchdog:
         self._noted: dict[int, float] = {}  # peer -> when its "I am stuck" note arrived
         self._sending: list[tuple[Any, Any]] = []  # in-flight replies and their buffers
         self._stopped = False
+        self._reprieve: dict[int, float] = {}  # blocked call -> until when a kill may end it
         # MPI_ANY_SOURCE is -1 in Open MPI but -2 in MPICH (where -1 is MPI_PROC_NULL).
         self._any = _any_source()
         if self.answer:
@@ -236,11 +255,16 @@ class Watchdog:
             what, group, _, seq = active
             if self._active is None or self._active[3] != seq:
                 continue  # finished just now
+            if time.monotonic() < self._reprieve.get(seq, 0.0):
+                continue  # a killed peer: MPI fails the blocked call once it is gone
             if self.thread_multiple:
                 try:
                     self.fail(what, group)
                 except CommTimeoutError as err:
                     _say(f"hadpsgd: error: {err}")
+                    if err.peer_killed and seq not in self._reprieve:
+                        self._reprieve[seq] = time.monotonic() + self.timeout
+                        continue
             else:  # MPI may not be called from this thread: no diagnosis, just the facts
                 _say(f"hadpsgd: error: rank {self.control.Get_rank()}: {what} did not complete "
                      f"within {self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job")
@@ -305,6 +329,7 @@ class Watchdog:
             # Prefer the culprits among this operation's own peers when they are among them.
             in_group = [r for r in missing if r in group]
             missing = in_group or missing
+        killed = False
         if missing:
             told = [f"rank {r} answers: {replies[r]}" for r in missing if r in replies]
             silent = [r for r in missing if r not in replies]
@@ -314,6 +339,10 @@ class Watchdog:
             if silent and self.answer:
                 who += (f" (rank(s) {', '.join(map(str, silent))} did not answer: dead or "
                         "frozen)")
+                handler = _silent_handler
+                killed = bool(handler is not None and handler(silent))
+                if killed:
+                    who += "; killed by a learner on its host, so that the others go on"
         elif (stalled := stalled_for()) > max(1.0, self.timeout / 4):
             # Frozen past the deadline and then let go (the launcher's SIGCONT before its
             # SIGTERM): the peers timed out waiting for this rank and named it first.
@@ -326,7 +355,7 @@ class Watchdog:
             f"rank {me}: {what} (operation #{self.seq}) did not complete within "
             f"{self.timeout:g} s (HADPSGD_TIMEOUT): {who}. A peer is dead, stuck or took "
             "another code path; see its log. Raise HADPSGD_TIMEOUT if peers are merely slow.",
-            missing=missing,
+            missing=missing, peer_killed=killed,
         )
 
     def _diagnose(self, peers: list[int]) -> tuple[list[int], dict[int, str]]:

@@ -260,7 +260,9 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         # Ranks sharing a machine would otherwise each start one thread per core; on a GPU
         # rank those threads only contend with the loader and MPI for the host's cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
-    labels = allgather_object(world, watchdog, device_label(dev))
+    labels, pids = zip(*allgather_object(world, watchdog, (device_label(dev), os.getpid())),
+                       strict=True)
+    labels = list(labels)
     kinds = sorted({label.split(":")[1] for label in labels})
     if len(kinds) > 1:
         gpu_less = sorted({label.partition(":")[0] for label in labels if ":cpu" in label})
@@ -299,7 +301,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
         reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
         placement=placement, hosts=[label.partition(":")[0] for label in labels], notes=notes,
-        launch_ranks=launch_ranks, _errors=world.Dup() if size > 1 else None,
+        launch_ranks=launch_ranks, _errors=world.Dup() if size > 1 else None, pids=list(pids),
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

@@ -101,7 +101,10 @@ class Topology:
     _tracked: list[Any] = field(repr=False, default_factory=list)
     """Communicators made after start-up (channels, counters): revoked with the rest."""
     _errors: Any = field(repr=False, default=None)
-    """A communicator for nothing but :meth:`every_rank_failed`."""
+    """A communicator for :meth:`every_rank_failed` and the notes about a frozen learner
+    (``hadpsgd.comm.ulfm``): nothing else waits on it, and a failure does not revoke it."""
+    pids: list[int] = field(default_factory=list)
+    """Every rank's process id, by rank (on its host, :attr:`hosts`)."""
 
     # ------------------------------------------------------------------ layout
     @property

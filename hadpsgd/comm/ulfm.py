@@ -20,6 +20,10 @@ Only this module calls ULFM's routines (the comm layer is the one room that touc
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -71,6 +75,8 @@ def is_peer_failure(err: BaseException | None) -> bool:
     classes = _classes()
     seen = 0
     while err is not None and seen < 16:
+        if getattr(err, "peer_killed", False):
+            return True  # a frozen peer found at a deadline, being killed (kill_frozen_peers)
         if isinstance(err, MPI.Exception):
             try:
                 if err.Get_error_class() in classes:
@@ -90,14 +96,30 @@ def revoke(comms: list[Any]) -> None:
             continue
 
 
-def shrink(world: Any) -> tuple[Any, list[int]]:
+def shrink(world: Any, timeout: float | None = None) -> tuple[Any, list[int]]:
     """The survivors' world and the ranks (in ``world``) that are gone (collective).
 
     ``MPI_Comm_shrink`` is itself fault tolerant: it completes among the processes alive,
-    and every survivor gets the same new communicator, ranks in the old order.
+    and every survivor gets the same new communicator, ranks in the old order. A process
+    that is neither dead nor taking part (frozen, and not killed) would keep it waiting:
+    past ``timeout`` seconds the job is aborted instead.
     """
     MPI = mpi()  # noqa: N806
-    new = world.Shrink()
+    done = threading.Event()
+
+    def guard() -> None:  # the wheel's MPI_Ishrink fails (MPI_ERR_INTERN): watch a blocking one
+        if not done.wait(timeout):
+            print(f"hadpsgd: error: the survivors of a failure could not agree on who is gone "
+                  f"within {timeout:g} s (HADPSGD_TIMEOUT): a learner is frozen and no learner "
+                  "on its host could kill it; ending the job", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
+
+    if timeout is not None:
+        threading.Thread(target=guard, name="hadpsgd-shrink-deadline", daemon=True).start()
+    try:
+        new = world.Shrink()
+    finally:
+        done.set()
     new.Set_errhandler(MPI.ERRORS_RETURN)
     old_group, new_group = world.Get_group(), new.Get_group()
     kept = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
@@ -128,3 +150,75 @@ def agree_min(comm: Any, value: int) -> int:
 def allgather_object(comm: Any, obj: Any) -> list[Any]:
     """Every survivor's ``obj`` (collective over ``comm``, the survivors' world)."""
     return comm.allgather(obj)
+
+
+_NOTE_TAG = 4177
+"""Tag of "kill this frozen learner" notes to the learners on its host."""
+_notes_sent: list[Any] = []  # in-flight notes and their buffers
+
+
+def kill_frozen_peers(topo: Any) -> None:
+    """``--on-failure continue``: a learner that stops answering is killed from its host.
+
+    A frozen learner (SIGSTOP, a hung driver) is not dead, so MPI's failure mitigation never
+    finds it (Open MPI's heartbeat detector is off: see ``hadpsgd.launch``). Its peers find
+    it at their deadline (``HADPSGD_TIMEOUT``): it does not answer. Then every learner on its
+    host that timed out kills it, and notes to the others on its host ask them to (they may
+    not be waiting for it; they read the notes before shrinking, :func:`kill_noted`). Once it
+    is gone it is a dead learner like any other. A frozen learner alone on its host cannot be
+    killed from here: the job then stops at the deadline, as without the option.
+    """
+    from hadpsgd.comm import deadline
+
+    hosts, pids, me, notes = list(topo.hosts), list(topo.pids), topo.rank, topo._errors
+    if notes is None or len(hosts) != topo.size or len(pids) != topo.size:
+        return
+
+    def handle(silent: list[int]) -> bool:
+        if not all(sum(h == hosts[r] for h in hosts) > 1 for r in silent):
+            return False  # one alone on its host: nobody can kill it
+        for r in silent:
+            if hosts[r] == hosts[me]:
+                _kill(pids[r])
+            for peer in range(len(hosts)):
+                if hosts[peer] == hosts[r] and peer not in (r, me):
+                    buf = np.array([r], dtype=np.int64)
+                    _notes_sent.append((notes.Isend(buf, dest=peer, tag=_NOTE_TAG), buf))
+        return True
+
+    deadline.on_silent_peers(handle)
+
+
+def kill_noted(topo: Any, wait_s: float = 0.1) -> None:
+    """Kill the frozen learners on this host that peers named (see :func:`kill_frozen_peers`).
+
+    Called by every survivor before it shrinks the world; waits up to ``wait_s`` for notes
+    still on their way.
+    """
+    notes = topo._errors
+    if notes is None:
+        return
+    buf = np.empty(1, dtype=np.int64)
+    # Source by source: after a failure MPI_ANY_SOURCE receives fail (ULFM) until the
+    # failure is acknowledged; a dead source fails alone.
+    sources = [r for r in range(topo.size) if r != topo.rank]
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and sources:
+        for source in list(sources):
+            try:
+                while notes.Iprobe(source=source, tag=_NOTE_TAG):
+                    notes.Recv(buf, source=source, tag=_NOTE_TAG)
+                    rank = int(buf[0])
+                    if 0 <= rank < len(topo.pids) and topo.hosts[rank] == topo.hosts[topo.rank]:
+                        _kill(topo.pids[rank])
+            except Exception:  # noqa: BLE001 - that source is dead: nothing will come from it
+                sources.remove(source)
+        time.sleep(0.01)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` (a frozen learner), if it is still there."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -21,12 +21,12 @@ pytestmark = pytest.mark.mpi
 
 
 def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
-            fault: str = "") -> MPIResult:
+            fault: str = "", timeout: str = "60") -> MPIResult:
     """``python -m hadpsgd.launch -n N`` of a tiny run that continues on failure."""
     from hadpsgd.launch import launch_env
 
     env = launch_env(nprocs=nprocs)
-    env.update({"HADPSGD_TIMEOUT": "60", "HADPSGD_FAULT": fault,
+    env.update({"HADPSGD_TIMEOUT": timeout, "HADPSGD_FAULT": fault,
                 "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
     cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), "--",
@@ -138,6 +138,21 @@ def test_adpsgd_goes_on_from_its_replicas_and_trains_every_chunk_once(tiny_data,
     assert max(survivors.values()) == 1  # no survivor's chunk twice
     assert dead <= set(survivors)  # the dead learner's chunks were trained again
     assert total - len(survivors) < 3 * 2  # only the last incomplete global batch
+
+
+def test_a_frozen_learner_is_found_at_the_deadline_killed_and_the_others_go_on(tiny_data,
+                                                                               tmp_path):
+    """Rank 2 of 4 SIGSTOPs itself (every thread frozen: it answers nobody) at step 10: its
+    peers' deadline (4 s) names it, a learner on its host kills it, and the 3 others go on
+    to the end of the epoch."""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
+                  fault="kind=stop,rank=2,step=10", timeout="4")
+    assert res.returncode == 0, res.output[-4000:]
+    assert "did not answer: dead or frozen); killed by a learner on its host" in res.output
+    assert "3 learners go on" in res.stdout
+    failure, = _records(out, "failure")
+    assert failure["lost"] == [2] and _final_world(out) == 3
 
 
 def test_below_min_learners_the_job_stops_in_bounded_time(tiny_data, tmp_path):
