@@ -34,9 +34,9 @@ What each algorithm does with the new world:
   complete is not applied (the delta is computed only from a completed swap); one that
   completed is a valid average with the dead learner's last model and stays.
 
-The data position of SSGD and BMUF is scaled to the new global batch (``adopt``): in the
-interrupted epoch, every chunk is trained at least once, and fewer than one new global batch
-of chunks twice. ADPSGD's survivors pool the slots each trained since the last meeting and
+SSGD and BMUF go on at the new global batch right after the chunks the snapshot had
+trained (``adopt``: a chunk offset into the epoch's order), so the interrupted epoch trains
+every chunk exactly once. ADPSGD's survivors pool the slots each trained since the last meeting and
 hand out the slots none of them trained next (:func:`~hadpsgd.train.pooled.reorder`): the
 dead learner's slots go back to the pool (counted in the failure record as
 ``returned_slots``), and no survivor's slot is trained twice.

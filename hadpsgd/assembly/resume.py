@@ -2,7 +2,8 @@
 
 An exact resume needs the checkpoint's world size and algorithm; anything else is refused
 unless ``--allow-resume-change``, which carries over the deployable model, the optimizer
-state (same optimizer only), and the epoch position scaled to the new global batch.
+state (same optimizer only), and the epoch position: the shards go on right after the chunks
+trained (each chunk of the epoch once), ADPSGD's pool at the position scaled to the new world.
 """
 
 from __future__ import annotations
@@ -146,8 +147,10 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
     """Continue from a checkpoint of another world size or algorithm (not exact).
 
     Takes its deployable model (BMUF's global model), the optimizer state when the optimizer
-    is the same kind, the epoch, and the position inside the epoch scaled to the new global
-    batch; the algorithm's own state starts afresh from the weights.
+    is the same kind, the epoch, and the position inside it: for the shards (SSGD, BMUF) the
+    new global batch's steps start right after the chunks trained (a chunk offset into the
+    epoch's order), for ADPSGD's pool the step scaled to the new global batch; the
+    algorithm's own state starts afresh from the weights.
 
     Returns:
         A one-line summary of what was carried over.
@@ -166,10 +169,20 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
     old_world = int(state.get("world_size") or trainer.topo.size)
     old_global = old_world * int(state["config"]["train"]["batch_size"])
     new_global = trainer.opts.batch_size * trainer.topo.size
+    trainer.history = [EvalResult(**r) for r in state.get("history", [])]
+    was = f"was step {old.step_in_epoch} at global batch {old_global}, now {new_global}"
+    if not trainer.plan.meets:
+        # The shards: the new global batch's steps start right after the chunks trained,
+        # so that the epoch trains every chunk exactly once.
+        sampler = trainer.sampler
+        done = min(int(state.get("chunk_offset", 0)) + old.step_in_epoch * old_global,
+                   sampler.num_chunks)
+        sampler.set_offset(done)
+        trainer.pos = Position(old.epoch, 0, old.global_step)
+        return (f"carried over {', '.join(kept)}; epoch {old.epoch}, on from chunk {done} of "
+                f"{sampler.num_chunks} ({was})")
     steps = len(trainer.sampler)
     step_in_epoch = min(old.step_in_epoch * old_global // new_global, steps)
     trainer.pos = Position(old.epoch, step_in_epoch, old.global_step)
-    trainer.history = [EvalResult(**r) for r in state.get("history", [])]
     return (f"carried over {', '.join(kept)}; epoch {old.epoch}, step {step_in_epoch} of "
-            f"{steps} in it (was {old.step_in_epoch} at global batch {old_global}, now "
-            f"{new_global})")
+            f"{steps} in it ({was})")

@@ -128,9 +128,26 @@ class ChunkBatchSampler(Sampler[list[int]]):
                 f"learners); reduce --batch-size or use more data")
         self.full_steps = self.num_chunks // self.global_batch
         self.remainder = self.num_chunks - self.full_steps * self.global_batch
+        self.offset = 0
+        """Chunks of this epoch's order trained before its step 0 (see :meth:`set_offset`)."""
         self.epoch = 0
         self._fresh = True  # no set_epoch() yet: the constructor's start_step still applies
         self.start_step = self._check_start_step(start_step)
+
+    def set_offset(self, offset: int) -> None:
+        """Start the epoch's steps after the first ``offset`` chunks of its order.
+
+        Where a run goes on at another global batch (after a failure, or a resume at another
+        world size) in the middle of an epoch: the chunks before ``offset`` were trained,
+        and the steps of the new global batch cover exactly the rest. 0 again from the next
+        epoch on (the caller resets it).
+        """
+        if not 0 <= offset <= self.num_chunks:
+            raise ValueError(f"offset must be in [0, {self.num_chunks}], got {offset}")
+        self.offset = int(offset)
+        rest = self.num_chunks - self.offset
+        self.full_steps = rest // self.global_batch
+        self.remainder = rest - self.full_steps * self.global_batch
 
     def _check_start_step(self, start_step: int) -> int:
         if not 0 <= start_step <= len(self):
@@ -176,13 +193,13 @@ class ChunkBatchSampler(Sampler[list[int]]):
         perm = self.permutation()
         g, b, r = self.global_batch, self.batch_size, self.rank
         for step in range(self.start_step, self.full_steps):
-            lo = step * g + r * b
+            lo = self.offset + step * g + r * b
             yield perm[lo:lo + b].tolist()
         if self.start_step <= self.full_steps and len(self) > self.full_steps:
             # The remainder as world_size contiguous near-equal parts: the first
             # (remainder % world_size) ranks get one chunk more.
             base, extra = divmod(self.remainder, self.world_size)
-            lo = self.full_steps * g + r * base + min(r, extra)
+            lo = self.offset + self.full_steps * g + r * base + min(r, extra)
             yield perm[lo:lo + base + (r < extra)].tolist()
 
 

@@ -108,14 +108,19 @@ class EpochPlan:
     def end_epoch(self) -> None:
         """The epoch is over (its evaluation and checkpoint follow)."""
         self._batches = None
+        self.sampler.set_offset(0)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs of the plan beyond the position (the sharded: nothing)."""
-        return {}
+        """What a checkpoint needs of the plan beyond the position.
+
+        The chunk offset of an epoch that went on at another global batch; nothing otherwise.
+        """
+        return {"chunk_offset": self.sampler.offset} if self.sampler.offset else {}
 
     def load_state_dict(self, state: dict[str, Any], pos: Any) -> None:
         """Restore :meth:`state_dict` (``state`` is the whole checkpoint)."""
+        self.sampler.set_offset(int(state.get("chunk_offset", 0)))
 
     def close(self) -> None:
         """Release what the plan holds (collective for the pooled plan)."""

@@ -42,6 +42,7 @@ def learner_state(trainer: Any, model: Any = None) -> dict[str, Any]:
     """
     algo = trainer.algo
     return {
+        **trainer.plan.state_dict(),  # the epoch's chunk offset, as a checkpoint holds it
         "model": _host_copy((model or algo.model).state_dict()),
         "algo": {"optimizer": _host_copy(algo.optimizer.state_dict())},
         "progress": asdict(trainer.pos),

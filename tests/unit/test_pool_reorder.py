@@ -31,3 +31,26 @@ def test_every_slot_once_and_the_trained_first(slots, data):
     assert sorted(order) == list(range(new_slots))  # a permutation of the new epoch
     done = {s for s in old[:start] if s < new_slots} | {s for s in trained if s < new_slots}
     assert set(order[:first]) == done  # exactly the trained ones come before the first ticket
+
+
+@given(st.integers(1, 60), st.integers(1, 4), st.integers(1, 4), st.integers(1, 4),
+       st.data())
+def test_an_epoch_goes_on_at_another_global_batch_right_after_the_chunks_trained(
+        chunks, batch, world_before, world_after, data):
+    """The shards: the steps of the new world cover exactly the chunks not yet trained."""
+    from hadpsgd.data import ChunkBatchSampler
+
+    if chunks < batch * world_before or chunks < batch * world_after:
+        return
+    before = [ChunkBatchSampler(chunks, batch, r, world_before, seed=3) for r in
+              range(world_before)]
+    steps = data.draw(st.integers(0, before[0].full_steps))
+    trained = [c for s in before for i, b in enumerate(s) if i < steps for c in b]
+    after = [ChunkBatchSampler(chunks, batch, r, world_after, seed=3) for r in
+             range(world_after)]
+    for s in after:
+        s.set_offset(steps * batch * world_before)
+        s.set_epoch(0, start_step=0)
+    rest = [c for s in after for b in s for c in b]
+    assert sorted(trained + rest) == sorted(set(trained + rest))  # nothing twice
+    assert chunks - len(trained) - len(rest) < batch * world_after  # only the dropped tail
