@@ -6,8 +6,8 @@ learner to SIGKILL (rank 0 included: it writes the run directory and hosts ADPSG
 random step of a one-epoch run. The survivors must go on and finish with exit 0 within the
 deadline, with one ``failure`` record naming the dead learner, a last checkpoint that
 verifies and records the survivors' world, and the epoch's chunks counted from the chunk
-trace: for ADPSGD every chunk trained by the survivors exactly once (the dead one's again);
-for SSGD and BMUF every chunk at least once and fewer than one new global batch twice.
+trace: every chunk of the epoch's final trajectory trained exactly once (ADPSGD: by the
+survivors, the dead learner's chunks again), but for less than a global batch at its end.
 
     python scripts/soak_elastic.py --kills 50 [--seed 0] [--out DIR] [--json soak.json]
 
@@ -103,8 +103,8 @@ def chunk_problem(out: Path, algo: str, gone_ranks: set[int], kept_step: int, su
             return f"{len(gone - set(alive))} of the dead learner's chunks never trained again"
     else:
         twice = [c for c, n in alive.items() if n > 1]
-        if len(twice) >= new_global:
-            return f"{len(twice)} chunks twice (at most {new_global - 1} expected)"
+        if twice:
+            return f"{len(twice)} chunks trained twice"
     if total - len(alive) >= new_global + survivors * BATCH:
         return f"{total - len(alive)} of {total} chunks never trained"
     return None
