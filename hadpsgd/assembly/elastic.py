@@ -182,12 +182,8 @@ def _place_pooled(trainer: Trainer, epoch_base: int, start: int, order: list[int
         A summary, and the number of slots the dead learner(s) had taken since the last
         meeting that go back to the pool.
     """
+    trainer.keep_the_pool()  # one super-learner left: still the pool's order this epoch
     pos, plan = trainer.pos, trainer.plan
-    if not hasattr(plan, "pool_next"):  # one super-learner left: the shards, from its step
-        first = start + len(trained)
-        pos.step_in_epoch = first // trainer.topo.num_nodes
-        pos.global_step = epoch_base + pos.step_in_epoch
-        return f"carried over each learner's own replica; epoch {pos.epoch}", 0
     slots = plan.pooled.slots
     new_order, first = reorder(order, start, trained, slots)
     plan.order, plan.pool_next = new_order, first

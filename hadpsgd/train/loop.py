@@ -127,11 +127,8 @@ class Trainer:
                  f"{math.log(max(classes, 2)):.3g}, where training starts)")
         # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
         # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
-        self.plan = self._plan(self.algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes)
-        self.sampler = self.plan.sampler
-        self.recorder = Recorder(self.sampler)
-        self.loader = make_loader(train_set, self.recorder, num_workers=opts.num_workers,
-                                  pin_memory=topo.device.type == "cuda")
+        self._use_plan(self._plan(
+            self.algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes))
         self._trace: ChunkTrace | None = None
         self.lr = 0.0
         """The learning rate of the current epoch (set by :meth:`start_epoch`)."""
@@ -354,6 +351,24 @@ class Trainer:
         self._trace.write(trace_step, epoch, self.recorder.handed.popleft())
         self.topo.now_doing(f"after step {step}: loading the next batch")
         return value
+
+    def _use_plan(self, plan: EpochPlan) -> None:
+        """Draw batches as ``plan`` hands them out (its sampler under the loader)."""
+        self.plan = plan
+        self.sampler = plan.sampler
+        self.recorder = Recorder(self.sampler)
+        self.loader = make_loader(self.train_set, self.recorder, num_workers=self.opts.num_workers,
+                                  pin_memory=self.topo.device.type == "cuda")
+
+    def keep_the_pool(self) -> None:
+        """Take batches from the shared pool even on one super-learner (collective).
+
+        After a failure that left ADPSGD one super-learner, the interrupted epoch goes on in
+        the pool's order, so that its slots are still each trained once.
+        """
+        if not self.plan.meets:
+            self.plan.close()
+            self._use_plan(self._plan(True))
 
     def _plan(self, pooled: bool) -> EpochPlan:
         """The epochs' plan: deterministic shards, or one shared pool (asynchronous)."""
