@@ -13,12 +13,21 @@ the dataset wrapper and the loop are this script's, and hadpsgd adds one object 
 across nodes, so on one machine they need it to be more than SSGD.) Without ``--train`` /
 ``--heldout`` it trains on hadpsgd's synthetic default feature set (generated once and cached,
 as ``python -m hadpsgd.run`` does); the CTC targets are its frame labels with repeats collapsed.
+
+At the end rank 0 prints the held-out error of greedy CTC decoding over whole utterances: on
+the real-audio digit set (``python examples/digits/build.py DIR``, then ``--train
+DIR/train.h5 --heldout DIR/heldout.h5``) the word error rate against the digits each
+utterance id ends with; on other data (the synthetic set has no words) the label error rate
+against the collapsed frame labels. Scoring needs kaldialign (``pip install
+'hadpsgd[examples]'``); without it the line says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -31,6 +40,10 @@ from hadpsgd.data import ChunkDataset
 
 BLANK = 0
 """CTC's blank symbol; label ``c`` of the file is symbol ``c + 1``."""
+DIGIT_CLASSES, STATES_PER_DIGIT, SILENCE = 31, 3, 30
+"""The digit set's layout (examples/digits): digit d is classes 3d..3d+2, silence is 30."""
+DIGITS_AT_END = re.compile(r"-(\d+)$")
+"""A digit-set utterance id ends with what it says: ``ho003-en-gb-x-gbclan+f3-012-4821``."""
 
 
 class Encoder(nn.Module):
@@ -111,6 +124,60 @@ def heldout_loss(dist: hadpsgd.Distributed, data: CTCChunks, batch: int = 64) ->
     return float(totals[0] / totals[1])
 
 
+def greedy_classes(logits: torch.Tensor) -> list[int]:
+    """CTC greedy decoding of ``[time, symbols]`` logits to file classes.
+
+    The best symbol per frame, runs of one symbol merged, blanks dropped.
+    """
+    best = logits.argmax(-1)
+    new = torch.ones_like(best, dtype=torch.bool)
+    new[1:] = best[1:] != best[:-1]
+    return [int(s) - 1 for s in best[new & (best != BLANK)]]
+
+
+def digit_words(classes: Sequence[int]) -> list[str]:
+    """The digit words of a class sequence.
+
+    A word starts where a digit's first state (class 3d) follows anything else; 3d twice in
+    a row is one word (its state run split by a blank).
+    """
+    return [str(c // STATES_PER_DIGIT) for i, c in enumerate(classes)
+            if c != SILENCE and c % STATES_PER_DIGIT == 0 and (i == 0 or classes[i - 1] != c)]
+
+
+def heldout_errors(dist: hadpsgd.Distributed, data: CTCChunks) -> tuple[str, int, int] | None:
+    """Greedy CTC over each whole held-out utterance, scored with kaldialign (collective).
+
+    Returns ``("WER", errors, words)`` on the digit set (31 classes, ids ending in their
+    digits), else ``("label error rate", errors, labels)`` against the collapsed frame
+    labels; ``None`` without kaldialign. Each learner decodes every size-th utterance.
+    """
+    try:
+        import kaldialign
+    except ImportError:
+        return None
+    topo, file = dist.topology, data.chunks.file
+    words = file.num_classes == DIGIT_CLASSES and all(map(DIGITS_AT_END.search, file.utt_ids))
+    totals = torch.zeros(2, dtype=torch.float64)  # edit errors, reference tokens
+    with dist.evaluation_model() as model, torch.no_grad():
+        model.eval()
+        for u in range(topo.rank, len(file.utt_ids), topo.size):
+            feats, labels = file.read(file.offsets[u], file.offsets[u + 1])
+            with dist.autocast():
+                logits = model(torch.from_numpy(feats)[None].to(topo.device))[0]
+            hyp: Sequence[object] = greedy_classes(logits.float().cpu())
+            if words:
+                ref: Sequence[object] = list(DIGITS_AT_END.search(file.utt_ids[u])[1])
+                hyp = digit_words(hyp)
+            else:
+                ref = [int(c) for i, c in enumerate(labels) if i == 0 or c != labels[i - 1]]
+            totals += torch.tensor([kaldialign.edit_distance(ref, hyp)["total"], len(ref)],
+                                   dtype=torch.float64)
+        model.train()
+    topo.allreduce_(totals, op="sum")
+    return ("WER" if words else "label error rate"), int(totals[0]), int(totals[1])
+
+
 def data_paths(args: argparse.Namespace, topo: hadpsgd.Topology) -> tuple[str, str]:
     """``--train`` / ``--heldout``, or hadpsgd's synthetic default set (rank 0 makes it)."""
     if args.train and args.heldout:
@@ -187,6 +254,17 @@ def main() -> None:
             print(f"[own_model] {args.algo} on {topo.size} learners ({topo.num_nodes} nodes): "
                   f"held-out CTC loss {first:.4f} -> {last:.4f}, steps per learner {steps}, "
                   f"{time.perf_counter() - start:.1f} s", flush=True)
+        began = time.perf_counter()
+        scored = heldout_errors(dist, heldout)
+        if topo.rank == 0:
+            if scored is None:
+                print("[own_model] held-out errors not scored: pip install "
+                      "'hadpsgd[examples]' (kaldialign)", flush=True)
+            else:
+                name, errors, total = scored
+                print(f"[own_model] held-out {name} {100 * errors / total:.2f} % [{errors} / "
+                      f"{total}] (greedy CTC, whole utterances; "
+                      f"{time.perf_counter() - began:.2f} s)", flush=True)
 
 
 if __name__ == "__main__":

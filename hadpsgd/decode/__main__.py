@@ -29,7 +29,7 @@ from typing import Any
 
 from hadpsgd.exit_codes import EXIT_OK, EXIT_USER_ERROR
 
-# The digit set (shared/tools/tts_digits.py): digit d is classes 3d..3d+2, silence is 30.
+# The digit set (examples/digits/build.py): digit d is classes 3d..3d+2, silence is 30.
 NUM_CLASSES, STATES_PER_WORD, SILENCE_CLASS = 31, 3, 30
 FRAME_SHIFT_S = 0.010
 """Seconds per frame (10 ms), for the real-time factor."""

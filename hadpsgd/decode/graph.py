@@ -92,7 +92,7 @@ def word_classes(num_classes: int, states_per_word: int,
     """Frame classes of each word's HMM: consecutive runs of the non-silence classes.
 
     With 31 classes, 3 states per word and silence 30 this is word d = classes 3d..3d+2,
-    the layout of the digit set (``shared/tools/tts_digits.py``).
+    the layout of the digit set (``examples/digits/build.py``).
 
     Raises:
         ValueError: If the non-silence classes do not split into whole words.
