@@ -20,15 +20,19 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 _LAUNCH_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
-def launch_rank() -> int:
-    """The rank ``mpirun`` gave this process (0 outside a launcher)."""
+def launch_rank(default: int = 0) -> int:
+    """The rank the launcher (``mpirun``, ``mpiexec``) gave this process, else ``default``.
+
+    Read from the launcher's environment, before MPI starts; a process keeps it when the
+    survivors of a failure renumber themselves (``--on-failure continue``).
+    """
     import os
 
     for name in _LAUNCH_RANK_VARIABLES:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
-    return 0
+    return default
 
 
 class RankParser(argparse.ArgumentParser):

@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from hadpsgd import env
+from hadpsgd import cli, env
 from hadpsgd.env import EnvError
 
 ENV = env.FAULT
@@ -129,15 +129,10 @@ def active() -> bool:
 def launch_rank(rank: int) -> int:
     """The rank the launcher gave this process, else ``rank``.
 
-    Read from ``OMPI_COMM_WORLD_RANK`` / ``PMI_RANK``: a fault names a process, which keeps
-    its launch rank when the survivors of a failure renumber themselves
-    (``--on-failure continue``).
+    A fault names a process, which keeps its launch rank when the survivors of a failure
+    renumber themselves (``--on-failure continue``).
     """
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return rank
+    return cli.launch_rank(default=rank)
 
 
 def hit(at: str, rank: int, step: int) -> str | None:

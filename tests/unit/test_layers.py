@@ -15,7 +15,7 @@ ALLOWED = {
     "launch": set(),
     "comm": {"env", "exit_codes"},
     "data": {"env"},
-    "faults": {"env"},
+    "faults": {"cli", "env"},
     "algorithms": {"cli", "comm", "faults", "precision"},
     "config_file": {"cli"},
     "config": {"cli", "config_file", "models", "algorithms", "precision"},
