@@ -56,7 +56,7 @@ from hadpsgd.assembly.runlock import release_runs
 from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig
 from hadpsgd.train.loop import Trainer
-from hadpsgd.train.pooled import reorder
+from hadpsgd.train.pooled import PooledPlan, reorder
 from hadpsgd.train.snapshot import learner_state
 
 
@@ -115,9 +115,9 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
             f"learner(s) {lost} failed ({err}); {survivors} survive, fewer than --min-learners "
             f"{need}: stopping. Resume from the last checkpoint with --resume auto (at "
             "another -np: --allow-resume-change np)")
-    asynchronous = trainer.algo.asynchronous
-    failed_at = getattr(trainer.plan, "_step", 0) if asynchronous else trainer.pos.global_step
-    if asynchronous:
+    pooled = trainer.plan.meets  # ADPSGD's pool: each learner at its own pace
+    failed_at = trainer.plan.current_step(trainer.pos)
+    if pooled:
         # Each survivor's replica as it is; the data from the first slot nobody trained.
         snapshot = learner_state(trainer)
         start, order, trained = _pooled_position(world, trainer)
@@ -137,9 +137,9 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     rebuilt = build_trainer(continued, new)
     summary = adopt(rebuilt, snapshot, same_optimizer=True)
     extra: dict[str, Any] = {}
-    if asynchronous:
-        summary, returned = _place_pooled(rebuilt, getattr(trainer.plan, "epoch_base", 0),
-                                          start, order, trained)
+    if pooled:
+        summary, returned = _place_pooled(rebuilt, trainer.plan.epoch_base, start, order,
+                                          trained)
         extra["returned_slots"] = returned
         where = (f"from their own replicas; {returned} slot(s) taken but trained by no "
                  "survivor go back to the data pool")
@@ -165,10 +165,9 @@ def _pooled_position(world: Any, trainer: Trainer) -> tuple[int, list[int] | Non
         the survivors trained since that meeting.
     """
     plan = trainer.plan
-    start = int(getattr(plan, "pool_next", 0))
-    every = ulfm.allgather_object(world, (start, list(getattr(plan, "trained", []))))
-    return (min(s for s, _ in every), getattr(plan, "order", None),
-            {slot for _, slots in every for slot in slots})
+    assert isinstance(plan, PooledPlan)
+    every = ulfm.allgather_object(world, (plan.pool_next, list(plan.trained)))
+    return (min(s for s, _ in every), plan.order, {slot for _, slots in every for slot in slots})
 
 
 def _place_pooled(trainer: Trainer, epoch_base: int, start: int, order: list[int] | None,

@@ -135,10 +135,11 @@ class Trainer:
         # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
         self._inject = faults.active()
         self._step_wait = env.emulated_step_s(topo.rank)
-        # Synchronous algorithms go on from the newest control point every survivor holds;
-        # ADPSGD's learners go on from their own replicas as they are (no snapshots needed).
+        # The sharded plans (SSGD, BMUF, ADPSGD on one super-learner) go on from the newest
+        # control point every survivor holds; learners that take from the pool (ADPSGD) go
+        # on from their own replicas as they are (no snapshots needed).
         self.snapshots: Snapshots | None = Snapshots() if (
-            opts.on_failure == "continue" and not self.algo.asynchronous) else None
+            opts.on_failure == "continue" and not self.plan.meets) else None
         """With --on-failure continue, the state at the last agreed control points."""
 
     @property

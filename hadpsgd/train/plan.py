@@ -70,6 +70,10 @@ class EpochPlan:
         step = pos.global_step + 1
         return step, step
 
+    def current_step(self, pos: Any) -> int:
+        """The global step this learner is at (the sharded plan: the position's)."""
+        return pos.global_step
+
     def stepped(self, pos: Any, loss: float) -> int:
         """A batch was trained: advance; returns what the log and control cadence counts.
 

@@ -180,6 +180,10 @@ class PooledPlan(EpochPlan):
         trace_key = (pos.epoch * sampler.slots + slot) * self.topo.local_size
         return step, trace_key + self.topo.local_rank
 
+    def current_step(self, pos: Any) -> int:
+        """The global step of the slot this learner trained last (agreed only at meetings)."""
+        return self._step
+
     def stepped(self, pos: Any, loss: float) -> int:
         """Count this learner's batches (the position is agreed at the meeting)."""
         self.local += 1
