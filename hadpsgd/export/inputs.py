@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hadpsgd.data import FeatureFile, FeatureFileError, PriorsError, default_dataset
+from hadpsgd.data.kaldi import load_norm
 from hadpsgd.data.pipeline import read_record
 from hadpsgd.data.synth import SynthSpec
 from hadpsgd.export.graph import Scores
@@ -88,20 +89,14 @@ def resolve_norm(spec: str, loaded: LoadedModel) -> tuple[Stats, str]:
         stats, note = _file_stats(path, "auto"), cmvn_note(path)
         if stats is None:
             return None, f"none ({path} has no norm/): the graph takes features as stored{note}"
-    elif spec.endswith(".npz"):
-        try:
-            with np.load(spec) as data:
-                stats = (data["mean"].astype(np.float32), data["std"].astype(np.float32))
-        except (OSError, KeyError, ValueError) as err:
-            raise ForwardError(f"--norm {spec}: {err}; pass an .npz with arrays 'mean' and "
-                               "'std', or a feature file with norm/") from None
-        named = f"from {spec}"
     else:
-        stats = _file_stats(Path(spec), spec)
-        if stats is None:
-            raise ForwardError(f"--norm {spec} has no normalisation statistics (norm/mean, "
-                               "norm/std); pass the training file, or --norm none")
-        named, note = f"{spec}'s", cmvn_note(Path(spec))
+        try:  # the loader the Kaldi import's --norm-from uses: a feature file or an .npz
+            stats = load_norm(spec)
+        except (OSError, KeyError, ValueError) as err:
+            raise ForwardError(f"--norm {spec}: {err}; pass the training file (its norm/), an "
+                               ".npz with arrays 'mean' and 'std', or --norm none") from None
+        named = f"from {spec}" if spec.endswith(".npz") else f"{spec}'s"
+        note = "" if spec.endswith(".npz") else cmvn_note(Path(spec))
     mean, std = stats
     if mean.shape != (loaded.input_dim,) or std.shape != (loaded.input_dim,):
         raise ForwardError(f"--norm: the statistics have dimension {mean.shape[0]} but the "
