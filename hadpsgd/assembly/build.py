@@ -18,8 +18,9 @@ from torch import nn
 
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.api import Distributed
-from hadpsgd.assembly import provenance, rundir
+from hadpsgd.assembly import provenance, resume_data, rundir
 from hadpsgd.assembly.data import load_data
+from hadpsgd.assembly.resume_config import allowed, resume_checkpoint, saved_config
 from hadpsgd.assembly.runlock import RunDirBusy, lock_run
 from hadpsgd.cli import ConfigError, to_dict
 from hadpsgd.comm import Topology
@@ -50,6 +51,11 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     """
     check_out_dir(cfg, topo)
     train_set, heldout_set = load_data(cfg, topo)
+    data_identity = resume_data.identity(train_set.file, heldout_set.file)
+    if cfg.train.resume is not None:  # the same paths may hold other data by now
+        path = resume_checkpoint(cfg)
+        resume_data.check_resume_data(path, saved_config(path) if path else None,
+                                      data_identity, allowed(cfg))
     # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
     # ranks keeps single-process runs reproducible too.
     torch.manual_seed(cfg.train.seed)
@@ -66,7 +72,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
                           algo.update_batch(cfg.train.batch_size),
                           cfg.optim.warmup_epochs, cfg.optim.anneal)
     return Trainer(dist, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
-                   metrics, config=to_dict(cfg))
+                   metrics, config={**to_dict(cfg), resume_data.IDENTITY_KEY: data_identity})
 
 
 def check_out_dir(cfg: RunConfig, topo: Topology) -> None:

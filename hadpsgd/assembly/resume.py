@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hadpsgd.assembly import resume_data
 from hadpsgd.assembly.resume_config import allowed, resume_checkpoint
 from hadpsgd.cli import ConfigError, flag
 from hadpsgd.comm import Topology
@@ -93,6 +94,13 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
         old = saved.get(sec, {}).get(name)
         if old is not None and old != getattr(getattr(cfg, sec), name):
             changed.append(f"{flag(name)} {old} (now {getattr(getattr(cfg, sec), name)})")
+    # Other training data under the same path (--allow-resume-change train; refused by
+    # build_trainer otherwise): the epoch's order is another one, so carry the model over.
+    # Other held-out data changes what is measured, not what is trained: loaded exactly.
+    now = trainer.config.get(resume_data.IDENTITY_KEY)
+    changed += [f"--{split} data ({what})" for split, what in
+                resume_data.data_changes(saved.get(resume_data.IDENTITY_KEY), now or {})
+                if split == "train"]
     if changed:
         same_opt = saved.get("optim", {}).get("optimizer") == cfg.optim.optimizer
         summary = adopt(trainer, state, same_optimizer=same_opt)

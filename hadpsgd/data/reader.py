@@ -130,7 +130,7 @@ class FeatureFile:
         for attr in REQUIRED_ATTRS:
             if attr not in h5.attrs:
                 raise self._error(f"missing attribute '{attr}'; {_FIX_WRITER}")
-        version = int(h5.attrs["format_version"])
+        version = self._int_attr(h5, "format_version")
         if version != FORMAT_VERSION:
             raise self._error(f"unsupported format_version {version}; this hadpsgd reads "
                               f"format_version {FORMAT_VERSION}, {_FIX_WRITER}")
@@ -139,8 +139,8 @@ class FeatureFile:
                 raise self._error(f"missing dataset '{name}'; {_FIX_WRITER}")
         feats, labels, offsets_ds = h5[FEATS], h5[LABELS], h5[OFFSETS]
 
-        self.num_classes = int(h5.attrs["num_classes"])
-        self.feat_dim = int(h5.attrs["feat_dim"])
+        self.num_classes = self._int_attr(h5, "num_classes")
+        self.feat_dim = self._int_attr(h5, "feat_dim")
         if self.num_classes < 1:
             raise self._error(f"attribute num_classes is {self.num_classes}, must be >= 1")
         if self.feat_dim < 1:
@@ -180,6 +180,24 @@ class FeatureFile:
         self.stamped = found is not None and not self.verify and self._check_stamp(h5, found)
         self._validate_norm(h5)
         self._validate_silence(h5)
+
+    def _int_attr(self, h5: h5py.File, name: str) -> int:
+        """A required attribute that must be one integer (an integral float is taken too).
+
+        Files written by other tools (or edited by hand) may hold a string, an array or NaN
+        there; ``int()`` of those raised a bare ValueError or TypeError with no file named.
+        """
+        value = h5.attrs[name]
+        if isinstance(value, np.ndarray) and value.shape == ():
+            value = value[()]
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            return int(value)
+        if isinstance(value, (float, np.floating)) and np.isfinite(value) \
+                and float(value).is_integer():
+            return int(value)
+        shown = value.item() if isinstance(value, np.generic) else value
+        raise self._error(f"attribute '{name}' must be one integer, got {shown!r:.60}; "
+                          f"{_FIX_WRITER}")
 
     def _validate_offsets(self, ds: h5py.Dataset) -> None:
         if ds.ndim != 1 or ds.dtype.kind not in "iu" or ds.shape[0] < 1:

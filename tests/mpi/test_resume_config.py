@@ -45,3 +45,34 @@ def test_a_resume_takes_the_runs_configuration_and_refuses_other_values(tiny_dat
     assert_ok(res)
     assert "with a change" in res.stdout and "--optimizer sgd (now adam)" in res.stdout
     assert _config(out)["optim"]["optimizer"] == "adam"
+
+
+def test_a_resume_refuses_other_data_under_the_same_path(tiny_data, tmp_path):
+    """The training file is regenerated under its old name (same dimensions, other
+    utterances): the resume is refused with exit 2, naming the file and what differs, before
+    anything is written; --allow-resume-change train carries the model over to it."""
+    import shutil
+
+    from hadpsgd.data.synth import SynthSpec, generate
+
+    data = tmp_path / "data"
+    data.mkdir()
+    files = (data / "train.h5", data / "heldout.h5")
+    for src, dst in zip(tiny_data, files, strict=True):
+        shutil.copy(src, dst)
+    out = tmp_path / "run"
+    assert_ok(run_mpi(1, run_args(files, out, "--batch-size", "8", "--max-steps", "4")))
+    other, _ = generate(tmp_path / "other", SynthSpec(
+        feat_dim=260, num_classes=12, train_utts=50, heldout_utts=12, min_len=60, max_len=120,
+        seed=4))
+    shutil.copy(other, files[0])
+    before = (out / "config.json").read_text()
+    res = run_mpi(1, run_args(files, out, "--resume", "auto", "--max-steps", "8"))
+    assert res.returncode == 2, res.output[-3000:]
+    assert "its data changed since that checkpoint was written: --train" in res.stderr
+    assert "labels checksum" in res.stderr and "--allow-resume-change train" in res.stderr
+    assert (out / "config.json").read_text() == before
+    res = run_mpi(1, run_args(files, out, "--resume", "auto", "--max-steps", "8",
+                              "--allow-resume-change", "train"))
+    assert_ok(res)
+    assert "with a change (--train data (" in res.stdout and "carried over model" in res.stdout

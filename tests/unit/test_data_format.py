@@ -185,6 +185,16 @@ CORRUPTIONS = {
     "version": (lambda f: f.attrs.__setitem__("format_version", 2),
                 "unsupported format_version 2"),
     "feat_dim attr": (lambda f: f.attrs.__setitem__("feat_dim", D + 1), "feature-dim mismatch"),
+    # Another tool's (or a hand edit's) attribute that is no integer: named, not a bare
+    # "invalid literal for int()".
+    "num_classes string": (lambda f: f.attrs.__setitem__("num_classes", "five"),
+                           "attribute 'num_classes' must be one integer, got 'five'"),
+    "feat_dim array": (lambda f: f.attrs.__setitem__("feat_dim", np.array([D, D])),
+                       "attribute 'feat_dim' must be one integer"),
+    "version NaN": (lambda f: f.attrs.__setitem__("format_version", np.nan),
+                    "attribute 'format_version' must be one integer, got nan"),
+    "num_classes fraction": (lambda f: f.attrs.__setitem__("num_classes", 5.5),
+                             "attribute 'num_classes' must be one integer, got 5.5"),
     "feats 1-D": (replace("feats", np.zeros(T, np.float32)), "2-D float"),
     "labels length": (replace("labels", np.zeros(T - 1, np.int32)), "'labels' has 15 entries"),
     "offsets start": (replace("offsets", np.array([1, 5, 5, 12, 16])), "start at 0"),
