@@ -137,8 +137,12 @@ def make_out_dir(cfg: RunConfig, topo: Topology, train_path: Path | None = None)
         resolved["train"]["out_dir"] = str(out)
         resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
                              "node_sizes": topo.node_sizes, "device": str(topo.device)}
-        provenance.write_config(out / "config.json", resolved,
-                                provenance.entry(topo, cfg.train.resume))
+        changed = provenance.write_config(out / "config.json", resolved,
+                                          provenance.entry(topo, cfg.train.resume))
+        if changed and cfg.train.resume is not None:
+            print(f"[hadpsgd] note: this resume runs other software than the run's previous "
+                  f"start ({'; '.join(changed)}); it goes on, but its steps may differ in the "
+                  "last bits from an uninterrupted run", flush=True)
         if train_path is not None and (cfg.train.resume is None
                                        or not (out / PRIORS_FILE).exists()):
             save_priors(priors_of(train_path), out / PRIORS_FILE)

@@ -61,15 +61,42 @@ def entry(topo: Topology, resume: str | None) -> dict[str, Any]:
     }
 
 
-def write_config(path: Path, resolved: dict[str, Any], start: dict[str, Any]) -> None:
-    """Write ``config.json``: the resolved configuration, earlier starts' entries and ours."""
+def software_changes(before: Any, start: dict[str, Any]) -> list[str]:
+    """What software differs from the run's previous start, in words (empty: the same).
+
+    A resume under another torch, NumPy or hadpsgd (or another commit, or MPI library) goes
+    on, but its steps may differ from the uninterrupted run's in the last bits, so it is said.
+    """
+    if not isinstance(before, dict):
+        return []
+    said = []
+    old_versions, versions = before.get("versions"), start.get("versions")
+    if isinstance(old_versions, dict) and isinstance(versions, dict):
+        for name, now in versions.items():
+            old = old_versions.get(name)
+            if old is not None and now is not None and old != now:
+                said.append(f"{name} {old} -> {now}")
+    for key in ("git_commit", "mpi_library", "python"):
+        old, now = before.get(key), start.get(key)
+        if old is not None and now is not None and old != now:
+            said.append(f"{key.replace('_', ' ')} {str(old)[:40]} -> {str(now)[:40]}")
+    return said
+
+
+def write_config(path: Path, resolved: dict[str, Any], start: dict[str, Any]) -> list[str]:
+    """Write ``config.json``: the resolved configuration, earlier starts' entries and ours.
+
+    Returns:
+        :func:`software_changes` since the previous start recorded there.
+    """
     earlier: list[Any] = []
     if path.exists():
         try:
             earlier = list(json.loads(path.read_text()).get("provenance", []))
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, TypeError):
             earlier = []  # unreadable: start the record again rather than fail the run
     out = {**resolved, "provenance": [*earlier, start]}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
     tmp.replace(path)
+    return software_changes(earlier[-1] if earlier else None, start)

@@ -32,3 +32,16 @@ def test_unreadable_old_file_is_replaced(tmp_path):
     path.write_text("{broken")
     provenance.write_config(path, {"x": 1}, {"time": "t"})
     assert json.loads(path.read_text())["provenance"] == [{"time": "t"}]
+
+
+def test_a_resume_under_other_software_is_said(tmp_path):
+    start = provenance.entry(TwoHosts(), resume=None)
+    path = tmp_path / "config.json"
+    assert provenance.write_config(path, {"x": 1}, start) == []  # a fresh start
+    assert provenance.write_config(path, {"x": 1}, {**start, "resume": "auto"}) == []
+    newer = {**start, "versions": {**start["versions"], "torch": "9.9.9"},
+             "git_commit": "abc123"}
+    said = provenance.write_config(path, {"x": 1}, newer)
+    assert f"torch {start['versions']['torch']} -> 9.9.9" in said
+    assert any(s.startswith("git commit ") and s.endswith("-> abc123") for s in said) \
+        or start["git_commit"] is None
