@@ -61,6 +61,15 @@ def entry(topo: Topology, resume: str | None) -> dict[str, Any]:
     }
 
 
+def _short(value: Any) -> str:
+    """A commit as 12 hex digits with its ``+dirty`` mark; anything else up to 60 characters."""
+    text = str(value)
+    head, dirty, _ = text.partition("+dirty")
+    if dirty and len(head) == 40:
+        return head[:12] + dirty
+    return head[:12] if len(text) == 40 else text[:60]
+
+
 def software_changes(before: Any, start: dict[str, Any]) -> list[str]:
     """What software differs from the run's previous start, in words (empty: the same).
 
@@ -79,7 +88,7 @@ def software_changes(before: Any, start: dict[str, Any]) -> list[str]:
     for key in ("git_commit", "mpi_library", "python"):
         old, now = before.get(key), start.get(key)
         if old is not None and now is not None and old != now:
-            said.append(f"{key.replace('_', ' ')} {str(old)[:40]} -> {str(now)[:40]}")
+            said.append(f"{key.replace('_', ' ')} {_short(old)} -> {_short(now)}")
     return said
 
 

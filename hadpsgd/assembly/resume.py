@@ -33,16 +33,33 @@ def _say(topo: Topology, msg: str) -> None:
 
 
 def _find(trainer: Trainer, cfg: RunConfig, topo: Topology) -> str | None:
-    """The checkpoint to resume from: rank 0 picks and verifies it, every rank learns it."""
-    path = None
+    """The checkpoint to resume from: rank 0 picks and verifies it, every rank learns it.
+
+    Raises:
+        ConfigError: Where ``--resume auto`` finds checkpoints but none is complete: starting
+            afresh would silently train another run in their place.
+    """
+    path, problem = None, None
     if topo.rank == 0:
         if cfg.train.resume == "auto":
-            found = latest_checkpoint(trainer.ckpt_dir, report=lambda m: _say(topo, m))
+            skipped: list[str] = []
+            found = latest_checkpoint(trainer.ckpt_dir, report=skipped.append)
+            for line in skipped:
+                _say(topo, line)
             path = str(found) if found is not None else None
+            if found is None and skipped:
+                problem = (
+                    f"--resume auto: {trainer.ckpt_dir} holds {len(skipped)} checkpoint(s) and "
+                    "none is complete (each is named above), so there is nothing to continue; "
+                    "restore one (from a copy), or start the run over with --overwrite (it "
+                    "deletes the run's files), or start a new run in another --out-dir")
         else:
             path = cfg.train.resume
             load_checkpoint(path, verify=True)  # fail here, naming it, if it is bad
-    return topo.bcast_object(path, root=0)
+    path, problem = topo.bcast_object((path, problem), root=0)
+    if problem is not None:
+        raise ConfigError(problem)
+    return path
 
 
 def _check_model(path: str, state: dict[str, Any], cfg: RunConfig, trainer: Trainer) -> None:
@@ -75,8 +92,12 @@ def resume(trainer: Trainer, cfg: RunConfig, topo: Topology) -> None:
     """
     path = _find(trainer, cfg, topo)
     if path is None:
-        _say(topo, f"--resume auto: no complete checkpoint in {trainer.ckpt_dir}, starting "
+        _say(topo, f"--resume auto: no checkpoint in {trainer.ckpt_dir} yet, starting "
                    "fresh")
+        # An earlier start may have logged steps before it died: they are void from here.
+        logged = trainer.metrics.path
+        if logged.is_file() and logged.stat().st_size > 0:
+            trainer.metrics.resumed_at(0)
         return
     state = load_checkpoint(path, verify=False)  # rank 0 verified the checksums
     _check_model(path, state, cfg, trainer)

@@ -76,3 +76,30 @@ def test_a_resume_refuses_other_data_under_the_same_path(tiny_data, tmp_path):
                               "--allow-resume-change", "train"))
     assert_ok(res)
     assert "with a change (--train data (" in res.stdout and "carried over model" in res.stdout
+
+
+def test_resume_auto_where_every_checkpoint_is_damaged_is_refused(tiny_data, tmp_path):
+    """Checkpoints are there but none is complete: --resume auto names each and exits 2
+    instead of training another run in their place; where the run died before its first
+    checkpoint it starts afresh and marks the earlier start's records void (a resume record
+    at step 0)."""
+    import shutil
+
+    from hadpsgd.train.metrics import read_metrics
+
+    out = tmp_path / "run"
+    assert_ok(run_mpi(1, run_args(tiny_data, out, "--batch-size", "8", "--max-steps", "4",
+                                  "--checkpoint-every", "2")))
+    for ckpt in (out / "checkpoints").glob("step-*"):
+        (ckpt / "state.pt").write_bytes(b"damaged")
+    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "6"))
+    assert res.returncode == 2, res.output[-3000:]
+    assert res.stdout.count("skipping checkpoint") == 2
+    assert "holds 2 checkpoint(s) and none is complete" in res.stderr
+    assert "--overwrite" in res.stderr and "Traceback" not in res.output
+    shutil.rmtree(out / "checkpoints")
+    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "2"))
+    assert_ok(res)
+    assert "no checkpoint in" in res.stdout and "starting fresh" in res.stdout
+    kinds = [(r["kind"], r["step"]) for r in read_metrics(out / "metrics.jsonl")]
+    assert ("resume", 0) in kinds and kinds.index(("resume", 0)) > 0
