@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from hadpsgd.comm import Topology
 from hadpsgd.config import RunConfig
 from hadpsgd.data import ChunkDataset, FeatureFile, FeatureFileError
@@ -40,9 +42,13 @@ def load_data(cfg: RunConfig, topo: Topology) -> tuple[ChunkDataset, ChunkDatase
     mismatch = cmvn_mismatch(train_path, heldout_path)  # the Kaldi imports' CMVN records
     if mismatch is not None:
         raise FeatureFileError(mismatch)
+    check_chunk_len(train_set)
     check_steps(train_set, cfg.train.batch_size, topo.size)
     files = [train_set.file, heldout_set.file]
     if topo.rank == 0:
+        note = heldout_overlap(train_set.file, heldout_set.file)
+        if note:
+            print(f"[hadpsgd] note: {note}", flush=True)
         for ff in files:
             if ff.old_stamp and not verify:
                 print(f"[hadpsgd] note: {ff.path}: its validated stamp is an older hadpsgd's, "
@@ -79,6 +85,42 @@ def resolve_data(cfg: RunConfig, topo: Topology) -> tuple[Path, Path]:
         print(f"[hadpsgd] synthetic data: {generated[0]}, {generated[1]}", flush=True)
     generated = topo.bcast_object(generated, root=0)
     return Path(generated[0]), Path(generated[1])
+
+
+def check_chunk_len(train_set: ChunkDataset) -> None:
+    """Refuse a ``--chunk-len`` longer than every training utterance.
+
+    Each utterance shorter than a chunk is one chunk padded to its length, so beyond the
+    longest utterance every frame added is padding: memory and compute spent on nothing (a
+    ``--chunk-len 2100`` meant as 21 runs, 100 times the work, without a word).
+
+    Raises:
+        FeatureFileError: Naming the longest utterance's length and the flag.
+    """
+    longest = int(np.diff(train_set.file.offsets).max())
+    if train_set.chunk_len > longest:
+        raise FeatureFileError(
+            f"--chunk-len {train_set.chunk_len} is longer than the longest utterance of "
+            f"{train_set.file.path} ({longest} frames): every chunk would be padded past it, "
+            f"memory and compute spent on padding; use --chunk-len {longest} or less (the "
+            "paper's unroll is 21)")
+
+
+def heldout_overlap(train: FeatureFile, heldout: FeatureFile) -> str | None:
+    """Why the held-out loss would not measure unseen data, or None.
+
+    The same file for both, or utterance ids found in both: often a slip (the training file
+    passed twice, a split made twice), and the held-out loss then measures fit.
+    """
+    if train.path.resolve() == heldout.path.resolve():
+        return (f"--heldout {heldout.path} is the training file: the held-out loss measures "
+                "the fit to the training data, not unseen data")
+    shared = len(set(train.utt_ids) & set(heldout.utt_ids))
+    if shared:
+        return (f"{shared} of the {heldout.num_utts} utterances of --heldout {heldout.path} "
+                f"are also in --train {train.path} (the same ids): the held-out loss is not "
+                "on unseen data only")
+    return None
 
 
 def check_steps(train_set: ChunkDataset, batch_size: int, world_size: int) -> None:

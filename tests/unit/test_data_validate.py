@@ -17,7 +17,13 @@ import h5py
 import numpy as np
 import pytest
 
-from hadpsgd.assembly.data import _scan_share, check_steps, validate_data
+from hadpsgd.assembly.data import (
+    _scan_share,
+    check_chunk_len,
+    check_steps,
+    heldout_overlap,
+    validate_data,
+)
 from hadpsgd.data import (
     ChunkBatchSampler,
     ChunkDataset,
@@ -241,6 +247,27 @@ def test_fewer_chunks_than_one_global_batch(good: Path) -> None:
     for phrase in ("good.h5", "16 chunks of 2 frames", "global batch of 20", "zero steps",
                    "--batch-size", "--chunk-len", "more training data"):
         assert phrase in msg, msg
+
+
+def test_a_chunk_longer_than_every_utterance_is_refused(good: Path) -> None:
+    check_chunk_len(ChunkDataset(good, chunk_len=max(LENGTHS)))  # the longest: one chunk
+    with pytest.raises(FeatureFileError, match=r"--chunk-len 10 is longer than the longest "
+                                               r"utterance of .*good\.h5 \(9 frames\).*"
+                                               r"--chunk-len 9 or less"):
+        check_chunk_len(ChunkDataset(good, chunk_len=10))
+
+
+def test_heldout_that_is_training_data_is_said(good: Path, tmp_path: Path) -> None:
+    assert "is the training file" in heldout_overlap(FeatureFile(good), FeatureFile(good))
+    other = tmp_path / "other.h5"
+    rng = np.random.default_rng(0)
+    write_features(other, [rng.standard_normal((3, D)).astype(np.float32)] * 2,
+                   [np.zeros(3, np.int64)] * 2, [IDS[0], "new"], C)
+    note = heldout_overlap(FeatureFile(good), FeatureFile(other))
+    assert note.startswith("1 of the 2 utterances of --heldout") and "not on unseen" in note
+    write_features(other, [rng.standard_normal((3, D)).astype(np.float32)],
+                   [np.zeros(3, np.int64)], ["new"], C)
+    assert heldout_overlap(FeatureFile(good), FeatureFile(other)) is None
 
 
 def test_heldout_shorter_than_a_chunk_is_still_evaluated(good: Path) -> None:
