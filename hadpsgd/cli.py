@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 import textwrap
 import types
 import typing
@@ -52,23 +53,52 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the option and the fix."""
 
 
+MAX_INT = 2**63 - 1
+"""The largest integer option: counts, steps and seeds end up in int64 tensors and RNG seeds."""
+
+# What a user types for a number: ASCII digits only. Python's int() and float() also read
+# "1_000", " 3" and full-width digits ("１２"), which no shell script or config.json holds.
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|nan|inf|infinity)",
+                    re.IGNORECASE)  # nan and inf match, to be refused as no finite number
+
+
+def _shown(text: str) -> str:
+    """``text`` for a message, cut short: a flag's value can be arbitrarily long."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def plain_int(text: str) -> int:
+    """Argparse's type of every integer option: decimal digits, within a 64-bit integer."""
+    if not _INT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a whole number (decimal digits), got "
+                                         f"{_shown(text)}")
+    # Long strings first: int() refuses more than 4300 digits with a ValueError of its own.
+    if len(text.lstrip("+-").lstrip("0")) > 19 or abs(int(text)) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT} in size, got "
+                                         f"{_shown(text)}")
+    return int(text)
+
+
 def finite_float(text: str) -> float:
     """Argparse's type of every float option: a finite number (NaN and infinity refused).
 
     ``float()`` reads ``nan``, ``inf`` and ``1e400``; none is a learning rate, a momentum or
     a bucket size, and a NaN passes every ``<`` range check after it.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not _FLOAT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a number, got {_shown(text)}")
+    value = float(text)
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {_shown(text)}")
     return value
 
 
 def check_finite(obj: Any) -> None:
     """Refuse a float field of dataclass ``obj`` that is NaN or infinite, naming its flag.
+
+    Also an integer field beyond :data:`MAX_INT` (``10**30`` steps or as a seed fails deep
+    in torch or numpy, not here).
 
     For values that come from elsewhere than the command line (``--config`` files, direct
     construction); call it first in ``__post_init__``.
@@ -81,6 +111,9 @@ def check_finite(obj: Any) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{flag(option_name(f), obj)} must be a finite number, got "
                               f"{value}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ConfigError(f"{flag(option_name(f), obj)} must be at most {MAX_INT} in "
+                              f"size, got {value}")
 
 
 @functools.cache
@@ -175,7 +208,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
                                default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
             continue
         choices = _choices(f, base)
-        conv = str if get_origin(base) is Literal else finite_float if base is float else base
+        conv = (str if get_origin(base) is Literal else finite_float if base is float
+                else plain_int if base is int else base)
         metavar = None if choices else ("N" if base is int else "X" if base is float else "STR")
         # A field whose metadata has a "const" takes an optional value: the flag alone is it.
         extra = {"nargs": "?", "const": f.metadata["const"]} if "const" in f.metadata else {}

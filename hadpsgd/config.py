@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -57,6 +58,19 @@ def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
             raise ConfigError(f"{flag(name)} must be {bound}, got {value}")
 
 
+def _paths(obj: object, *names: str) -> None:
+    """Refuse an empty path or one with a NUL byte (``''`` is the working directory)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and (not value.strip() or "\0" in value):
+            raise ConfigError(f"{flag(name)} must name a file or directory, got {value!r}; "
+                              f"give a path or leave it out")
+
+
+MAX_BUCKET_MB = 2.0**20
+"""The largest bucket (1 TiB): a bucket's size in bytes must be a Python int."""
+
+
 @dataclass
 class DataConfig:
     """Data: HDF5 feature files (docs/design.md, the feature format) or the synthetic default."""
@@ -85,6 +99,7 @@ class DataConfig:
             raise ConfigError(
                 "give both --train and --heldout, or neither (to use the synthetic default set)"
             )
+        _paths(self, "train", "heldout")
         _positive(self, "chunk_len", "synthetic_utts")
         _positive(self, "num_workers", allow_zero=True)
 
@@ -256,7 +271,8 @@ class TrainConfig:
         _positive(self, "epochs", "batch_size", "log_every")
         _positive(self, "control_every")
         _positive(self, "max_steps", "checkpoint_every", "keep_checkpoints", "keep_best",
-                  "max_nonfinite", allow_zero=True)
+                  "max_nonfinite", "seed", allow_zero=True)  # numpy seeds are >= 0
+        _paths(self, "out_dir", "resume")
         if self.max_loss_ratio and self.max_loss_ratio <= 1.0:
             raise ConfigError(f"--max-loss-ratio must be > 1 (or 0 to disable the divergence "
                               f"check), got {self.max_loss_ratio}")
@@ -362,6 +378,10 @@ class CommConfig:
             _positive(self, "ranks_per_node")
         _positive(self, "bucket_mb")
         _positive(self, "grad_bucket_mb")
+        for name in ("bucket_mb", "grad_bucket_mb"):
+            if getattr(self, name) > MAX_BUCKET_MB:
+                raise ConfigError(f"{flag(name)} must be at most {MAX_BUCKET_MB:.0f} (1 TiB), "
+                                  f"got {getattr(self, name)}")
 
 
 @dataclass
@@ -383,6 +403,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_finite(self)
+        _check_resume_changes(self.train.allow_resume_change)
         # Built and validated here, once: the assembly hands this very object to the
         # algorithm, and run.main asks it for the layout (ADPSGD's super-learners).
         self._algo_options = algorithms.spec(self.train.algo).options.from_section(self.algo)
@@ -401,6 +422,19 @@ class RunConfig:
         Raises nothing: a bad value was a :class:`ConfigError` when this was constructed.
         """
         return self._algo_options
+
+
+def _check_resume_changes(text: str | bool | None) -> None:
+    """Refuse an ``--allow-resume-change`` list naming no flag of the run, or none at all."""
+    if not isinstance(text, str):
+        return
+    names = set(_option_types(RunConfig)) | {"np", "all"}
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [p for p in parts if p.lstrip("-").replace("-", "_") not in names]
+    if not parts or unknown:
+        raise ConfigError(f"--allow-resume-change takes flags of python -m hadpsgd.run "
+                          f"(comma-separated, e.g. lr,batch-size; np for another number of "
+                          f"ranks), or nothing for all of them; got {text!r}")
 
 
 def _foreign_options(ns: argparse.Namespace, algo: str) -> list[str]:
@@ -428,12 +462,16 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     group.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
                        help="print the resolved configuration as JSON and exit")
     ns = parser.parse_args(argv)
+    for name, value in vars(ns).items():
+        if isinstance(value, list):  # argparse drops the value "--" of --lr=-- and leaves []
+            parser.error(f"argument {flag(name)}: expected one value, got '--'")
     show = bool(vars(ns).pop("print_config", False))
     path = vars(ns).pop("config", None)
     owners: dict[str, list[str]] = AlgoConfig.__owners__  # type: ignore[attr-defined]
     if path is not None:
         try:
-            from_file = read_config_file(path, _option_types(RunConfig))
+            from_file = read_config_file(path, _option_types(RunConfig),
+                                         _option_sections(RunConfig))
         except ConfigError as err:
             parser.error(str(err))
         algo = getattr(ns, "algo", from_file.get("algo", TrainConfig.algo))
@@ -461,6 +499,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     return cfg
 
 
+@functools.cache  # read-only; typing.get_type_hints is most of a parse's time
 def _option_types(cls: type) -> dict[str, Any]:
     """Every option's field name and type, through the nested sections."""
     hints = get_type_hints(cls)
@@ -471,3 +510,11 @@ def _option_types(cls: type) -> dict[str, Any]:
         else:
             types_[f.name] = hints[f.name]
     return types_
+
+
+@functools.cache
+def _option_sections(cls: type) -> dict[str, str]:
+    """Every option's field name and the section of ``config.json`` that holds it."""
+    hints = get_type_hints(cls)
+    return {name: sec.name for sec in dataclasses.fields(cls)
+            for name in _option_types(hints[sec.name])}

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from hadpsgd.cli import ConfigError
+from hadpsgd.cli import MAX_INT, ConfigError
 
 SECTIONS = ("data", "model", "optim", "train", "algo", "comm")
 """The sections of ``config.json`` that hold options."""
@@ -54,20 +54,41 @@ def checked_value(where: str, value: Any, tp: Any) -> Any:
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           str: lambda v: isinstance(v, str)}.get(base)
     if ok is None or ok(value):
-        if base is float and not math.isfinite(value):  # json reads NaN, Infinity, 1e400
-            raise ConfigError(f"{where} must be a finite number, got {value}")
-        return float(value) if base is float else value
+        if base is int and abs(value) > MAX_INT:  # 10**30 steps or seed fail deep in torch
+            raise ConfigError(f"{where} must be at most {MAX_INT} in size, got {value}")
+        if base is float:
+            try:
+                number = float(value)  # a JSON integer of 400 digits overflows here
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):  # json reads NaN, Infinity, 1e400
+                raise ConfigError(f"{where} must be a finite number, got {value}")
+            return number
+        return value
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     raise ConfigError(f"{where} must be {names[base]}, got {json.dumps(value)}")
 
 
-def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json keeps the last one silently)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} is given twice in one object; keep one")
+        seen[key] = value
+    return seen
+
+
+def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any],
+                     sections: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The options in the JSON file ``path``, flattened to ``{field name: value}``.
 
     Args:
         path: The file.
         options: Every option's field name (``sync_period``, ``lr``, ...); given as a mapping
             to its type, every value is checked against it (:func:`checked_value`).
+        sections: Every option's section (``lr`` -> ``optim``); given, an option in another
+            section than its own is refused.
 
     Raises:
         ConfigError: For a missing or malformed file, a key that is no option, or a value of
@@ -75,7 +96,7 @@ def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any]) -> d
     """
     where = Path(path)
     try:
-        data = json.loads(where.read_text())
+        data = json.loads(where.read_text(), object_pairs_hook=_unique_keys)
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
     except (OSError, ValueError) as err:
@@ -92,6 +113,9 @@ def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any]) -> d
             items = value.items()
         elif key in known:  # a flat file ({"lr": 0.1}) is accepted too
             items = [(key, value)]
+        elif key in SECTIONS:
+            raise ConfigError(f"--config {path}: the section {key} must be a JSON object of "
+                              f"options, got {_shown(value)}")
         else:
             raise ConfigError(f"--config {path}: unknown key {key!r}; use the sections "
                               f"{', '.join(SECTIONS)} or option names (see --print-config)")
@@ -99,12 +123,32 @@ def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any]) -> d
             if name not in known:
                 raise ConfigError(f"--config {path}: {key}.{name} is no option of "
                                   "python -m hadpsgd.run (see --print-config for the keys)")
+            own = sections.get(name, key) if sections is not None else key
+            if key in SECTIONS and isinstance(value, dict) and own != key:
+                raise ConfigError(f"--config {path}: {key}.{name} belongs to the section "
+                                  f"{own}: move it to {own}.{name}")
+            if name in flat:
+                raise ConfigError(f"--config {path}: {name} is given twice (flat and in its "
+                                  f"section {own}); keep one")
             if isinstance(options, Mapping):
                 where = f"--config {path}: {key}.{name}" if key != name else (
                     f"--config {path}: {name}")
-                val = checked_value(where, val, options[name])
+                try:
+                    val = checked_value(where, val, options[name])
+                except ConfigError as err:
+                    if key not in SECTIONS or isinstance(value, dict):
+                        raise
+                    # "train" and "algo" are sections and options (data.train, train.algo)
+                    raise ConfigError(f"{err} (or, as the section {key}, a JSON object of "
+                                      "options)") from None
             flat[name] = val
     return flat
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for a message, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def merge(given: Mapping[str, Any], from_file: Mapping[str, Any], algo: str,
