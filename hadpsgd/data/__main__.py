@@ -121,6 +121,14 @@ def _text(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _chunk_len(text: str) -> int:
+    """``info --chunk-len``: a whole number >= 1 (argparse names the flag otherwise)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; returns the exit code (2 for a missing or malformed file)."""
     parser = argparse.ArgumentParser(prog="python -m hadpsgd.data", allow_abbrev=False,
@@ -130,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = sub.add_parser("info", help="utterances, frames, classes, label histogram, "
                                        "normalisation of each file")
     info.add_argument("files", nargs="+", metavar="FILE")
-    info.add_argument("--chunk-len", type=int, default=21,
+    info.add_argument("--chunk-len", type=_chunk_len, default=21,
                       help="training chunk length to count chunks for (default 21)")
     info.add_argument("--json", action="store_true", help="one JSON object per file")
     check = sub.add_parser("validate", help="check every frame and label of each file, its "

@@ -48,13 +48,23 @@ def read_utt2spk(path: str | os.PathLike[str]) -> dict[str, str]:
     if not where.is_file():
         raise CmvnError(f"utt2spk {where} not found; pass the data directory's utt2spk "
                         "(one 'utterance speaker' line per utterance)")
+    try:
+        text = where.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CmvnError(f"utt2spk {where} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                        "pass the data directory's utt2spk (one 'utterance speaker' line per "
+                        "utterance)") from None
     out: dict[str, str] = {}
-    for number, line in enumerate(where.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
             continue
         if len(fields) != 2:
             raise CmvnError(f"{where}:{number}: expected 'utterance speaker', got {line!r}")
+        if out.get(fields[0], fields[1]) != fields[1]:
+            raise CmvnError(f"{where}:{number}: utterance {fields[0]!r} is given speaker "
+                            f"{fields[1]!r} after {out[fields[0]]!r}; keep one line per "
+                            "utterance (Kaldi's utils/fix_data_dir.sh)")
         out[fields[0]] = fields[1]
     return out
 

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import zipfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,15 @@ from typing import Any
 import numpy as np
 
 from hadpsgd.data._schema import PIPELINE
-from hadpsgd.data.kaldi_plan import check_like_cmvn, class_count, plan_cmvn, rspecifier
+from hadpsgd.data.kaldi_plan import (
+    check_like_cmvn,
+    check_out,
+    checked_norm,
+    class_count,
+    plan_cmvn,
+    read_table,
+    rspecifier,  # noqa: F401 - re-exported: importers name it from here
+)
 from hadpsgd.data.pdfs import TREE_INFO_HOW, check_pdf_ids
 from hadpsgd.data.pipeline import ImportRecord
 from hadpsgd.data.reader import FeatureFile
@@ -37,6 +46,9 @@ _EXIT_OK, _EXIT_FAILED, _EXIT_USER_ERROR = 0, 1, 2
 _USER_ERRORS = (ImportError, ValueError, FileNotFoundError, IsADirectoryError,
                 NotADirectoryError, PermissionError)
 
+# What to pass instead of a --feats table that cannot be read.
+_FEATS_FIX = ("pass a feats.scp whose archives are there, or an archive of float matrices "
+              "(ark:feats.ark)")
 # How many skipped utterance ids per reason the summary lists.
 _MAX_LISTED = 10
 
@@ -52,14 +64,15 @@ def _kaldiio() -> Any:
 
 def _load_alignments(kaldiio: Any, alignments: str) -> dict[str, np.ndarray]:
     result: dict[str, np.ndarray] = {}
-    with kaldiio.ReadHelper(rspecifier(alignments)) as reader:
-        for utt, ali in reader:
-            ali = np.asarray(ali)
-            if ali.ndim != 1 or ali.dtype.kind not in "iu":
-                raise ValueError(f"alignment of {utt!r} in {alignments} is not an integer vector "
-                                 f"(shape {list(ali.shape)}, dtype {ali.dtype}); pass pdf-id "
-                                 f"alignments (ali-to-pdf output)")
-            result[utt] = ali
+    for utt, ali in read_table(kaldiio, alignments, "--alignments",
+                               "pass pdf-id alignments (ali-to-pdf output: ark:ali.ark, or "
+                               "ark,t:ali.txt of 'utterance pdf-id pdf-id ...' lines)"):
+        ali = np.asarray(ali)
+        if ali.ndim != 1 or ali.dtype.kind not in "iu":
+            raise ValueError(f"alignment of {utt!r} in {alignments} is not an integer vector "
+                             f"(shape {list(ali.shape)}, dtype {ali.dtype}); pass pdf-id "
+                             f"alignments (ali-to-pdf output)")
+        result[utt] = ali
     return result
 
 
@@ -71,11 +84,16 @@ def load_norm(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     """
     where = Path(path)
     if where.suffix == ".npz":
-        with np.load(where) as data:
-            if "mean" not in data or "std" not in data:
-                raise ValueError(f"{where}: an .npz of normalisation statistics needs arrays "
-                                 "'mean' and 'std'")
-            return data["mean"].astype(np.float32), data["std"].astype(np.float32)
+        try:
+            with np.load(where) as data:
+                if "mean" not in data or "std" not in data:
+                    raise ValueError(f"{where}: an .npz of normalisation statistics needs "
+                                     "arrays 'mean' and 'std'")
+                mean, std = data["mean"], data["std"]
+        except (zipfile.BadZipFile, EOFError) as err:  # a damaged or cut-short archive
+            raise ValueError(f"{where}: not a readable .npz ({err}); save it again with "
+                             "numpy.savez(path, mean=..., std=...)") from None
+        return checked_norm(mean, std, where)
     ff = FeatureFile(where)
     if ff.norm_mean is None or ff.norm_std is None:
         raise ValueError(f"{where} has no normalisation statistics (norm/mean, norm/std); "
@@ -91,7 +109,7 @@ def import_kaldi(
     utt2spk: str | os.PathLike[str] | None = None, cmvn_vars: bool = False,
     cmvn_stats: str | None = None, cmvn_per_utt: bool = False,
     tree_info: str | os.PathLike[str] | None = None,
-    silence_classes: Sequence[int] | None = None,
+    silence_classes: Sequence[int] | None = None, overwrite: bool = True,
 ) -> dict[str, Any]:
     """Convert a Kaldi feature table and its pdf-id alignments to one feature file.
 
@@ -123,6 +141,8 @@ def import_kaldi(
         tree_info: The text output of Kaldi's ``tree-info`` or ``am-info``: the number of pdfs.
         silence_classes: The pdf-ids of the silence phones, recorded in the file so that
             evaluation reports speech-frame accuracy apart; default ``like``'s, else none.
+        overwrite: Replace an ``out`` that is there (the command line's ``--overwrite``;
+            without it the command refuses such a file, naming it).
 
     Returns:
         Summary: ``utts``, ``frames``, ``feat_dim``, ``num_classes``, ``classes_from``,
@@ -136,7 +156,6 @@ def import_kaldi(
             class count, the flags contradict each other, or ``like`` disagrees.
     """
     kaldiio = _kaldiio()
-    rspec = rspecifier(feats_scp)
     cmvn, cmvn_record = plan_cmvn(kaldiio, utt2spk, cmvn_stats, cmvn_per_utt, cmvn_vars)
     template = FeatureFile(like) if like is not None else None
     num_classes, classes_from = class_count(num_classes, tree_info, template)
@@ -154,10 +173,11 @@ def import_kaldi(
     ali = _load_alignments(kaldiio, alignments)
     if any(len(a) for a in ali.values()):  # before any feature is read: no work is lost
         num_classes = check_pdf_ids(ali, alignments, num_classes, classes_from)
+    check_out(out, overwrite)  # after the checks of the input, before any feature is read
     if cmvn is not None and cmvn.needs_pass:  # first pass: the speakers' statistics
-        with kaldiio.ReadHelper(rspec) as reader:
-            for utt, mat in reader:  # every utterance of a speaker, as compute-cmvn-stats
-                cmvn.accumulate(utt, np.asarray(mat))
+        # Every utterance of a speaker, as compute-cmvn-stats.
+        for utt, mat in read_table(kaldiio, feats_scp, "--feats", _FEATS_FIX):
+            cmvn.accumulate(utt, np.asarray(mat))
 
     skipped: Counter[str] = Counter()
     skipped_utts: dict[str, list[str]] = {}
@@ -173,43 +193,42 @@ def import_kaldi(
     writer: FeatureWriter | None = None
     seen: set[str] = set()
     try:
-        with kaldiio.ReadHelper(rspec) as reader:
-            for utt, raw in reader:
-                seen.add(utt)
-                if utt not in ali:
-                    skip(utt, "no alignment")
-                    continue
-                if cmvn is not None and cmvn.key(utt) is None:
-                    skip(utt, "not in utt2spk")
-                    continue
-                if cmvn is not None and not cmvn.has(utt):
-                    skip(utt, "no CMVN statistics")
-                    continue
-                mat, labels = np.asarray(raw), ali[utt]
-                if mat.ndim != 2:
-                    skip(utt, "features not a matrix")
-                    continue
-                if mat.shape[0] != len(labels):
-                    skip(utt, "length mismatch",
-                         f"{mat.shape[0]} feature frames, {len(labels)} alignment frames")
-                    continue
-                if writer is not None and mat.shape[1] != writer.feat_dim:
-                    skip(utt, "feature dimension differs")
-                    continue
-                if not np.isfinite(mat).all():
-                    skip(utt, "non-finite features")
-                    continue
-                if writer is None:
-                    assert num_classes is not None  # this utterance has an alignment
-                    if norm is not None and (norm[0].shape != (mat.shape[1],)
-                                             or norm[1].shape != (mat.shape[1],)):
-                        # Before anything is written, not after the whole table was read.
-                        raise ValueError(f"normalisation statistics {norm_source} have "
-                                         f"dimension {norm[0].shape[0]}, the features "
-                                         f"{mat.shape[1]}")
-                    writer = FeatureWriter(out, mat.shape[1], num_classes,
-                                           silence_classes=silence_classes or ())
-                writer.append(utt, cmvn.apply(utt, mat) if cmvn is not None else mat, labels)
+        for utt, raw in read_table(kaldiio, feats_scp, "--feats", _FEATS_FIX):
+            seen.add(utt)
+            if utt not in ali:
+                skip(utt, "no alignment")
+                continue
+            if cmvn is not None and cmvn.key(utt) is None:
+                skip(utt, "not in utt2spk")
+                continue
+            if cmvn is not None and not cmvn.has(utt):
+                skip(utt, "no CMVN statistics")
+                continue
+            mat, labels = np.asarray(raw), ali[utt]
+            if mat.ndim != 2:
+                skip(utt, "features not a matrix")
+                continue
+            if mat.shape[0] != len(labels):
+                skip(utt, "length mismatch",
+                     f"{mat.shape[0]} feature frames, {len(labels)} alignment frames")
+                continue
+            if writer is not None and mat.shape[1] != writer.feat_dim:
+                skip(utt, "feature dimension differs")
+                continue
+            if not np.isfinite(mat).all():
+                skip(utt, "non-finite features")
+                continue
+            if writer is None:
+                assert num_classes is not None  # this utterance has an alignment
+                if norm is not None and (norm[0].shape != (mat.shape[1],)
+                                         or norm[1].shape != (mat.shape[1],)):
+                    # Before anything is written, not after the whole table was read.
+                    raise ValueError(f"normalisation statistics {norm_source} have "
+                                     f"dimension {norm[0].shape[0]}, the features "
+                                     f"{mat.shape[1]}")
+                writer = FeatureWriter(out, mat.shape[1], num_classes,
+                                       silence_classes=silence_classes or ())
+            writer.append(utt, cmvn.apply(utt, mat) if cmvn is not None else mat, labels)
         if writer is None:
             named = "; ".join(f"{reason}: {count}, e.g. {example[reason]}"
                               for reason, count in skipped.items()) or "none"
@@ -239,6 +258,15 @@ def import_kaldi(
     return summary
 
 
+def _count(text: str) -> int:
+    """``--num-pdfs N``: a whole number >= 1 (argparse names the flag on a ValueError)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (the tree's pdfs), got "
+                                         f"{text}")
+    return value
+
+
 def _class_list(text: str) -> list[int]:
     """``--silence-classes 0,1,2`` as ints (argparse turns the ValueError into a usage error)."""
     return [int(part) for part in text.split(",") if part.strip()]
@@ -260,7 +288,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--like", type=Path, default=None, metavar="TRAIN.h5",
                    help="the training set's file: take its class count and normalisation "
                         "statistics, and check its CMVN (import held-out splits with it)")
-    p.add_argument("--num-pdfs", "--num-classes", dest="num_classes", type=int, default=None,
+    p.add_argument("--num-pdfs", "--num-classes", dest="num_classes", type=_count, default=None,
                    metavar="N", help="number of pdfs of the tree (default: --tree-info's, "
                                      "--like's, else the largest pdf-id + 1)")
     p.add_argument("--tree-info", type=Path, default=None, metavar="FILE",
@@ -284,6 +312,9 @@ def parser() -> argparse.ArgumentParser:
                         "final.mdl), recorded so that evaluation reports the accuracy on "
                         "speech frames too (default: --like's, else none)")
     p.add_argument("--out", type=Path, required=True, help="output .h5 file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an --out that is already there (default: refuse it, naming "
+                        "it); the file is replaced when the new one is complete")
     p.add_argument("--no-norm", action="store_true",
                    help="do not store normalisation statistics (norm/mean, norm/std)")
     return p
@@ -305,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                                like=args.like, norm_from=args.norm_from, utt2spk=args.utt2spk,
                                cmvn_vars=args.cmvn_vars, cmvn_stats=args.cmvn,
                                cmvn_per_utt=args.cmvn_per_utt, tree_info=args.tree_info,
-                               silence_classes=args.silence_classes)
+                               silence_classes=args.silence_classes,
+                               overwrite=args.overwrite)
     except _USER_ERRORS as exc:  # the input or a flag: one line naming it and the fix
         print(f"{cli.prog}: error: {exc}", file=sys.stderr)
         return _EXIT_USER_ERROR

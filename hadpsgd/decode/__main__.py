@@ -53,8 +53,10 @@ def _number(text: str) -> float:
 
 def _positive(text: str) -> float:
     value = _number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    # Finite too: an infinite scale or beam makes every cost infinite or NaN, and the search
+    # then ends nowhere while still exiting 0.
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be positive and finite, got {text}")
     return value
 
 
@@ -155,11 +157,23 @@ def _self_loop_probs(args: argparse.Namespace) -> Any:
     if not path.is_file() or not h5py.is_hdf5(path):
         raise UsageError(f"--durations-from {path}: not found or not HDF5; pass a feature file "
                          "with frame labels (e.g. the digit set's train.h5)")
-    with h5py.File(path, "r") as h5:
-        if "labels" not in h5 or "offsets" not in h5:
-            raise UsageError(f"--durations-from {path} has no labels/offsets datasets; pass a "
-                             "feature file of hadpsgd's format")
-        labels, offsets = np.asarray(h5["labels"][:]), np.asarray(h5["offsets"][:])
+    try:
+        with h5py.File(path, "r") as h5:
+            if "labels" not in h5 or "offsets" not in h5:
+                raise UsageError(f"--durations-from {path} has no labels/offsets datasets; "
+                                 "pass a feature file of hadpsgd's format")
+            labels, offsets = np.asarray(h5["labels"][()]), np.asarray(h5["offsets"][()])
+    except OSError as err:  # a damaged file behind a good signature
+        raise UsageError(f"--durations-from {path} cannot be read ({err}); pass a feature file "
+                         "with frame labels (e.g. the digit set's train.h5)") from None
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or offsets.ndim != 1 \
+            or offsets.dtype.kind not in "iu" or len(offsets) < 1 or offsets[0] != 0 \
+            or offsets[-1] != len(labels) or (np.diff(offsets) < 0).any():
+        raise UsageError(f"--durations-from {path}: labels must be one integer per frame and "
+                         "offsets run from 0 to the frame count, non-decreasing (labels "
+                         f"{labels.dtype}{list(labels.shape)}, offsets {offsets.dtype}"
+                         f"{list(offsets.shape)}); pass a feature file of hadpsgd's format "
+                         "(python -m hadpsgd.data validate FILE checks one)")
     if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
         raise UsageError(f"--durations-from {path} has labels outside [0, {NUM_CLASSES}); "
                          "pass the digit set's training file")

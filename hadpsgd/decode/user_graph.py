@@ -73,7 +73,13 @@ def read_words(path: str | os.PathLike[str]) -> dict[int, str]:
         raise GraphError(f"--words {where} not found; pass the words.txt of the graph's lang "
                          "directory (data/lang/words.txt)")
     out: dict[int, str] = {}
-    for number, line in enumerate(where.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = where.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise GraphError(f"--words {where} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                         "pass the words.txt of the graph's lang directory "
+                         "(data/lang/words.txt)") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
             continue

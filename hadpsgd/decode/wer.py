@@ -55,8 +55,14 @@ def read_text(path: str | os.PathLike[str]) -> Transcripts:
     if not path.is_file():
         raise ReferencesError(f"reference file {path} not found; pass a Kaldi text file "
                              "('utterance word word ...' per line) or --refs utt-id")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ReferencesError(f"reference file {path} is not UTF-8 text ({err.reason} at byte "
+                              f"{err.start}); pass a Kaldi text file ('utterance word word ...' "
+                              "per line) or --refs utt-id") from None
     out: Transcripts = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
             continue

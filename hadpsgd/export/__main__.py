@@ -16,6 +16,7 @@ and the fix, before any work).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -40,6 +41,19 @@ from hadpsgd.forward import ForwardError
 from hadpsgd.forward.average import add_arguments as add_average_arguments
 from hadpsgd.forward.average import load_averaged
 from hadpsgd.forward.model import describe
+from hadpsgd.forward.output import writable
+
+
+def _tolerance(text: str) -> float:
+    """``--tolerance``: a finite number >= 0 (NaN or a negative one would fail every check)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (the largest absolute "
+                                         f"difference accepted), got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the normalisation baked into the graph: auto (default) the training "
                         "file's norm/ statistics, FILE a feature file or .npz (mean, std), "
                         "none (the graph then takes normalised features)")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE,
+    p.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
                    help=f"largest absolute difference of a score the check accepts "
                         f"(default {TOLERANCE:g})")
     add_average_arguments(p)  # --avg N, --avg-best N
@@ -98,6 +112,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if not out.parent.is_dir():
         raise ForwardError(f"--out {out}: the directory {out.parent} does not exist; make it "
                            "first")
+    if not writable(out.parent):
+        raise ForwardError(f"--out {out}: the directory {out.parent} is not writable; write "
+                           "elsewhere or fix its permissions")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

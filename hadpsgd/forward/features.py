@@ -96,12 +96,8 @@ class KaldiFeatures(Features):
     def peek_dim(self) -> int:
         """Open the stream and read the first utterance's dimension (kept for :meth:`read`)."""
         self._ensure_cmvn()
-        try:
-            self._stream = iter(self.kaldiio.ReadHelper(self.rspec))
-            self._peeked = next(self._stream, None)
-        except (OSError, ValueError, RuntimeError) as err:
-            raise ForwardError(f"--features {self.rspec} cannot be read ({err}); check the "
-                               "rspecifier and the files it names") from None
+        self._stream = self._table()
+        self._peeked = next(self._stream, None)
         if self._peeked is None:
             raise ForwardError(f"--features {self.rspec} holds no utterance; check the table")
         self.feat_dim = self._dim(*self._peeked)
@@ -143,13 +139,27 @@ class KaldiFeatures(Features):
         """The speakers' statistics, in a pass of their own if not learnt yet."""
         if self.cmvn is None or self.cmvn.ready:
             return
-        try:
-            for utt, raw in self.kaldiio.ReadHelper(self.rspec):
-                self._accumulate(utt, raw)
-        except (OSError, RuntimeError) as err:
-            raise ForwardError(f"--features {self.rspec} cannot be read ({err}); check the "
-                               "rspecifier and the files it names") from None
+        for utt, raw in self._table():
+            self._accumulate(utt, raw)
         self.cmvn.ready = True
+
+    def _unreadable(self, err: BaseException) -> ForwardError:
+        reason = (str(err).strip().replace("\n", "; ") or type(err).__name__)
+        return ForwardError(f"--features {self.rspec} cannot be read ({reason}); check the "
+                            "rspecifier and the files it names (an scp's relative paths are "
+                            "taken from the current directory)")
+
+    def _table(self) -> Iterator[tuple[str, np.ndarray]]:
+        """The table's utterances, read by kaldiio, a damaged one a :class:`ForwardError`.
+
+        kaldiio reports damage with a bare ``Exception`` ("File format is wrong?"), an
+        ``AssertionError`` (an scp offset past its archive's end), ``ValueError`` or
+        ``OSError``; errors of the caller's loop body do not pass through here.
+        """
+        try:
+            yield from self.kaldiio.ReadHelper(self.rspec)
+        except Exception as err:  # noqa: BLE001 - kaldiio's errors have no common class
+            raise self._unreadable(err) from None
 
     def _check_norm(self) -> None:
         if self.norm is not None and self.norm[0].shape != (self.feat_dim,):
@@ -165,7 +175,7 @@ class KaldiFeatures(Features):
                 yield first
             yield from stream
             return
-        yield from self.kaldiio.ReadHelper(self.rspec)
+        yield from self._table()
 
     def _prepared(self, utt: str, raw: Any) -> np.ndarray:
         mat = np.asarray(raw, dtype=np.float32)
@@ -189,7 +199,11 @@ class KaldiFeatures(Features):
         if self.scp is not None and self.index is not None:
             table = self.kaldiio.load_scp(self.scp)  # random access: only this range is read
             for utt, _ in self.index[first:stop]:
-                yield utt, self._prepared(utt, table[utt])
+                try:
+                    raw = table[utt]
+                except Exception as err:  # noqa: BLE001 - as in _table
+                    raise self._unreadable(err) from None
+                yield utt, self._prepared(utt, raw)
             return
         for position, (utt, raw) in enumerate(self._all()):
             if stop is not None and position >= stop:

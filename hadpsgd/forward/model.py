@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hadpsgd.models import BLSTM, build_model
 from hadpsgd.train.checkpoint import (
     STATE_FILE,
@@ -140,12 +142,49 @@ def deployable(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[
         ForwardError: If the state names no model preset.
     """
     config = state.get("config")
-    if not isinstance(config, dict) or "preset" not in config.get("model", {}):
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict) or "preset" not in model:
         raise ForwardError(f"checkpoint {path} has no configuration naming its model preset "
                            "(config.model.preset); it predates hadpsgd's saved configs: "
                            "retrain, or save the state with a 'config' entry")
+    _check_config(config, path)
     key = "eval_model" if "eval_model" in state else "model"
-    return state[key], config, key
+    weights = state[key]
+    if not isinstance(weights, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        what = "a dict holding other things than tensors" if isinstance(weights, dict) else \
+            f"a {type(weights).__name__}"
+        raise ForwardError(f"checkpoint {path}: its {key!r} entry is {what}, not a state dict "
+                           "of named tensors; pass a checkpoint of python -m hadpsgd.run")
+    return weights, config, key
+
+
+def _check_config(config: dict[str, Any], path: Path) -> None:
+    """Refuse a saved configuration whose entries forward reads have the wrong types.
+
+    A checkpoint edited or written by another tool would otherwise fail later with a bare
+    ``AttributeError`` or ``TypeError`` and no name.
+
+    Raises:
+        ForwardError: Naming the entry, what it holds, and the fix.
+    """
+    def bad(entry: str, value: Any, want: str) -> ForwardError:
+        return ForwardError(f"checkpoint {path}: config.{entry} is {value!r}, not {want}; the "
+                            "checkpoint's saved configuration is damaged: pass another "
+                            "checkpoint, or fix that entry in its state")
+
+    for section in ("data", "train"):
+        if not isinstance(config.get(section, {}), dict):
+            raise bad(section, config[section], "a section (a JSON object)")
+    data = config.get("data", {})
+    chunk = data.get("chunk_len", 21)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise bad("data.chunk_len", chunk, "a whole number >= 1")
+    train = data.get("train")
+    if train is not None and not isinstance(train, str):
+        raise bad("data.train", train, "a path or null")
+    if not isinstance(config["model"]["preset"], str):
+        raise bad("model.preset", config["model"]["preset"], "a preset name")
 
 
 def build(weights: dict[str, Any], config: dict[str, Any], path: Path) -> BLSTM:
@@ -156,6 +195,13 @@ def build(weights: dict[str, Any], config: dict[str, Any], path: Path) -> BLSTM:
     """
     input_dim, num_classes = _shapes(weights, path)
     preset = config["model"]["preset"]
+    bad = [name for name, value in weights.items() if isinstance(value, torch.Tensor)
+           and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    if bad:
+        # A diverged model's scores are NaN: refused here, not found by the decoder later.
+        raise ForwardError(f"checkpoint {path} holds non-finite weights ({', '.join(bad[:3])}"
+                           f"{', ...' if len(bad) > 3 else ''}): the run diverged before it "
+                           "was written; pass an earlier checkpoint of the run")
     try:
         # Stacked layout: the checkpoint's names, and cuDNN's fused multi-layer LSTM is the
         # faster one when nothing needs gradients layer by layer.

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,26 @@ def parse_output(spec: str) -> OutputSpec:
         if not parent.is_dir():
             raise ForwardError(f"--output: directory {parent} does not exist; create it or "
                                "write elsewhere")
-        if not os.access(parent, os.W_OK):
+        if not writable(parent):
             raise ForwardError(f"--output: directory {parent} is not writable; write "
                                "elsewhere or fix its permissions")
     return out
+
+
+def writable(directory: Path) -> bool:
+    """Whether a file can be made in ``directory``, tried (a probe made and removed at once).
+
+    ``os.access`` alone answers yes to root for any directory, also one that refuses new
+    files (``/proc``, a read-only bind mount seen as writable): the write would then fail
+    only after the work, with a traceback.
+    """
+    if not os.access(directory, os.W_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def _streamed(name: str) -> bool:

@@ -105,7 +105,7 @@ def read_run(run_dir: Path) -> Curves:
     Raises:
         FileNotFoundError: If ``run_dir`` is not a directory or has no ``metrics.jsonl``,
             naming what was expected.
-        ValueError: If ``metrics.jsonl`` has a damaged line (naming it).
+        ValueError: If ``metrics.jsonl`` has a damaged line or is not text (naming it).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -117,4 +117,15 @@ def read_run(run_dir: Path) -> Curves:
                 if (run_dir / "results.jsonl").is_file() else "")
         raise FileNotFoundError(f"{run_dir} has no {METRICS_FILE}: it is not the --out-dir of "
                                 f"a python -m hadpsgd.run, or the run has not started.{hint}")
-    return curves_of(read_metrics(path))
+    try:
+        records = read_metrics(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}): the "
+                         "file is damaged; restore it from the run, or plot another run") \
+            from None
+    for record in records:
+        if not isinstance(record, dict):
+            # A record is a JSON object; anything else is damage, not a step to skip.
+            raise ValueError(f"{path} holds a line that is not a JSON object "
+                             f"({str(record)[:60]!r}): the file is damaged; remove that line")
+    return curves_of(records)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,10 @@ _EVENT_STYLE = {"resume": ("tab:gray", "--"), "failure": ("tab:red", ":")}
 
 class PlotUnavailable(ImportError):
     """matplotlib is missing; the message says how to install it."""
+
+
+class FigureNotWritten(ValueError):
+    """The figure's file could not be written (a directory that cannot be made or written)."""
 
 
 def pyplot() -> Any:
@@ -48,10 +53,22 @@ def draw(curves: Curves, out: Path, title: str) -> Path:
 
     Raises:
         PlotUnavailable: Without matplotlib.
+        ValueError: If ``out`` is a directory or its suffix names no format matplotlib writes.
+        FigureNotWritten: If the file cannot be written, naming it.
     """
     plt = pyplot()
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"{out} is a directory; name the image file to write "
+                         f"({out / 'plot.png'})")
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7.0, 6.0))
     try:
+        fmt = out.suffix[1:].lower()
+        if fmt not in fig.canvas.get_supported_filetypes():
+            # matplotlib would add ".png" to a name without a suffix and write another file
+            # than the one named (and printed).
+            raise ValueError(f"{out}: its suffix names no image format matplotlib writes; "
+                             "name a .png file (or .pdf, .svg)")
         steps, values = curves.train_loss
         if steps:
             top.plot(steps, values, color="tab:blue", linewidth=1.0, alpha=0.8,
@@ -83,9 +100,18 @@ def draw(curves: Curves, out: Path, title: str) -> Path:
                         transform=bottom.transAxes, color="gray")
         bottom.grid(alpha=0.3)
         fig.tight_layout()
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        # Under a temporary name, renamed when complete: a viewer (or a plot made while the
+        # run goes on) never finds half a file under the figure's name.
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(tmp, dpi=110, format=fmt)
+            os.replace(tmp, out)
+        except OSError as err:
+            raise FigureNotWritten(f"cannot write {out} ({err.strerror or err}); choose "
+                                   "another --out") from None
+        finally:
+            tmp.unlink(missing_ok=True)
     finally:
         plt.close(fig)
     return out

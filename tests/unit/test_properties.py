@@ -97,3 +97,58 @@ def test_json_numbers_python_reads_that_are_no_numbers_are_refused(tmp_path, cap
     with pytest.raises(SystemExit) as exc:
         parse_config(["--config", str(path)])
     assert exc.value.code == 2 and "momentum" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- the feature-file reader
+_ATTR_VALUES = (st.integers(-2, 10**12) | st.floats() | st.text(max_size=6)
+                | st.binary(max_size=3) | st.lists(st.integers(0, 9), min_size=2, max_size=3))
+_ARRAYS = st.sampled_from(["float32", "float16", "int64", "uint8", "S3"]).flatmap(
+    lambda dtype: st.sampled_from([(0,), (3,), (7,), (3, 3), (2, 2, 2)]).map(
+        lambda shape: (dtype, shape)))
+
+
+def _feature_file(path) -> None:
+    import numpy as np
+
+    from hadpsgd.data import write_features
+
+    rng = np.random.default_rng(0)
+    feats = [rng.standard_normal((n, 3)).astype(np.float32) for n in (4, 2, 5)]
+    write_features(path, feats, [rng.integers(0, 4, len(f)) for f in feats],
+                   ["a", "b", "c"], 4, norm_mean=np.zeros(3, np.float32),
+                   norm_std=np.ones(3, np.float32))
+
+
+@FEW
+@given(attr=st.sampled_from(["format_version", "num_classes", "feat_dim", "validated",
+                             "silence_classes", "pipeline"]) | st.none(),
+       value=_ATTR_VALUES,
+       dataset=st.sampled_from(["feats", "labels", "offsets", "utt_ids", "norm/mean",
+                                "norm/std"]) | st.none(),
+       array=_ARRAYS, delete=st.booleans())
+def test_any_edit_of_a_feature_file_is_read_or_refused_as_a_feature_file_error(
+        tmp_path_factory, attr, value, dataset, array, delete):
+    """An attribute set to anything, a dataset deleted or replaced by an array of another
+    type or shape: the file opens and reads, or FeatureFileError names it."""
+    import h5py
+    import numpy as np
+
+    from hadpsgd.data import FeatureFile, FeatureFileError
+
+    path = tmp_path_factory.mktemp("h5") / "f.h5"
+    _feature_file(path)
+    with h5py.File(path, "r+") as h5:
+        if attr is not None:
+            h5.attrs[attr] = np.array(value) if isinstance(value, list) else value
+        if dataset is not None:
+            del h5[dataset]
+            if not delete:
+                dtype, shape = array
+                h5.create_dataset(dataset, data=np.ones(shape, dtype=dtype))
+    for verify in (False, True):
+        try:
+            ff = FeatureFile(path, verify=verify)
+            ff.read(0, min(ff.num_frames, 3))
+            assert len(ff.utt_ids) == ff.num_utts
+        except FeatureFileError as err:
+            assert str(path) in str(err)
