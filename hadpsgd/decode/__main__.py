@@ -3,6 +3,7 @@
 usage: python -m hadpsgd.decode LOGLIKES [--refs utt-id|none|FILE] [--acoustic-scale A]
            [--beam B] [--self-loop-prob P | --durations-from TRAIN.h5] [--word-penalty W]
            [--graph HCLG.fst --words words.txt] [--hyps OUT.txt] [--json OUT.json]
+           [--overwrite]
 
 Through the digit-loop graph of the digit set by default, or a user's graph (``--graph``,
 input labels class id + 1: :mod:`hadpsgd.decode.user_graph`). The word penalty's default
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -126,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the hypotheses here as a Kaldi text file")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write the settings, scores (per utterance too) and timing here")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --hyps / --json (refused otherwise)")
     return parser
 
 
@@ -181,13 +185,22 @@ def _self_loop_probs(args: argparse.Namespace) -> Any:
 
 
 @contextmanager
-def _writing(path: str, what: str) -> Iterator[None]:
-    """Turns a failure to write ``path`` into a :class:`UsageError` naming it."""
+def _writing(path: str, what: str) -> Iterator[Path]:
+    """A temporary name beside ``path`` to write to, renamed into place when the body ends.
+
+    A decode killed while writing leaves the old file or none, never a half-written one
+    under the final name; a failure to write becomes a :class:`UsageError` naming it.
+    """
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
-        yield
+        yield tmp
+        os.replace(tmp, final)
     except OSError as exc:
         raise UsageError(f"cannot write {what} {path} ({exc.strerror}); pass a writable "
                          "path") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _user_graph(args: argparse.Namespace) -> Any:
@@ -238,6 +251,9 @@ def _run(args: argparse.Namespace) -> int:
         # Found before decoding, not after it.
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: its directory does not exist; create it first")
+        if path is not None and Path(path).exists() and not args.overwrite:
+            raise UsageError(f"{flag} {path} already exists; pass --overwrite to replace it, "
+                             "or write elsewhere")
     user = _user_graph(args)
     refs_mode = args.refs or ("none" if user is not None else "utt-id")
     refs = read_text(refs_mode) if refs_mode not in ("utt-id", "none") else {}
@@ -281,8 +297,8 @@ def _run(args: argparse.Namespace) -> int:
     if not hyps:
         raise UsageError(f"{args.loglikes} holds no utterance; check the forward pass's output")
     if args.hyps:
-        with _writing(args.hyps, "hypotheses"):
-            write_text(args.hyps, hyps)
+        with _writing(args.hyps, "hypotheses") as tmp:
+            write_text(tmp, hyps)
     result = score(refs, hyps) if refs_mode != "none" else None
     if result is not None:
         print(result.summary())
@@ -310,8 +326,8 @@ def _run(args: argparse.Namespace) -> int:
                   "ms_per_utterance": per_utt_ms, "real_time_factor": rtf,
                   "not_final": not_final,
                   "score": result.to_dict() if result is not None else None}
-        with _writing(args.json, "report"):
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        with _writing(args.json, "report") as tmp:
+            tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return EXIT_OK
 
 

@@ -225,6 +225,27 @@ def test_decode_names_each_damaged_input(tmp_path: Path,
         assert exc.value.code == 2 and "must be positive and finite" in capsys.readouterr().err
 
 
+def test_decode_refuses_an_existing_output_and_writes_it_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--hyps / --json already there: refused by name unless --overwrite; written under a
+    temporary name and renamed (no temporary left beside it)."""
+    from hadpsgd.decode.__main__ import NUM_CLASSES, main
+
+    ark = tmp_path / "s.ark"
+    kaldiio.save_ark(str(ark), {"spk-0-12": np.log(np.full((20, NUM_CLASSES), 1 / NUM_CLASSES,
+                                                           np.float32))})
+    hyps, report = tmp_path / "hyp.txt", tmp_path / "wer.json"
+    assert main([f"ark:{ark}", "--hyps", str(hyps), "--json", str(report)]) == 0
+    assert hyps.read_text().startswith("spk-0-12") and json.loads(report.read_text())
+    capsys.readouterr()
+    for flag, path in (("--hyps", hyps), ("--json", report)):
+        assert main([f"ark:{ark}", flag, str(path)]) == 2
+        line = one_line_error(capsys, "python -m hadpsgd.decode")
+        assert f"{flag} {path} already exists; pass --overwrite" in line
+    assert main([f"ark:{ark}", "--hyps", str(hyps), "--json", str(report), "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.txt", "s.ark", "wer.json"]
+
+
 def _run_dir(tmp_path: Path, text: bytes) -> Path:
     run = tmp_path / "run"
     run.mkdir()

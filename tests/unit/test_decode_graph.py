@@ -101,7 +101,7 @@ def test_the_word_penalty_follows_the_kind_of_scores(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     def settings(source: str) -> tuple[float, str | None]:
         report = tmp_path / "r.json"
-        assert main([source, "--json", str(report)]) == 0
+        assert main([source, "--json", str(report), "--overwrite"]) == 0
         data = json.loads(report.read_text())
         return data["settings"]["word_penalty"], data["kind"]
 
