@@ -136,6 +136,15 @@ TABLE = [
     Row("hadpsgd.data.kaldi", EXIT_FAILED, "write-fails",
         ("--feats", "{feats_scp}", "--alignments", "{ali}", "--out", "{out}.h5"), how="call",
         patch=_fail_writes, says="Input/output error"),
+    # python -m hadpsgd.export
+    Row("hadpsgd.export", EXIT_OK, "tiny", ("{model}", "--out", "{out}.pt", "--priors", "none"),
+        how="call", says="<= tolerance"),
+    Row("hadpsgd.export", EXIT_USER_ERROR, "existing-output",
+        ("{model}", "--out", "{taken}", "--format", "torchscript"),
+        how="call", says="already exists"),
+    # python -m hadpsgd.plot
+    Row("hadpsgd.plot", EXIT_OK, "run", ("{plot_run}",), how="call"),
+    Row("hadpsgd.plot", EXIT_USER_ERROR, "no-metrics", ("{missing}",), how="call"),
     # python -m hadpsgd.launch: its own flags, else the ranks' code passed through (75 from a
     # SIGTERM to it: tests/mpi/test_resume.py::test_sigterm_to_the_launcher_stops_gracefully)
     Row("hadpsgd.launch", EXIT_OK, "dry-run", ("-n", "2", "--dry-run"), how="call"),
@@ -165,6 +174,10 @@ def inputs(tiny_data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
                               "heldout_copy": tmp / "heldout-copy.h5", "out": tmp / "out"}
     make_run(paths["model"], tiny_data[0], 260, 12)  # a checkpoint, no training
     paths["taken"].write_text("someone's results\n")
+    paths["plot_run"] = tmp / "plot-run"
+    paths["plot_run"].mkdir()
+    (paths["plot_run"] / "metrics.jsonl").write_text("".join(
+        f'{{"kind": "train", "step": {k}, "loss": {3.0 - k / 10}}}\n' for k in range(1, 5)))
     paths["old_output"].write_text("last week's results\n")
     shutil.copyfile(tiny_data[1], paths["heldout_copy"])
     rng = np.random.default_rng(0)
@@ -265,7 +278,8 @@ def test_every_entry_point_has_its_codes() -> None:
     """The table covers each entry point's 0 and 2, and hadpsgd.run's every code."""
     entries = {r.entry for r in TABLE}
     assert entries == {"hadpsgd.run", "hadpsgd.forward", "hadpsgd.decode", "hadpsgd.data",
-                       "hadpsgd.data.kaldi", "hadpsgd.launch", "hadpsgd.comm"}
+                       "hadpsgd.data.kaldi", "hadpsgd.export", "hadpsgd.plot",
+                       "hadpsgd.launch", "hadpsgd.comm"}
     for entry in entries:
         assert {EXIT_OK, EXIT_USER_ERROR} <= {r.code for r in TABLE if r.entry == entry}, entry
     assert {r.code for r in TABLE if r.entry == "hadpsgd.run"} == {
