@@ -325,6 +325,11 @@ class Watchdog:
         me = self.control.Get_rank()
         everyone = [r for r in range(self.control.Get_size()) if r != me]
         missing, replies = self._diagnose(everyone)
+        # A peer that answers from inside this very call arrived: its own deadline has not
+        # passed yet (it entered later, e.g. descheduled on a busy host), so it sent no note
+        # in our grace period. Naming it as missing would blame a bystander.
+        same_call = f"waiting in {what} (operation #{self.seq})"
+        missing = [r for r in missing if not replies.get(r, "").endswith(same_call)]
         if group is not None:
             # Prefer the culprits among this operation's own peers when they are among them.
             in_group = [r for r in missing if r in group]

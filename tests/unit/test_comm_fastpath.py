@@ -256,6 +256,29 @@ def test_guarded_call_past_the_deadline_is_named_and_aborts(no_mpi, capfd):
     assert "rank 1: allreduce of 10 torch.float32 did not complete within 0.05 s" in err
 
 
+def test_a_peer_answering_from_inside_the_same_call_is_not_named_missing(no_mpi, monkeypatch):
+    """Rank 2 entered the same call later (its own deadline not yet passed, so it sent no
+    note): it answers from inside it and is no culprit; rank 0, elsewhere, is."""
+    from hadpsgd.comm.deadline import CommTimeoutError
+
+    class ThreeRanks(FakeControl):
+        def Get_size(self) -> int:  # noqa: N802
+            return 3
+
+    wd = Watchdog(ThreeRanks(), 4.0, thread_multiple=False)
+    wd.seq = 9
+    replies = {0: "alive, starting up",
+               2: "alive, waiting in intra-node allreduce (mpi) (operation #9)"}
+    monkeypatch.setattr(wd, "_diagnose", lambda peers: ([0, 2], replies))
+    with pytest.raises(CommTimeoutError) as info:
+        wd.fail("intra-node allreduce (mpi)")
+    assert info.value.missing == [0] and "rank(s) 0 never arrived" in str(info.value)
+    replies[2] = "alive, waiting in intra-node allreduce (mpi) (operation #8)"  # another call
+    with pytest.raises(CommTimeoutError) as info:
+        wd.fail("intra-node allreduce (mpi)")
+    assert info.value.missing == [0, 2]
+
+
 # ---------------------------------------------------------------------------- NCCL wait
 def test_nccl_wait_blocks_on_a_blocking_event_under_the_guard(monkeypatch):
     from hadpsgd.comm import nccl
