@@ -30,7 +30,7 @@ from hadpsgd.api.options import (
 )
 from hadpsgd.api.samplers import Sampler, make_sampler
 from hadpsgd.api.setup import init
-from hadpsgd.api.state import collect, node_part
+from hadpsgd.api.state import collect, node_part, option_changes
 from hadpsgd.comm import Topology
 from hadpsgd.precision import autocast
 
@@ -241,16 +241,30 @@ class Distributed:
             return collect(self.algorithm, self.topology,
                            sampler if sampler is not None else self._sampler_state, gather)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Continue from :meth:`state_dict` (every learner, the same dict or its own rank's).
 
         Restores the model, so load the user's model state before this, or not at all.
 
+        Args:
+            state: What :meth:`state_dict` returned.
+            strict: Refuse a state saved with other options of the algorithm
+                (``sync_period``, ``block_momentum``, ...): a resume that silently runs
+                other ones is not the run it resumes. ``False`` takes the state under this
+                object's options (the continuation is then not exact).
+
         Raises:
-            ValueError: For the state of another algorithm or layout, or one without this
-                learner's node part (a non-zero rank's dict saved with ``gather``).
+            ValueError: For the state of another algorithm or layout, one without this
+                learner's node part (a non-zero rank's dict saved with ``gather``), or (with
+                ``strict``) one saved with other options, naming each.
         """
         part = node_part(state, self.algo, self.topology)
+        changed = option_changes(state, self.options)
+        if changed and strict:
+            raise ValueError(f"load_state_dict: the state was saved with other {self.algo} "
+                             f"options: {'; '.join(changed)}; make Distributed(...) with the "
+                             "state's options to continue its run exactly, or pass "
+                             "strict=False to take it under these")
         self.model.load_state_dict(state["model"])
         self.algorithm.load_state_dict(state["algorithm"])
         if part is not None:

@@ -10,6 +10,7 @@ default, so that a script saves one file from rank 0 as it would with DDP.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hadpsgd.algorithms import Algorithm
@@ -34,6 +35,7 @@ def collect(algo: Algorithm, topo: Topology, sampler: dict[str, Any] | None,
     state: dict[str, Any] = {
         "format": STATE_FORMAT, "algo": algo.name,
         "layout": {"size": topo.size, "num_nodes": topo.num_nodes},
+        "options": _plain(algo.options),
         "model": algo.model.state_dict(), "algorithm": algo.state_dict(), "sampler": sampler,
     }
     if node is not None:
@@ -45,6 +47,26 @@ def collect(algo: Algorithm, topo: Topology, sampler: dict[str, Any] | None,
                 parts = dict(p for p in sent if p is not None)
         state["nodes"] = parts
     return state
+
+
+def _plain(options: Any) -> dict[str, Any]:
+    """The algorithm's options as plain values (what ``torch.load(weights_only=True)`` reads)."""
+    plain = (bool, int, float, str, type(None))
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+            if isinstance(getattr(options, f.name), plain)}
+
+
+def option_changes(state: dict[str, Any], options: Any) -> list[str]:
+    """The algorithm's options that differ from the ones ``state`` was saved with, in words.
+
+    A state saved before the options were recorded has none: nothing to compare.
+    """
+    saved = state.get("options")
+    if not isinstance(saved, dict):
+        return []
+    now = _plain(options)
+    return [f"{name}={now[name]!r} (the state has {saved[name]!r})" for name in now
+            if name in saved and saved[name] != now[name]]
 
 
 def node_part(state: Any, algo: str, topo: Topology) -> dict[str, Any] | None:
@@ -75,4 +97,4 @@ def node_part(state: Any, algo: str, topo: Topology) -> dict[str, Any] | None:
     return nodes[topo.node]
 
 
-__all__ = ["STATE_FORMAT", "collect", "node_part"]
+__all__ = ["STATE_FORMAT", "collect", "node_part", "option_changes"]

@@ -177,6 +177,18 @@ def test_a_state_of_another_algorithm_or_layout_is_refused():
         _dist("bmuf").load_state_dict({"model": {}})
 
 
+def test_a_state_saved_with_other_options_is_refused_unless_not_strict():
+    state = _dist("bmuf", sync_period=3).state_dict()
+    assert state["options"]["sync_period"] == 3
+    with pytest.raises(ValueError, match=r"other bmuf options: sync_period=5 \(the state has "
+                                         r"3\).*strict=False"):
+        _dist("bmuf", sync_period=5).load_state_dict(state)
+    _dist("bmuf", sync_period=5).load_state_dict(state, strict=False)
+    _dist("bmuf", sync_period=3).load_state_dict(state)
+    del state["options"]  # saved before options were recorded: not compared
+    _dist("bmuf", sync_period=5).load_state_dict(state)
+
+
 # ---------------------------------------------------------------------- a step
 def test_fp16_scales_the_loss_and_halves_on_overflow():
     dist = _dist(precision="fp16")
