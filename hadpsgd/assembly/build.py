@@ -20,9 +20,9 @@ from hadpsgd.algorithms import Algorithm
 from hadpsgd.api import Distributed
 from hadpsgd.assembly import provenance, resume_data, rundir
 from hadpsgd.assembly.data import load_data
-from hadpsgd.assembly.resume_config import allowed, resume_checkpoint, saved_config
+from hadpsgd.assembly.resume_config import allowed, flatten, resume_checkpoint, saved_config
 from hadpsgd.assembly.runlock import RunDirBusy, lock_run
-from hadpsgd.cli import ConfigError, to_dict
+from hadpsgd.cli import ConfigError, flag, to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.data import PRIORS_FILE, priors_of, save_priors
@@ -49,6 +49,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     Raises:
         FeatureFileError, ConfigError, ValueError: For bad input, before anything is written.
     """
+    check_same_config(cfg, topo)
     check_out_dir(cfg, topo)
     train_set, heldout_set = load_data(cfg, topo)
     data_identity = resume_data.identity(train_set.file, heldout_set.file)
@@ -73,6 +74,31 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
                           cfg.optim.warmup_epochs, cfg.optim.anneal)
     return Trainer(dist, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
                    metrics, config={**to_dict(cfg), resume_data.IDENTITY_KEY: data_identity})
+
+
+def check_same_config(cfg: RunConfig, topo: Topology) -> None:
+    """Refuse ranks started with different options (an MPMD command line, per-rank scripts).
+
+    Each rank parses its own command line, so ``mpirun -np 1 python -m hadpsgd.run ... :
+    -np 1 python -m hadpsgd.run ... --lr 0.9`` would train rank 1 at another rate while
+    ``config.json`` records rank 0's. The resolved options are compared once, at start-up.
+
+    Raises:
+        ConfigError: On every rank alike, naming each option that differs from rank 0's.
+    """
+    if topo.size == 1:
+        return
+    every = topo.allgather_object(flatten(to_dict(cfg)))
+    differ = []
+    for rank, mine in enumerate(every[1:], start=1):
+        for name in sorted(set(mine) | set(every[0])):
+            if mine.get(name) != every[0].get(name):
+                differ.append(f"rank {rank} has {flag(name)} {mine.get(name)} (rank 0 has "
+                              f"{every[0].get(name)})")
+    if differ:
+        shown = "; ".join(differ[:6]) + ("; ..." if len(differ) > 6 else "")
+        raise ConfigError(f"the ranks were started with different options: {shown}; start "
+                          "every rank with the same hadpsgd.run flags and --config")
 
 
 def check_out_dir(cfg: RunConfig, topo: Topology) -> None:

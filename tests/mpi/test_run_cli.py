@@ -220,3 +220,18 @@ def test_speech_frame_accuracy_where_the_data_names_silence(tiny_data, tmp_path)
     again = [m for m in read_metrics(plain / "metrics.jsonl") if m["kind"] == "eval"]
     assert "heldout_speech_acc" not in again[-1] and "on speech frames" not in res.stdout
     assert again[-1]["heldout_acc"] == evals[-1]["heldout_acc"]
+
+
+def test_ranks_started_with_different_options_are_refused(tiny_data, tmp_path):
+    """An MPMD command line gives rank 1 another --lr: refused on every rank before anything
+    is written (it trained silently at its own rate before), the option named once."""
+    import sys
+
+    args = ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
+            "--preset", "tiny", "--max-steps", "2", "--no-progress", "--out-dir",
+            str(tmp_path / "run")]
+    res = run_mpi(1, [*args, ":", "-np", "1", sys.executable, *args, "--lr", "0.9"])
+    assert res.returncode == 2, res.output[-3000:]
+    assert res.stderr.count("the ranks were started with different options: rank 1 has "
+                            "--lr 0.9 (rank 0 has 0.5)") == 1, res.output[-3000:]
+    assert not (tmp_path / "run").exists()
