@@ -53,6 +53,8 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     check_out_dir(cfg, topo)
     train_set, heldout_set = load_data(cfg, topo)
     data_identity = resume_data.identity(train_set.file, heldout_set.file)
+    if topo.size > 1:  # a host's own copy of the files may be stale or partial
+        resume_data.check_same_data(topo.allgather_object(data_identity), list(topo.hosts))
     if cfg.train.resume is not None:  # the same paths may hold other data by now
         path = resume_checkpoint(cfg)
         resume_data.check_resume_data(path, saved_config(path) if path else None,

@@ -94,3 +94,30 @@ def check_resume_data(checkpoint: Path | None, saved: dict[str, Any] | None,
             f"was trained on, or pass --allow-resume-change {names} to carry its model over "
             "to this data (not an exact continuation), or start a new run in another --out-dir")
     return [f"--{s} data ({d})" for s, d in changes]
+
+
+def check_same_data(every: list[dict[str, dict[str, Any]]], hosts: list[str]) -> None:
+    """Refuse ranks whose ``--train`` or ``--heldout`` holds other data than rank 0's.
+
+    Where each host reads its own copy of the data (local scratch), a stale or partial copy
+    on one host would train its learners on other utterances, silently.
+
+    Args:
+        every: Every rank's :func:`identity`, by rank.
+        hosts: Every rank's host name, by rank.
+
+    Raises:
+        ConfigError: On every rank alike, naming the ranks, hosts and what differs.
+    """
+    differ = []
+    for rank, theirs in enumerate(every[1:], start=1):
+        for split, what in data_changes(every[0], theirs):
+            differ.append(f"rank {rank} on {hosts[rank]}: --{split} {theirs[split]['path']} "
+                          f"({what})")
+    if differ:
+        shown = "; ".join(differ[:4]) + ("; ..." if len(differ) > 4 else "")
+        raise ConfigError(
+            f"the ranks read other data than rank 0 (on {hosts[0]}) under the same flags: "
+            f"{shown}; copy the same files to every host (or read them from a file system "
+            "every host shares)")
+

@@ -47,3 +47,15 @@ def test_a_resume_refuses_it_unless_allowed_and_old_checkpoints_pass(tmp_path: P
         "--train data (labels checksum, feats sample checksum)"]
     assert check_resume_data(Path("ck"), {}, now, set()) == []  # written before fingerprints
     assert check_resume_data(None, saved, now, set()) == []  # a fresh start
+
+
+def test_ranks_reading_other_data_under_the_same_path_are_named(tmp_path: Path) -> None:
+    from hadpsgd.assembly.resume_data import check_same_data
+
+    train, heldout = _file(tmp_path / "t.h5", 0), _file(tmp_path / "h.h5", 1)
+    same = identity(train, heldout)
+    check_same_data([same, same, same], ["a", "a", "b"])
+    stale = identity(_file(tmp_path / "old.h5", 0, n_utts=3), heldout)
+    with pytest.raises(ConfigError, match=r"other data than rank 0 \(on a\).*rank 2 on b: "
+                                          r"--train .*old\.h5 \(frames 28 -> 21.*every host"):
+        check_same_data([same, same, stale], ["a", "a", "b"])
