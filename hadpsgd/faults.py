@@ -24,7 +24,11 @@ Keys:
         has been renamed into place, before the ``latest`` pointer moves), ``ckpt-wait`` (a
         rank other than 0, the writer, while rank 0 writes the checkpoint), ``ckpt-part`` (a
         node leader, after writing its node's part of a sharded checkpoint).
-    count: How many consecutive steps a ``nan`` or ``overflow`` fault lasts (default 1).
+    count: How many of this rank's steps a ``nan`` or ``overflow`` fault lasts: its first
+        ``count`` steps from ``step`` on (default 1). Under SSGD and BMUF those are steps
+        ``step`` .. ``step + count - 1``; under ADPSGD's pool a rank's steps are not
+        consecutive (another super-learner may take step ``step``), so the fault takes the
+        rank's next steps instead of missing it.
 
 Each fault fires at most once per process (``nan`` and ``overflow`` for ``count`` steps).
 Before it fires it prints ``[hadpsgd] fault injection: ... t=<unix time>`` to stderr, so
@@ -149,7 +153,8 @@ def hit(at: str, rank: int, step: int) -> str | None:
         if fault.at != at or fault.rank != rank:
             continue
         if fault.kind in ("nan", "overflow"):
-            if fault.step <= step < fault.step + fault.count:
+            if step >= fault.step and fault.fired < fault.count:
+                fault.fired += 1
                 _announce(fault, step)
                 return fault.kind
             continue

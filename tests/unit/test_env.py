@@ -132,6 +132,19 @@ def test_fault_spec_is_parsed_by_faults_with_env_errors(monkeypatch: pytest.Monk
         assert "HADPSGD_FAULT" in str(info.value) and part in str(info.value), info.value
 
 
+def test_a_poisoned_loss_takes_the_ranks_next_steps_from_its_step_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ADPSGD's pool a rank may never take step 5 itself (another super-learner took
+    it): the overflow then takes its next steps, count of them, once per process."""
+    monkeypatch.setattr(faults, "_PLAN", None)
+    monkeypatch.setenv("HADPSGD_FAULT", "kind=overflow,rank=1,step=5,count=2")
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    got = {step: faults.hit("step", 1, step) for step in (2, 4, 6, 8, 9, 10)}
+    assert got == {2: None, 4: None, 6: "overflow", 8: "overflow", 9: None, 10: None}
+    assert faults.hit("step", 0, 7) is None  # another rank
+
+
 def test_comm_readers_delegate(monkeypatch: pytest.MonkeyPatch) -> None:
     from hadpsgd.comm import timeout_from_env as from_package
     from hadpsgd.comm.deadline import timeout_from_env
