@@ -46,6 +46,24 @@ class Position:
     """Steps taken since the start of training."""
 
 
+CUDA_LOADER_WORKERS = 2
+"""Loader workers per learner on CUDA when ``--num-workers`` is not given. In the training
+process the HDF5 reads of a batch's scattered chunks and their pinning held the GPU idle;
+workers read the next batches while the GPU runs the step (docs/gpu.md, the grid)."""
+
+
+def loader_workers(requested: int | None, cuda: bool) -> int:
+    """The loader's worker processes: ``--num-workers`` if given, else the device's default.
+
+    Args:
+        requested: ``--num-workers`` (``None`` when not given).
+        cuda: Whether the learner trains on a GPU.
+    """
+    if requested is not None:
+        return requested
+    return CUDA_LOADER_WORKERS if cuda else 0
+
+
 @dataclass
 class LoopOptions:
     """The loop's knobs (a view of :class:`hadpsgd.config.TrainConfig`)."""
@@ -57,7 +75,7 @@ class LoopOptions:
     log_every: int = 10
     checkpoint_every: int = 0
     progress: bool = True
-    num_workers: int = 0
+    num_workers: int | None = None
     control_every: int = 10
     max_nonfinite: int = 5
     max_loss_ratio: float = 5.0
@@ -358,8 +376,10 @@ class Trainer:
         self.plan = plan
         self.sampler = plan.sampler
         self.recorder = Recorder(self.sampler)
-        self.loader = make_loader(self.train_set, self.recorder, num_workers=self.opts.num_workers,
-                                  pin_memory=self.topo.device.type == "cuda")
+        cuda = self.topo.device.type == "cuda"
+        self.loader = make_loader(self.train_set, self.recorder,
+                                  num_workers=loader_workers(self.opts.num_workers, cuda),
+                                  pin_memory=cuda)
 
     def keep_the_pool(self) -> None:
         """Take batches from the shared pool even on one super-learner (collective).

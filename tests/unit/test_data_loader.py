@@ -164,3 +164,16 @@ def test_every_frame_is_labelled_in_exactly_one_chunk(data: Path) -> None:
     assert sorted(frames) == list(range(ds.file.num_frames))
     legacy = ChunkDataset(data, chunk_len=L, cover_tails=False)
     assert len(legacy) == 17  # whole chunks only: the tails' 13 frames are dropped
+
+
+def test_loader_workers_default_reads_ahead_on_cuda_only() -> None:
+    """``--num-workers`` left out: workers on CUDA (the GPU must not wait for the read), none
+    on CPU; a number given is taken on either device."""
+    from hadpsgd.config import DataConfig
+    from hadpsgd.train.loop import CUDA_LOADER_WORKERS, loader_workers
+
+    assert DataConfig().num_workers is None
+    assert loader_workers(None, cuda=True) == CUDA_LOADER_WORKERS > 0
+    assert loader_workers(None, cuda=False) == 0
+    assert loader_workers(0, cuda=True) == 0
+    assert loader_workers(3, cuda=False) == 3
