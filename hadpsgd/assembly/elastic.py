@@ -92,11 +92,15 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
         NotEnoughLearners: Below ``--min-learners``.
     """
     t0 = time.monotonic()
+    ulfm.hold_if_ending()  # this very process is ending for its own error (another thread)
     ulfm.revoke(topo.communicators())
     _quietly(trainer.algo.close)  # background threads see the revoked channels and end
     old_hosts = list(topo.hosts)
     ulfm.kill_noted(topo)  # a frozen learner on this host that a peer found at its deadline
     world, gone_now = ulfm.shrink(topo.comm, timeout=topo.timeout)
+    # A learner's own error (it revoked the world and joined the shrink to say so) ends
+    # every learner with its message: only a dead or frozen learner is gone through.
+    ulfm.own_errors(world, topo.launch_ranks[topo.rank], topo.hosts[topo.rank], None)
     gone = [topo.launch_ranks[r] for r in gone_now]  # processes keep their launch ranks
     lost = ", ".join(f"rank {topo.launch_ranks[r]} ({old_hosts[r]})" for r in gone_now)
     # BMUF, H-ADPSGD: a super-learner that lost a member leaves as a whole (its local model
@@ -132,7 +136,7 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     new = comm.init(options.ranks_per_node() or cfg.comm.ranks_per_node, cfg.comm.device,
                     cfg.comm.intra_backend, cfg.comm.hier_algo, cfg.comm.bucket_mb, base=world,
                     node_hint=topo.node if topo.emulated else None)
-    ulfm.kill_frozen_peers(new)
+    ulfm.watch(new)
     continued = _continuing(cfg)
     rebuilt = build_trainer(continued, new)
     summary = adopt(rebuilt, snapshot, same_optimizer=True)

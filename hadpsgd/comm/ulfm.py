@@ -152,6 +152,109 @@ def allgather_object(comm: Any, obj: Any) -> list[Any]:
     return comm.allgather(obj)
 
 
+class PeerError(RuntimeError):
+    """A learner's own error (an exception, an I/O error, bad data) ends every learner.
+
+    Under ``--on-failure continue`` only a dead or frozen learner is a failure to go on
+    through; a learner that raised tells its peers so (:func:`end_with_error`), and they end
+    with its message instead of going on without it.
+
+    Attributes:
+        origins: ``(launch rank, host, message)`` of every learner that raised.
+        say: Whether this learner prints the line (one survivor that did not raise).
+    """
+
+    def __init__(self, origins: list[tuple[int, str, str]], say: bool) -> None:
+        who = "; ".join(f"rank {rank} ({host}): {message}" for rank, host, message in origins)
+        super().__init__(
+            f"learner(s) failed with their own error, not a lost learner: {who}. Every learner "
+            "ends: --on-failure continue goes on through a dead or frozen learner only. Fix "
+            "the cause (that learner's traceback is above) and resume with --resume auto")
+        self.origins = origins
+        self.say = say
+
+
+def own_errors(world: Any, launch_rank: int, host: str, message: str | None) -> None:
+    """Share each survivor's own error, if any, over the survivors' ``world`` (collective).
+
+    Called by every survivor right after :func:`shrink`: by the peers of a failure with
+    ``message`` None, and by a learner whose own error started it with that error's text
+    (:func:`end_with_error`), which stays alive and takes part in the shrink for this. A
+    process that merely died has no say: the survivors go on without it.
+
+    Raises:
+        PeerError: Where some survivor raised, on every survivor.
+    """
+    every = world.allgather((launch_rank, host, message))
+    origins = [(r, h, m) for r, h, m in every if m is not None]
+    if origins:
+        first_peer = next((i for i, (_, _, m) in enumerate(every) if m is None), None)
+        raise PeerError(origins, say=first_peer == world.Get_rank())
+
+
+_current: Any = None
+"""The topology of this learner's running world under ``--on-failure continue`` (:func:`watch`)."""
+_ending = threading.Lock()
+
+
+def watch(topo: Any) -> None:
+    """Survive peers' failures on ``topo`` (``--on-failure continue``; at start and after each).
+
+    Remembers the running world for :func:`end_with_error` and has a frozen learner found at
+    a deadline killed from its host (:func:`kill_frozen_peers`).
+    """
+    global _current  # noqa: PLW0603 - one running world per process
+    _current = topo
+    kill_frozen_peers(topo)
+
+
+def end_with_error(message: str) -> bool:
+    """End the job for this learner's own error, telling the peers (collective with them).
+
+    ``MPI_Abort`` does not end a job under ``mpirun --with-ft ulfm``: the peers blocked in a
+    collective with this learner wait for it to their deadline, then take it for a frozen one
+    (measured: 51 s at ``HADPSGD_TIMEOUT=20``). Instead this learner revokes its
+    communicators (every peer's pending and next operation fails at once), joins the
+    survivors' shrink and tells them its error (:func:`own_errors`); then every learner ends
+    with exit 1, the peers with its message.
+
+    Args:
+        message: This learner's error, as the peers print it.
+
+    Returns:
+        False without ``--on-failure continue`` (the caller aborts the job as usual); True
+        once the peers know, when the caller should exit without ``MPI_Finalize`` (which
+        waits for the failed world forever). A second caller (another thread) waits here
+        for the first one's exit.
+    """
+    topo = _current
+    if topo is None or topo.size == 1:
+        return False
+    if not _ending.acquire(blocking=False):
+        while True:  # the first caller ends the process
+            time.sleep(60)
+    revoke(topo.communicators())
+    try:
+        world, _ = shrink(topo.comm, timeout=topo.timeout)
+        own_errors(world, topo.launch_ranks[topo.rank], topo.hosts[topo.rank], message)
+    except PeerError:
+        pass  # the peers know: this learner's own message is among the origins
+    except Exception as err:  # noqa: BLE001 - the peers find this one gone: it still ends
+        print(f"hadpsgd: rank {topo.rank}: could not tell the peers ({err}); ending",
+              file=sys.stderr, flush=True)
+    return True
+
+
+def hold_if_ending() -> None:
+    """Wait for the exit where another thread of this process ends it (:func:`end_with_error`).
+
+    The main thread sees its own revocation as a peer's failure; it must not shrink the
+    world a second time beside the thread that is telling the peers.
+    """
+    while _ending.locked():
+        time.sleep(60)
+
+
 _NOTE_TAG = 4177
 """Tag of "kill this frozen learner" notes to the learners on its host."""
 _notes_sent: list[Any] = []  # in-flight notes and their buffers

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -152,6 +154,42 @@ def test_a_frozen_learner_is_found_at_the_deadline_killed_and_the_others_go_on(t
     assert "3 learners go on" in res.stdout
     failure, = _records(out, "failure")
     assert failure["lost"] == [2] and _final_world(out) == 3
+
+
+OWN_ERRORS = {
+    "raise": ("kind=raise,rank=1,step=10", ["--algo", "ssgd"], 1),
+    "ckpt-write": ("kind=raise,rank=0,step=10,at=ckpt-data", ["--algo", "ssgd"], 0),
+    "raise-gossip": ("kind=raise-gossip,rank=2,step=10",
+                     ["--algo", "adpsgd", "--super-learner-size", "1"], 2),
+}
+
+
+@pytest.mark.parametrize("case", list(OWN_ERRORS))
+def test_a_learners_own_error_ends_every_learner_within_seconds_with_its_message(
+        case, tiny_data, tmp_path):
+    """A learner's own error (an exception in its step, in a checkpoint write on rank 0, in
+    ADPSGD's gossip thread) is no lost learner: every rank ends within seconds, well before
+    the 60 s deadline, with exit 1 and one line carrying the raising rank's message; nobody
+    is taken for frozen or killed, and nobody goes on. (Under ULFM an ``MPI_Abort`` ends no
+    peer: before, the peers waited for the deadline, blamed a frozen learner and said that
+    the others go on.)"""
+    fault, algo, rank = OWN_ERRORS[case]
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--epochs", "2", "--control-every", "5",
+                  "--checkpoint-every", "10", *algo, fault=fault)
+    ended = time.time()
+    from tests.mpi.test_faults import fault_time
+
+    took = ended - fault_time(res.output)
+    print(f"OWN ERROR {case}: exit {res.returncode}, job ended {took:.1f} s after the fault")
+    assert res.returncode == 1, res.output[-4000:]
+    assert took < 30, f"the job took {took:.1f} s to end\n{res.output[-4000:]}"
+    said = re.findall(r"hadpsgd: error: learner\(s\) failed with their own error, not a lost "
+                      rf"learner: rank {rank} \(\S+\): (.*injected fault[^.]*)", res.stderr)
+    assert len(said) == 1, res.output[-4000:]  # once, by one peer
+    assert "did not answer" not in res.output and "is frozen" not in res.output
+    assert "the others go on" not in res.output
+    assert not _records(out, "failure")
 
 
 def test_below_min_learners_the_job_stops_in_bounded_time(tiny_data, tmp_path):
