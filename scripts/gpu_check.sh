@@ -38,6 +38,15 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is no flag
   case "$report" in /*) ;; *) report="$PWD/$report" ;; esac
 fi
 
+# --dry-run prints the plan (each check's estimate, the total, the budget) with any Python:
+# no GPU, no set-up.
+for arg in "$@"; do
+  if [ "$arg" = "--dry-run" ]; then
+    cd "$root"
+    if [ "$mode" = grid ]; then exec "${PYTHON:-python3}" -m benchmarks.training.gpu_grid "$@"; fi
+    exec "${PYTHON:-python3}" scripts/gpu_check.py "$@"
+  fi
+done
 # Fail fast, in one line, where there is no GPU (before anything is installed).
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "gpu_$mode: no GPU present (nvidia-smi lists none); run this on a machine with an NVIDIA GPU" >&2

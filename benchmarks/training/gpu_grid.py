@@ -1,6 +1,7 @@
 """One-GPU grid of ``swb``: hadpsgd's steady frames/s next to a plain PyTorch loop, per cell.
 
-For batch 16 / 64 / 128 x fp32 / TF32 / bf16 / fp16 x LSTM layout stacked / per-layer:
+For batch 16 / 64 / 128 x bf16 / fp32 / TF32 (and fp16 if asked) x LSTM layout stacked /
+per-layer:
 
 - **hadpsgd**: ``python -m hadpsgd.run --device cuda --algo ssgd`` (one rank, under
   ``mpirun -np 1``), the user's command, on a synthetic set with the preset's 32,000 classes;
@@ -17,10 +18,11 @@ For batch 16 / 64 / 128 x fp32 / TF32 / bf16 / fp16 x LSTM layout stacked / per-
 - ``python -m hadpsgd.forward --device cuda`` against ``--device cpu`` on a small checkpoint
   it trains first: the time of each and the largest difference of their outputs.
 
-The 24 cells need an estimated 7-9 minutes on one H100 (``hadpsgd.run``'s start-up, 10-15 s
-a cell, dominates); ``--budget`` (480 s) bounds the whole, the profile and the forward check
-run before the cells, and the cells run largest batch and bf16 first, so that what the budget
-leaves out (the last batch-16 cells) is the least telling.
+The default's 18 cells (fp16 only with ``--precision fp16``) need ~380 s on one H200
+(``hadpsgd.run``'s start-up, 10-15 s a cell, dominates; ``--dry-run`` prints the plan);
+``--budget`` (480 s) bounds the whole, the profile and the forward check run before the
+cells, and the cells run largest batch and bf16 first, so that what the budget leaves out
+(the last batch-16 cells) is the least telling.
 Writes a Markdown report and the JSON record; exit 0 when every cell was measured, 1 when one
 failed or was left out, 2 without CUDA. Usage::
 
@@ -61,13 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="the JSON record (default: the report's .json)")
     p.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
     p.add_argument("--batch", type=int, nargs="+", default=list(rep.BATCHES))
-    p.add_argument("--precision", nargs="+", choices=rep.PRECISIONS, default=list(rep.PRECISIONS))
+    p.add_argument("--precision", nargs="+", choices=rep.PRECISIONS,
+                   default=list(rep.DEFAULT_PRECISIONS))
     p.add_argument("--layout", nargs="+", choices=rep.LAYOUTS, default=list(rep.LAYOUTS))
     p.add_argument("--steps", type=int, default=40, help="steps of each hadpsgd.run")
     p.add_argument("--log-every", type=int, default=8, help="steps per timed window")
     p.add_argument("--preset", default="swb")
     p.add_argument("--classes", type=int, default=32000)
-    p.add_argument("--budget", type=float, default=480.0,
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each cell's estimate, the total and the budget, run nothing "
+                        "(no GPU needed); exit 1 if the grid does not fit the budget")
+    p.add_argument("--budget", type=float, default=rep.DEFAULT_BUDGET_S,
                    help="seconds the grid may take; what does not fit is reported, and fails")
     p.add_argument("--cell-timeout", type=float, default=180.0)
     p.add_argument("--profile-cell", default="128/bf16/stacked",
@@ -293,9 +299,33 @@ def run_cells(grid: Grid, cells: list[rep.Cell], plain: dict[str, dict[str, Any]
     return rows
 
 
+def dry_run(a: argparse.Namespace) -> int:
+    """Print the plan: each cell's estimate (H100 / H200 times), the total, the budget.
+
+    Returns:
+        0 when the grid fits its budget, 1 when the budget would leave cells out.
+    """
+    cells = rep.grid(a.batch, a.precision, a.layout)
+    fixed = a.profile_cell != "none" or not a.no_forward
+    print(f"[gpu_grid] dry run: {len(cells)} cells, budget {a.budget:.0f} s")
+    if fixed:
+        print(f"  {rep.FIXED_S:5.0f} s  the synthetic set, the plain loop's start, the profile "
+              f"of {a.profile_cell}, the forward check")
+    for cell in cells:
+        print(f"  {rep.CELL_S:5.0f} s  {cell.key}")
+    total = rep.estimate(len(cells), fixed)
+    fits = total <= a.budget
+    print(f"[gpu_grid] total ~{total:.0f} s of {a.budget:.0f} s: "
+          + ("fits" if fits else "does not fit (the last cells would be left out: a failure); "
+             "give fewer cells or --budget"))
+    return 0 if fits else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure the grid, write the report and the JSON record; the exit code."""
     a = parse_args(argv)
+    if a.dry_run:
+        return dry_run(a)
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():

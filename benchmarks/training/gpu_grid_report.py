@@ -18,6 +18,10 @@ from typing import Any
 BATCHES = (16, 64, 128)
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 LAYOUTS = ("stacked", "per-layer")
+DEFAULT_PRECISIONS = ("bf16", "fp32", "tf32")
+"""The default grid's precisions: fp16 (with its loss scale) is for GPUs without bf16, and
+its six cells would not fit the default budget beside the rest (``--precision fp16`` adds
+them)."""
 PRECISION_ORDER = ("bf16", "fp32", "tf32", "fp16")
 """Which cells run first at one batch (the budget leaves out the last): bf16 is the target."""
 
@@ -28,6 +32,26 @@ SPEEDUP_GOAL = 3.0
 RATIO_GOAL = 0.95
 """hadpsgd's steady frames/s over the plain loop's, at least."""
 TARGET_BATCH = 128
+
+
+CELL_S = 18.0
+"""Seconds a cell takes: ``hadpsgd.run``'s 14-16 s (its start-up most of it) and the cell's
+share of the plain loop (H200, 2026-11-27: 4 cells in 59 s)."""
+FIXED_S = 55.0
+"""Seconds of the grid that are no cell: the synthetic set, the plain loop's start, the
+profile of one cell through ``hadpsgd.run`` and the forward check (H200, 2026-11-27)."""
+DEFAULT_BUDGET_S = 480.0
+"""``--budget``'s default: one command of a lent machine (10 minutes) with its set-up."""
+
+
+def estimate(cells: int, fixed: bool = True) -> float:
+    """Seconds a grid of ``cells`` cells needs on one H100 / H200 (the plan's dry run).
+
+    Args:
+        cells: Cells in the grid.
+        fixed: Whether the profile and the forward check run too.
+    """
+    return cells * CELL_S + (FIXED_S if fixed else 0.0)
 
 
 @dataclass(frozen=True)
@@ -321,7 +345,8 @@ def markdown(rec: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BATCHES", "LAYOUTS", "PRECISIONS", "RATIO_GOAL", "SPEEDUP_GOAL",
-           "V100_FRAMES_PER_S", "Cell", "add_ratios", "forward_lines", "grid", "markdown",
-           "parse_key", "profile_lines", "record", "row", "summarise_trace", "table",
-           "target_table", "targets"]
+__all__ = ["BATCHES", "CELL_S", "DEFAULT_BUDGET_S", "DEFAULT_PRECISIONS", "FIXED_S",
+           "LAYOUTS", "PRECISIONS", "RATIO_GOAL", "SPEEDUP_GOAL", "V100_FRAMES_PER_S", "Cell",
+           "add_ratios", "estimate", "forward_lines", "grid", "markdown", "parse_key",
+           "profile_lines", "record", "row", "summarise_trace", "table", "target_table",
+           "targets"]

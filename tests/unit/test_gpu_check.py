@@ -1,6 +1,7 @@
 """What the GPU check decides without a GPU: its budget, statuses, steady speed and report."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -281,3 +282,30 @@ def test_swb_checks_name_the_lstm_layout_they_pass(tmp_path):
     # The cuDNN probe builds both layouts explicitly.
     (probe,) = [c for c in rec.calls if c[0] == "python" and "cuDNN" in c[1]]
     assert "stacked and per-layer" in probe[1] and "per_layer=per_layer" in probe[2]
+
+
+def test_a_run_that_exits_0_with_its_lstm_in_fp32_or_copied_fails():
+    """A half-precision run whose LSTM fell back to fp32 measured fp32: it fails, not warns;
+    so does one whose cuDNN copies the weights at every forward."""
+    fallback = ("[hadpsgd] warning: the LSTM runs in fp32 under torch.bfloat16 autocast on "
+                "cuda:0: cuDNN has no bf16 LSTM (the layers after it run in torch.bfloat16)")
+    assert "fp32" in gc.bad_output(f"step 10\n{fallback}\nstep 20")
+    assert "contiguous" in gc.bad_output("UserWarning: RNN module weights are not part of single "
+                                      "contiguous chunk of memory")
+    assert gc.bad_output("[hadpsgd] note: MPI is not CUDA-aware\nstep 10 loss 3.1") is None
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+@pytest.mark.parametrize("part", ["1", "2"])
+def test_the_dry_run_prints_the_plan_and_each_part_fits_one_command(part, gpus):
+    """``gpu_check.sh --dry-run`` needs no GPU: it prints every check of the part with its
+    estimate and the total, and each part with its set-up fits one 600 s command."""
+    import subprocess
+
+    out = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", "--part", part,
+                          "--gpus", str(gpus)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHON": sys.executable})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "set-up" in out.stdout and out.stdout.rstrip().endswith("fits")
+    if gpus == 1 and part == "1":
+        assert "needs 2 GPUs: not run, no failure" in out.stdout

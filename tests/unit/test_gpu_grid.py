@@ -146,7 +146,7 @@ def test_status_names_what_a_cell_is_missing():
 
 def test_command_line_checks():
     a = parse_args([])
-    assert a.batch == [16, 64, 128] and a.precision == ["fp32", "tf32", "bf16", "fp16"]
+    assert a.batch == [16, 64, 128] and a.precision == ["bf16", "fp32", "tf32"]
     assert a.layout == ["stacked", "per-layer"] and a.profile_cell == "128/bf16/stacked"
     with pytest.raises(SystemExit):
         parse_args(["--steps", "8", "--log-every", "8"])  # no steady window
@@ -163,3 +163,20 @@ def test_without_cuda_the_grid_stops_with_exit_2(capsys):
         pytest.skip("CUDA is available here")
     assert main([]) == 2
     assert "gpu_grid: needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_default_grid_fits_its_budget_and_the_dry_run_says_so(capsys):
+    """The default grid's estimate (H200 times of 2026-11-27) fits the default budget with a
+    margin; the dry run prints every cell and the total without a GPU, and a grid that does not
+    fit exits 1 before anything runs."""
+    from benchmarks.training import gpu_grid_report as rep
+    from benchmarks.training.gpu_grid import main
+
+    a = parse_args([])
+    cells = rep.grid(a.batch, a.precision, a.layout)
+    assert rep.estimate(len(cells)) <= 0.85 * a.budget
+    assert main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert all(c.key in out for c in cells) and "fits" in out
+    assert main(["--dry-run", "--precision", "fp32", "tf32", "bf16", "fp16"]) == 1
+    assert "does not fit" in capsys.readouterr().out
