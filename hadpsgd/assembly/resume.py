@@ -2,8 +2,9 @@
 
 An exact resume needs the checkpoint's world size and algorithm; anything else is refused
 unless ``--allow-resume-change``, which carries over the deployable model, the optimizer
-state (same optimizer only), and the epoch position: the shards go on right after the chunks
-trained (each chunk of the epoch once), ADPSGD's pool at the position scaled to the new world.
+state (same optimizer only), and the epoch position: the shards or ADPSGD's pool go on over
+the chunks of the interrupted epoch not yet trained (each chunk of the epoch once), at the
+checkpoint's global step.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hadpsgd.train.checkpoint import (
 )
 from hadpsgd.train.evaluate import EvalResult
 from hadpsgd.train.loop import Position, Trainer
+from hadpsgd.train.plan import global_batch_of, trained_chunks
 from hadpsgd.train.shards import PART_KEY, load_part
 
 
@@ -176,10 +178,11 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
     """Continue from a checkpoint of another world size or algorithm (not exact).
 
     Takes its deployable model (BMUF's global model), the optimizer state when the optimizer
-    is the same kind, the epoch, and the position inside it: for the shards (SSGD, BMUF) the
-    new global batch's steps start right after the chunks trained (a chunk offset into the
-    epoch's order), for ADPSGD's pool the step scaled to the new global batch; the
-    algorithm's own state starts afresh from the weights.
+    is the same kind, the epoch, and the chunks of it trained: the plan (the shards, or
+    ADPSGD's pool) goes on over exactly the others, whatever plan and global batch wrote
+    the checkpoint (:meth:`~hadpsgd.train.plan.EpochPlan.load_state_dict`), and the global
+    steps go on from the checkpoint's; the algorithm's own state starts afresh from the
+    weights.
 
     Returns:
         A one-line summary of what was carried over.
@@ -195,23 +198,15 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
             pass  # a different parameter layout: start the optimizer afresh
     algo.restart_from_model()
     old = Position(**state["progress"])
-    old_world = int(state.get("world_size") or trainer.topo.size)
-    old_global = old_world * int(state["config"]["train"]["batch_size"])
+    old_global = global_batch_of(state) or trainer.opts.batch_size * trainer.topo.size
     new_global = trainer.opts.batch_size * trainer.topo.size
     trainer.history = [EvalResult(**r) for r in state.get("history", [])]
-    was = f"was step {old.step_in_epoch} at global batch {old_global}, now {new_global}"
-    if not trainer.plan.meets:
-        # The shards: the new global batch's steps start right after the chunks trained,
-        # so that the epoch trains every chunk exactly once.
-        sampler = trainer.sampler
-        done = min(int(state.get("chunk_offset", 0)) + old.step_in_epoch * old_global,
-                   sampler.num_chunks)
-        sampler.set_offset(done)
-        trainer.pos = Position(old.epoch, 0, old.global_step)
-        return (f"carried over {', '.join(kept)}; epoch {old.epoch}, on from chunk {done} of "
-                f"{sampler.num_chunks} ({was})")
-    steps = len(trainer.sampler)
-    step_in_epoch = min(old.step_in_epoch * old_global // new_global, steps)
-    trainer.pos = Position(old.epoch, step_in_epoch, old.global_step)
-    return (f"carried over {', '.join(kept)}; epoch {old.epoch}, step {step_in_epoch} of "
-            f"{steps} in it ({was})")
+    trainer.pos = Position(old.epoch, old.step_in_epoch, old.global_step)
+    trainer.plan.load_state_dict(state, trainer.pos)
+    sampler = trainer.sampler
+    done = sum(hi - lo for lo, hi in trained_chunks(state, sampler.num_chunks))
+    left = len(sampler) - trainer.pos.step_in_epoch
+    return (f"carried over {', '.join(kept)}; epoch {old.epoch}, {done} of its "
+            f"{sampler.num_chunks} chunks trained: the rest in {left} steps of global batch "
+            f"{new_global} from step {old.global_step + 1} (was step {old.step_in_epoch} in it "
+            f"at global batch {old_global})")

@@ -3,10 +3,38 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
+
+Ranges = list[tuple[int, int]]
+"""Half-open ranges ``[lo, hi)`` of positions in an epoch's chunk order, sorted and disjoint."""
+
+
+def as_ranges(positions: Sequence[int] | np.ndarray) -> Ranges:
+    """``positions`` (any order, repeats allowed) as the fewest sorted disjoint ranges."""
+    pos = np.unique(np.asarray(positions, dtype=np.int64))
+    if pos.size == 0:
+        return []
+    cuts = np.flatnonzero(np.diff(pos) != 1) + 1  # where a run of consecutive positions ends
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [pos.size]))
+    return [(int(pos[a]), int(pos[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+
+
+def range_positions(ranges: Sequence[Sequence[int]]) -> np.ndarray:
+    """Every position the ranges hold, ascending where the ranges are."""
+    parts = [np.arange(int(lo), int(hi), dtype=np.int64) for lo, hi in ranges]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def untrained(ranges: Sequence[Sequence[int]], num_chunks: int) -> np.ndarray:
+    """The positions of ``range(num_chunks)`` outside ``ranges``, ascending."""
+    keep = np.ones(num_chunks, dtype=bool)
+    for lo, hi in ranges:
+        keep[max(0, int(lo)):max(0, min(int(hi), num_chunks))] = False
+    return np.flatnonzero(keep)
 
 
 def tail_chunks(offsets: np.ndarray, chunk_len: int) -> tuple[np.ndarray, np.ndarray,
@@ -129,7 +157,10 @@ class ChunkBatchSampler(Sampler[list[int]]):
         self.full_steps = self.num_chunks // self.global_batch
         self.remainder = self.num_chunks - self.full_steps * self.global_batch
         self.offset = 0
-        """Chunks of this epoch's order trained before its step 0 (see :meth:`set_offset`)."""
+        """Chunks of this epoch's order trained before its step 0 (see :meth:`set_trained`)."""
+        self.trained: Ranges = []
+        """Which positions of this epoch's order those are (see :meth:`set_trained`)."""
+        self._rest: np.ndarray | None = None  # the untrained positions, unless a prefix is
         self.epoch = 0
         self._fresh = True  # no set_epoch() yet: the constructor's start_step still applies
         self.start_step = self._check_start_step(start_step)
@@ -137,17 +168,39 @@ class ChunkBatchSampler(Sampler[list[int]]):
     def set_offset(self, offset: int) -> None:
         """Start the epoch's steps after the first ``offset`` chunks of its order.
 
-        Where a run goes on at another global batch (after a failure, or a resume at another
-        world size) in the middle of an epoch: the chunks before ``offset`` were trained,
-        and the steps of the new global batch cover exactly the rest. 0 again from the next
-        epoch on (the caller resets it).
+        :meth:`set_trained` of the one range ``[0, offset)``.
         """
         if not 0 <= offset <= self.num_chunks:
             raise ValueError(f"offset must be in [0, {self.num_chunks}], got {offset}")
-        self.offset = int(offset)
+        self.set_trained([(0, offset)] if offset else [])
+
+    def set_trained(self, ranges: Sequence[Sequence[int]]) -> None:
+        """Start the epoch's steps after the chunks at ``ranges`` of its order: they were trained.
+
+        Where a run goes on at another global batch (after a failure, or a resume at another
+        world size or plan) in the middle of an epoch: the steps of the new global batch cover
+        exactly the other positions, in the order's own order. The trained positions need not
+        be a prefix: ADPSGD's pool hands out slots in any order, and a run may change twice in
+        one epoch. Empty again from the next epoch on (the caller resets it).
+
+        Args:
+            ranges: ``[lo, hi)`` positions of the epoch's order (clipped to the data set).
+        """
+        kept = as_ranges(range_positions(
+            [(max(0, int(lo)), min(int(hi), self.num_chunks)) for lo, hi in ranges]))
+        self.trained = kept
+        self.offset = sum(hi - lo for lo, hi in kept)
+        prefix = not kept or (len(kept) == 1 and kept[0][0] == 0)
+        self._rest = None if prefix else untrained(kept, self.num_chunks)
         rest = self.num_chunks - self.offset
         self.full_steps = rest // self.global_batch
         self.remainder = rest - self.full_steps * self.global_batch
+
+    def untrained_positions(self, lo: int, hi: int) -> np.ndarray:
+        """Positions ``lo:hi`` of the epoch's order among those not trained before step 0."""
+        if self._rest is None:
+            return np.arange(self.offset + lo, self.offset + hi, dtype=np.int64)
+        return self._rest[lo:hi]
 
     def _check_start_step(self, start_step: int) -> int:
         if not 0 <= start_step <= len(self):
@@ -193,14 +246,14 @@ class ChunkBatchSampler(Sampler[list[int]]):
         perm = self.permutation()
         g, b, r = self.global_batch, self.batch_size, self.rank
         for step in range(self.start_step, self.full_steps):
-            lo = self.offset + step * g + r * b
-            yield perm[lo:lo + b].tolist()
+            lo = step * g + r * b
+            yield perm[self.untrained_positions(lo, lo + b)].tolist()
         if self.start_step <= self.full_steps and len(self) > self.full_steps:
             # The remainder as world_size contiguous near-equal parts: the first
             # (remainder % world_size) ranks get one chunk more.
             base, extra = divmod(self.remainder, self.world_size)
-            lo = self.offset + self.full_steps * g + r * base + min(r, extra)
-            yield perm[lo:lo + base + (r < extra)].tolist()
+            lo = self.full_steps * g + r * base + min(r, extra)
+            yield perm[self.untrained_positions(lo, lo + base + (r < extra))].tolist()
 
 
 class PooledBatchSampler(ChunkBatchSampler):
@@ -237,8 +290,6 @@ class PooledBatchSampler(ChunkBatchSampler):
         self.take = take
         self.group_size = group_size
         self.group_rank = group_rank
-        self.slots = self.full_steps * world_size // group_size
-        """Slots per epoch."""
         self.limit = self.slots
         """Slots at or past this index wait for the next meeting."""
         self.held: int | None = None
@@ -252,6 +303,11 @@ class PooledBatchSampler(ChunkBatchSampler):
         """The slot each ticket of this epoch hands out (None: ticket ``t`` is slot ``t``).
         Set after a failure, so that the slots a dead learner had taken come next and the
         survivors' are not handed out again (``hadpsgd.assembly.elastic``)."""
+
+    @property
+    def slots(self) -> int:
+        """Slots per epoch (of the chunks not trained before it: :meth:`set_trained`)."""
+        return self.full_steps * self.world_size // self.group_size
 
     def slot_of(self, ticket: int) -> int:
         """The slot a ticket hands out (see :attr:`order`)."""
@@ -282,4 +338,4 @@ class PooledBatchSampler(ChunkBatchSampler):
                 return
             self.handed.append(slot)
             lo = (self.slot_of(slot) * self.group_size + self.group_rank) * b
-            yield perm[lo:lo + b].tolist()
+            yield perm[self.untrained_positions(lo, lo + b)].tolist()

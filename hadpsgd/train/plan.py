@@ -16,6 +16,11 @@ asks for
   each learner's figures, then the blocking agreement).
 
 The cadence (log, control, checkpoint, end of epoch) is the loop's alone.
+
+Either plan loads either plan's state (:func:`trained_chunks`): a checkpoint written at
+another world size, global batch, pool slot or plan goes on after exactly the chunks of the
+interrupted epoch it had trained, wherever in the epoch's order they lie, and its global
+steps go on from the checkpoint's.
 """
 
 from __future__ import annotations
@@ -23,11 +28,90 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from hadpsgd.data import ChunkBatchSampler
+from hadpsgd.data.sampler import Ranges, as_ranges, range_positions, untrained
 from hadpsgd.train.progress import Progress
 
 Agree = Callable[[Any, "Progress | None"], bool]
 """The loop's blocking agreement (:meth:`Trainer.agree`): True to stop now."""
+
+CHUNK_OFFSET = "chunk_offset"
+"""State key: the chunks trained before the epoch's step 0 where they are a prefix."""
+CHUNK_TRAINED = "chunk_trained"
+"""State key: ``[lo, hi)`` ranges of those chunks where they are not a prefix."""
+POOL_NEXT = "pool_next"
+"""State key of the pooled plan: its tickets below this were trained."""
+POOL_ORDER = "pool_order"
+"""State key of the pooled plan: the slot each ticket hands out, where not the ticket."""
+POOL_SLOT = "pool_slot"
+"""State key of the pooled plan: the chunks of one slot (a super-learner's batches)."""
+
+
+def carried_chunks(state: dict[str, Any]) -> Ranges:
+    """The chunks ``state``'s epoch had trained before its plan's step 0 (its sampler's)."""
+    if CHUNK_TRAINED in state:
+        return [(int(lo), int(hi)) for lo, hi in state[CHUNK_TRAINED]]
+    offset = int(state.get(CHUNK_OFFSET, 0))
+    return [(0, offset)] if offset else []
+
+
+def global_batch_of(state: dict[str, Any]) -> int | None:
+    """The global batch of the run that wrote ``state`` (None: not recorded)."""
+    world = state.get("world_size")
+    batch = state.get("config", {}).get("train", {}).get("batch_size")
+    return int(world) * int(batch) if world and batch else None
+
+
+def pool_slot_of(state: dict[str, Any]) -> int | None:
+    """The chunks of one pool slot in the run that wrote ``state`` (None: not pooled).
+
+    Checkpoints written before :data:`POOL_SLOT` was recorded: the batch of each member of a
+    super-learner, from the run's recorded world.
+    """
+    if POOL_NEXT not in state:
+        return None
+    if POOL_SLOT in state:
+        return int(state[POOL_SLOT])
+    config = state.get("config", {})
+    world = config.get("world", {})
+    per_node = int(world.get("size", 1)) // max(1, int(world.get("num_nodes", 1)))
+    return per_node * int(config.get("train", {}).get("batch_size", 1))
+
+
+def trained_chunks(state: dict[str, Any], num_chunks: int) -> Ranges:
+    """Every position of the interrupted epoch's chunk order that ``state`` had trained.
+
+    Of either plan's state: the chunks carried into the epoch's step 0 (:func:`carried_chunks`),
+    then the sharded plan's ``step_in_epoch`` steps of its global batch over the rest, or the
+    pooled plan's tickets below :data:`POOL_NEXT`, each a slot of :data:`POOL_SLOT` chunks of
+    the rest, in :data:`POOL_ORDER`. A state whose run trained a whole epoch's slots or steps
+    never leaves a position twice, and positions past the data set (other data) are dropped.
+
+    Args:
+        state: A checkpoint's common state, or a failure's snapshot.
+        num_chunks: The chunks of the data set now.
+
+    Returns:
+        The trained positions, as sorted disjoint ``[lo, hi)`` ranges.
+    """
+    carried = carried_chunks(state)
+    rest = untrained(carried, num_chunks)
+    slot = pool_slot_of(state)
+    if slot is not None:
+        order = state.get(POOL_ORDER)
+        tickets = np.arange(int(state[POOL_NEXT]), dtype=np.int64)
+        if order is not None:
+            mapped = np.asarray(order, dtype=np.int64)
+            inside = tickets < mapped.size  # a ticket past the order hands out itself
+            tickets[inside] = mapped[tickets[inside]]
+        index = (tickets[:, None] * slot + np.arange(slot, dtype=np.int64)).ravel()
+    else:
+        steps = int(state.get("progress", {}).get("step_in_epoch", 0))
+        index = np.arange(steps * (global_batch_of(state) or 0), dtype=np.int64)
+    index = index[index < rest.size]
+    return as_ranges(np.concatenate([range_positions(carried), rest[index]]))
 
 
 class EpochPlan:
@@ -118,13 +202,39 @@ class EpochPlan:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs of the plan beyond the position.
 
-        The chunk offset of an epoch that went on at another global batch; nothing otherwise.
+        The chunks trained before the step 0 of an epoch that went on at another global batch
+        or plan (a prefix of its order as an offset, anything else as ranges); nothing
+        otherwise.
         """
-        return {"chunk_offset": self.sampler.offset} if self.sampler.offset else {}
+        trained = self.sampler.trained
+        if not trained:
+            return {}
+        if len(trained) == 1 and trained[0][0] == 0:
+            return {CHUNK_OFFSET: self.sampler.offset}  # as checkpoints have always had it
+        return {CHUNK_TRAINED: [[lo, hi] for lo, hi in trained]}
 
     def load_state_dict(self, state: dict[str, Any], pos: Any) -> None:
-        """Restore :meth:`state_dict` (``state`` is the whole checkpoint)."""
-        self.sampler.set_offset(int(state.get("chunk_offset", 0)))
+        """Restore :meth:`state_dict`, or go on from another plan's or global batch's state.
+
+        ``state`` is the whole checkpoint (or a failure's snapshot) and ``pos`` its position.
+        Written by this plan at this global batch, the epoch's steps go on as they were;
+        otherwise (another world size, ``--batch-size``, or the pooled plan) they start
+        afresh after exactly the chunks the state had trained (:meth:`carry`).
+        """
+        same = global_batch_of(state) in (None, self.sampler.global_batch)
+        if POOL_NEXT in state or not same:
+            self.carry(state, pos)
+        else:
+            self.sampler.set_trained(carried_chunks(state))
+
+    def carry(self, state: dict[str, Any], pos: Any) -> None:
+        """Go on from ``state``: its trained chunks are the epoch's, the steps start afresh.
+
+        ``pos`` keeps its epoch and global step, so the steps after it only go forward; its
+        step in the epoch counts this plan's steps over the chunks left (0 now).
+        """
+        self.sampler.set_trained(trained_chunks(state, self.sampler.num_chunks))
+        pos.step_in_epoch = 0
 
     def close(self) -> None:
         """Release what the plan holds (collective for the pooled plan)."""

@@ -24,7 +24,15 @@ from hadpsgd.api.samplers import (
 )
 from hadpsgd.comm import SharedCounter, Topology
 from hadpsgd.data import PooledBatchSampler
-from hadpsgd.train.plan import Agree, EpochPlan
+from hadpsgd.train.plan import (
+    POOL_NEXT,
+    POOL_ORDER,
+    POOL_SLOT,
+    Agree,
+    EpochPlan,
+    carried_chunks,
+    pool_slot_of,
+)
 from hadpsgd.train.progress import Progress
 
 _NONE = np.iinfo(np.int64).max
@@ -250,22 +258,52 @@ class PooledPlan(EpochPlan):
         return bool(self.opts.checkpoint_every) and self.pool_next == self.end
 
     def end_epoch(self) -> None:
-        """The next epoch starts at its first slot, in index order."""
+        """The next epoch starts at its first slot, in index order, over all its chunks."""
+        super().end_epoch()
         self.pool_next = 0
         self.order = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the pool stands: every ticket below it trained (and the order, if changed)."""
-        state: dict[str, Any] = {"pool_next": self.pool_next}
+        """Where the pool stands: every ticket below it trained (and the order, if changed).
+
+        With the chunks of a slot, so that a run whose slots hold other chunks (another
+        super-learner size or ``--batch-size``) or that has no pool knows which were trained.
+        """
+        state: dict[str, Any] = {**super().state_dict(), POOL_NEXT: self.pool_next,
+                                 POOL_SLOT: self.slot_chunks}
         if self.order is not None:
-            state["pool_order"] = list(self.order)
+            state[POOL_ORDER] = list(self.order)
         return state
 
+    @property
+    def slot_chunks(self) -> int:
+        """The chunks of one slot: a batch for each member of a super-learner."""
+        return self.pooled.group_size * self.pooled.batch_size
+
     def load_state_dict(self, state: dict[str, Any], pos: Any) -> None:
-        """The epoch's untrained slots start here (older checkpoints: from the position)."""
-        self.pool_next = int(state.get("pool_next", pos.step_in_epoch * self.topo.num_nodes))
-        order = state.get("pool_order")
+        """Restore :meth:`state_dict`, or go on from another plan's or slot size's state.
+
+        A pool whose slots hold the same chunks (the same super-learner size and
+        ``--batch-size``, any number of them) takes the tickets as they were: the epoch's
+        step counts a slot per super-learner, so the position's step in the epoch is the
+        tickets trained over this run's super-learners, and its global step stays (the steps
+        after it only go forward). Anything else starts the pool afresh over the chunks the
+        state had not trained (:meth:`carry`).
+        """
+        if pool_slot_of(state) != self.slot_chunks:
+            self.carry(state, pos)
+            return
+        self.sampler.set_trained(carried_chunks(state))
+        self.pool_next = int(state[POOL_NEXT])
+        order = state.get(POOL_ORDER)
         self.order = [int(s) for s in order] if order is not None else None
+        pos.step_in_epoch = self.pool_next // self.topo.num_nodes
+
+    def carry(self, state: dict[str, Any], pos: Any) -> None:
+        """Hand out the chunks ``state`` had not trained from the first ticket (see base)."""
+        super().carry(state, pos)
+        self.pool_next = 0
+        self.order = None
 
     def close(self) -> None:
         """Release the shared data pool (collective)."""

@@ -129,7 +129,7 @@ def test_resume_with_other_algo_or_world_size(tiny_data, tmp_path):
                               "--allow-resume-change", "--max-steps", "16"))
     assert_ok(res)
     # 12 steps at global batch 8 = 96 chunks: the rest of the epoch starts after them.
-    assert f"epoch 0, on from chunk 96 of {_chunks(tiny_data)}" in res.stdout
+    assert f"epoch 0, 96 of its {_chunks(tiny_data)} chunks trained" in res.stdout
     assert final_state(tmp_path)["progress"]["global_step"] == 16
 
 
