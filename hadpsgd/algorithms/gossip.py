@@ -25,6 +25,7 @@ from hadpsgd import faults
 from hadpsgd.comm.codec import decode, encode, payload_bytes
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.pair import PairChannel
+from hadpsgd.comm.streams import bind_thread
 
 BUSY, READY, LOCKED, CLOSED, MATCHED = 0, 1, 2, 3, 16
 """Board states of a super-learner; ``MATCHED + p``: claimed by (and paired with) ``p``."""
@@ -188,6 +189,7 @@ class GossipThread(threading.Thread):
     # ------------------------------------------------------------------ thread side
     def run(self) -> None:  # noqa: D102
         try:
+            bind_thread(self.flat.device)  # else the copy stream's contexts switch to GPU 0
             self._loop()
         except BaseException as err:  # noqa: BLE001 - reported to the main thread
             self.error = err

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from hadpsgd.comm.deadline import CommTimeoutError
-from hadpsgd.comm.streams import ReadyEvents
+from hadpsgd.comm.streams import ReadyEvents, bind_thread
 
 GradScope = str | None
 """Which learners a step's gradients are averaged over: ``world``, ``node`` or None (none);
@@ -243,11 +243,7 @@ class BucketReducer:
         self._reduce(view, self._scope)  # type: ignore[arg-type] - not None here
 
     def _serve(self) -> None:
-        # A new thread's current CUDA device is 0 whatever the main thread chose: anything
-        # it made without naming a device (an event, a context) would land on GPU 0.
-        device = next((v.device for v in self.views if v.is_cuda), None)
-        if device is not None:
-            torch.cuda.set_device(device)
+        bind_thread(next((v.device for v in self.views if v.is_cuda), None))
         while True:
             with self._cond:
                 while not self._stopped and not (self._next < len(self.plan)

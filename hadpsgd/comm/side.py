@@ -42,6 +42,7 @@ from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog
 from hadpsgd.comm.mpi import MPI_NATIVE, mpi
 from hadpsgd.comm.staging import Stager, host_dtype
+from hadpsgd.comm.streams import bind_thread
 
 
 class Job:
@@ -79,6 +80,9 @@ class Job:
             if self.stream is None:
                 self.fn()
             else:
+                # This runs in the channel's thread: bound to the job's GPU, leaving the
+                # stream's context below does not switch it to GPU 0 (bind_thread).
+                bind_thread(self.stream.device)
                 self.stream.wait_event(self.ready)
                 with torch.cuda.stream(self.stream):
                     self.fn()

@@ -108,4 +108,21 @@ class ReadyEvents:
                 t.record_stream(current)
 
 
-__all__ = ["ReadyEvents"]
+def bind_thread(device: torch.device | None) -> None:
+    """Make ``device`` the calling thread's current CUDA device; nothing for a host device.
+
+    Call it first in every thread that touches CUDA. A new thread's current device is 0,
+    whatever the main thread set, and leaving a ``torch.cuda.stream(...)`` context (or
+    anything that makes an event, a stream or a context without naming a device) there calls
+    ``cudaSetDevice(0)``, which since CUDA 12 makes a primary context on GPU 0: ~0.5 GiB of
+    GPU 0 for every rank of an 8-GPU node, and an error where GPUs run in
+    ``EXCLUSIVE_PROCESS`` compute mode, as clusters set them.
+
+    Args:
+        device: The device the thread works on (the buffers' device), or None.
+    """
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+__all__ = ["ReadyEvents", "bind_thread"]

@@ -175,3 +175,47 @@ def test_grad_wire_bf16_across_nodes_on_device(algo):
         assert "intra-node nccl" in res.stdout, res.stdout
     else:
         assert "intra-node mpi via host" in res.stdout, res.stdout
+
+
+def _gpu_pids(stop, seen: set[tuple[str, str]]) -> None:
+    """Poll which processes hold a context on which GPU (by UUID) until ``stop`` is set."""
+    import subprocess
+
+    while not stop.is_set():
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid",
+                              "--format=csv,noheader"], capture_output=True, text=True).stdout
+        seen.update(tuple(x.strip() for x in line.split(",")) for line in out.splitlines()
+                    if line.count(",") == 1)
+        stop.wait(0.3)
+
+
+@two_gpus
+@pytest.mark.parametrize("args", [
+    ["--algo", "adpsgd", "--super-learner-size", "1"],  # the gossip thread and its copies
+    ["--algo", "bmuf", "--ranks-per-node", "1", "--bmuf-overlap"],  # the side channel's jobs
+], ids=["adpsgd", "bmuf-overlap"])
+def test_no_rank_makes_a_context_on_another_ranks_gpu(args, tiny_data, tmp_path):
+    # Issue 44: a thread that never bound its GPU switched to GPU 0 on leaving a stream's
+    # context, and CUDA 12 made a primary context there for every rank. Each rank's
+    # process must hold a context on its own GPU only, through a whole run.
+    import subprocess
+    import threading
+
+    from tests.mpi._resume import run_args
+
+    uuids = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+                           capture_output=True, text=True).stdout.split()
+    seen: set[tuple[str, str]] = set()
+    stop = threading.Event()
+    poller = threading.Thread(target=_gpu_pids, args=(stop, seen), daemon=True)
+    poller.start()
+    try:
+        res = run_mpi(2, run_args(tiny_data, tmp_path / "r", "--device", "cuda",
+                                  "--batch-size", "4", "--max-steps", "60", *args))
+    finally:
+        stop.set()
+        poller.join()
+    assert_ok(res)
+    on = {u: {pid for pid, g in seen if g == u} for u in uuids[:2]}
+    assert on[uuids[0]] and on[uuids[1]], seen  # both ranks were seen on their GPUs
+    assert not on[uuids[0]] & on[uuids[1]], f"a rank holds contexts on GPU 0 and 1: {seen}"

@@ -80,6 +80,9 @@ class FakeCuda:
     def current_stream(self, device: Any = None) -> Any:
         return self.current()
 
+    def set_device(self, device: Any) -> None:
+        self.log.append(("set_device", str(device)))
+
     @contextlib.contextmanager
     def stream(self, stream: Any) -> Iterator[None]:
         before = self.current()
@@ -95,7 +98,7 @@ class FakeCuda:
 def fake() -> Iterator[FakeCuda]:
     f = FakeCuda()
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("Stream", "Event", "current_stream", "stream"):
+        for name in ("Stream", "Event", "current_stream", "stream", "set_device"):
             mp.setattr(torch.cuda, name, getattr(f, name))
         yield f
 
@@ -260,6 +263,7 @@ def test_a_side_job_runs_on_its_stream_behind_the_submitters_event(fake: FakeCud
     done.start()
     done.join()
     assert ran == ["side"] and job.error is None
+    assert names(fake.log, "set_device") == [(str(CUDA0),)]  # the thread is bound first
     assert names(fake.log, "wait") == [("side", ready)]
     finished = names(fake.log, "record")[-1]
     assert finished[1] == "side"
@@ -285,3 +289,27 @@ def test_a_staged_pair_exchange_waits_once_per_copy_off_the_device(fake: FakeCud
     landed = _from_host(host, recv)  # queued on the caller's stream, not waited for
     assert torch.equal(recv, send) and len(names(fake.log, "sync")) == 1
     assert names(fake.log, "record")[-1] == (landed.name, "compute") and landed.blocking
+
+
+def test_every_thread_that_touches_cuda_binds_its_device_first(monkeypatch):
+    """Issue 44: the gossip thread, the side channel's jobs and the bucket reducer's thread bind
+    their GPU (:func:`bind_thread`) before any CUDA call, so that leaving a stream's context
+    does not switch them to GPU 0 (a context there per rank); a host device binds nothing."""
+    import inspect
+
+    from hadpsgd.algorithms.gossip import GossipThread
+    from hadpsgd.comm import streams
+    from hadpsgd.comm.overlap import BucketReducer
+
+    calls: list[object] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    streams.bind_thread(torch.device("cpu"))
+    streams.bind_thread(None)
+    assert calls == []
+    streams.bind_thread(torch.device("cuda", 3))
+    assert calls == [torch.device("cuda", 3)]
+    # The side channel's job is checked by what it does (the side job test above); these two
+    # threads' bodies run in loops of their own: bound before anything else they do.
+    for entry, body in ((GossipThread.run, "self._loop()"), (BucketReducer._serve, "while")):
+        src = inspect.getsource(entry)
+        assert 0 < src.find("bind_thread(") < src.find(body), entry.__qualname__
