@@ -31,7 +31,14 @@ from hadpsgd.cli import ConfigError
 from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
-from hadpsgd.exit_codes import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
+from hadpsgd.exit_codes import (
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_TIMED_OUT,
+    EXIT_USER_ERROR,
+)
 from hadpsgd.models import count_parameters
 from hadpsgd.train import Trainer
 from hadpsgd.train.checkpoint import CheckpointError, CheckpointWriteError
@@ -61,17 +68,21 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
 def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     """Every part, and the resumed state if asked for; then the start-up lines."""
     if cfg.train.resume:
-        check_layout(cfg, topo)  # another -np or layout: refused before anything is written
-    trainer = build_trainer(cfg, topo)
+        with topo.startup("resume layout check"):
+            check_layout(cfg, topo)  # another -np or layout: refused before anything is written
+    with topo.startup("set-up"):  # build_trainer names its own phases inside
+        trainer = build_trainer(cfg, topo)
     if topo.rank == 0:  # the run directory stands: rank 0's console goes to train.log too
         CONSOLE.attach(trainer.ckpt_dir.parent, f"resume (--resume {cfg.train.resume})"
                        if cfg.train.resume else "start")
     if cfg.train.resume:
-        resume(trainer, cfg, topo)
+        with topo.startup("resume"):
+            resume(trainer, cfg, topo)
     clock.mark("data, model and algorithm")
     # Every rank's start-up and memory, gathered once: at 64 ranks on a host they decide
     # whether a run fits, so the run says what they were.
-    every = topo.allgather_object((clock.phases(), peak_rss_mb(), pss_mb()))
+    with topo.startup("start-up report"):
+        every = topo.allgather_object((clock.phases(), peak_rss_mb(), pss_mb()))
     if topo.rank == 0:
         print(f"[hadpsgd] comm: {topo.describe()}", flush=True)
         for note in topo.notes:  # a slower path than asked for, and how to get the fast one
@@ -142,9 +153,13 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
 def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool) -> int:
     """Report ``err`` from this rank and end the job with ``code`` (all ranks, if several)."""
     global _SURVIVED  # noqa: PLW0603 - read by script_main at the very end
+    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
     if traceback_too or env.debug():
         traceback.print_exception(err)
-    prefix = f"hadpsgd: rank {topo.rank}: error: " if topo.size > 1 else "hadpsgd: error: "
+    # A deadline's message names its rank already: printed as the watchdog prints it.
+    prefix = (f"hadpsgd: rank {topo.rank}: error: "
+              if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
+              else "hadpsgd: error: ")
     print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
     if topo.size > 1 and _ELASTIC and ulfm.end_with_error(str(err) or type(err).__name__):
         _SURVIVED = True  # under ULFM an abort ends no peer: they were told, each ends itself
@@ -152,6 +167,23 @@ def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: boo
     if topo.size > 1:
         topo.abort(code)  # the peers may be blocked in a collective this rank never joins
     return code
+
+
+def _timed_out(err: comm.CommTimeoutError, topo: comm.Topology | None) -> int:
+    """A deadline passed before training: say it as the watchdog does and end the job (3).
+
+    Also under ``--on-failure continue``: before training there is nothing to go on from,
+    and no peer has failed yet, so ``MPI_Abort`` ends every rank (the frozen one included).
+    """
+    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
+    print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+    if topo is None:
+        from hadpsgd.comm.mpi import abort_job, mpi
+
+        abort_job(mpi().COMM_WORLD, EXIT_TIMED_OUT)
+    elif topo.size > 1:
+        topo.abort(EXIT_TIMED_OUT)
+    return EXIT_TIMED_OUT
 
 
 def _user_error(err: BaseException, topo: comm.Topology) -> int:
@@ -196,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except comm.TopologyError as err:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except comm.CommTimeoutError as err:  # a rank never came: named, with the phase
+        return _timed_out(err, None)
     clock.mark("MPI and communicators")
     if topo.rank == 0:
         CONSOLE.install()  # kept in memory until the run directory stands (train.log)
@@ -209,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trainer = _setup(cfg, topo, clock)
         except USER_ERRORS as err:
             return _user_error(err, topo)
+        except comm.CommTimeoutError as err:  # a peer's deadline before training
+            return _timed_out(err, topo)
         started = topo.size
         while True:
             try:

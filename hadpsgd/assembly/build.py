@@ -49,26 +49,33 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     Raises:
         FeatureFileError, ConfigError, ValueError: For bad input, before anything is written.
     """
-    check_same_config(cfg, topo)
-    check_out_dir(cfg, topo)
-    train_set, heldout_set = load_data(cfg, topo)
-    data_identity = resume_data.identity(train_set.file, heldout_set.file)
-    if topo.size > 1:  # a host's own copy of the files may be stale or partial
-        resume_data.check_same_data(topo.allgather_object(data_identity), list(topo.hosts))
-    if cfg.train.resume is not None:  # the same paths may hold other data by now
-        path = resume_checkpoint(cfg)
-        resume_data.check_resume_data(path, saved_config(path) if path else None,
-                                      data_identity, allowed(cfg))
+    # Each phase is named in a peer's deadline error (a rank frozen or stuck in it).
+    with topo.startup("option agreement"):
+        check_same_config(cfg, topo)
+    with topo.startup("run directory check"):
+        check_out_dir(cfg, topo)
+    with topo.startup("data checks"):
+        train_set, heldout_set = load_data(cfg, topo)
+        data_identity = resume_data.identity(train_set.file, heldout_set.file)
+        if topo.size > 1:  # a host's own copy of the files may be stale or partial
+            resume_data.check_same_data(topo.allgather_object(data_identity), list(topo.hosts))
+        if cfg.train.resume is not None:  # the same paths may hold other data by now
+            path = resume_checkpoint(cfg)
+            resume_data.check_resume_data(path, saved_config(path) if path else None,
+                                          data_identity, allowed(cfg))
     # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
     # ranks keeps single-process runs reproducible too.
     torch.manual_seed(cfg.train.seed)
     set_tf32(topo.device, cfg.train.tf32)
-    model = build_model(cfg.model.preset, train_set.file.feat_dim, train_set.file.num_classes,
-                        per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
-                        ).to(topo.device)
-    dist = build_distributed(cfg, model, build_optimizer(cfg.optim, model), topo)
+    with topo.startup("model broadcast"):
+        model = build_model(cfg.model.preset, train_set.file.feat_dim,
+                            train_set.file.num_classes,
+                            per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
+                            ).to(topo.device)
+        dist = build_distributed(cfg, model, build_optimizer(cfg.optim, model), topo)
     algo = dist.algorithm
-    out_dir = make_out_dir(cfg, topo, train_set.file.path)
+    with topo.startup("run directory"):
+        out_dir = make_out_dir(cfg, topo, train_set.file.path)
     metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
     # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
     schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,

@@ -160,6 +160,9 @@ class Watchdog:
         self.activity = "starting up"
         """What this rank is doing outside guarded calls (set through ``Topology.doing`` or
         ``Topology.now_doing``); sent to a stuck peer that asks."""
+        self.phase = ""
+        """The start-up phase this rank is in (``Topology.startup``; "" once it trains):
+        named in a deadline's error, since start-up has no step to tell where a rank was."""
         self._active: tuple[str, list[int] | None, float, int] | None = None
         self._monitor: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -240,10 +243,18 @@ class Watchdog:
 
     def _watch(self) -> None:
         tick = min(0.2, self.timeout / 10)
+        stalled, last, watched = 0.0, time.monotonic(), None
         while not self._stopped:
             time.sleep(tick)
             if self._stopped:
                 return
+            # A tick far later than asked is time this process was not running (SIGSTOP, a
+            # debugger): measured per watched call, as poll() does for polled waits.
+            now = time.monotonic()
+            active = self._active
+            if active is None or active[3] != watched:
+                stalled, watched = 0.0, None if active is None else active[3]
+            stalled, last = max(stalled, now - last - tick), now
             if self.answer:
                 try:
                     self._answer_notes()
@@ -259,15 +270,17 @@ class Watchdog:
                 continue  # a killed peer: MPI fails the blocked call once it is gone
             if self.thread_multiple:
                 try:
-                    self.fail(what, group)
+                    self.fail(what, group, stalled)
                 except CommTimeoutError as err:
-                    _say(f"hadpsgd: error: {err}")
                     if err.peer_killed and seq not in self._reprieve:
+                        # The job survives it (--on-failure continue): a note, not an error.
+                        _say(f"[hadpsgd] note: {err}")
                         self._reprieve[seq] = time.monotonic() + self.timeout
                         continue
+                    _say(f"hadpsgd: error: {err}")
             else:  # MPI may not be called from this thread: no diagnosis, just the facts
-                _say(f"hadpsgd: error: rank {self.control.Get_rank()}: {what} did not complete "
-                     f"within {self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job")
+                _say(f"hadpsgd: error: {self._where()}: {what} did not complete within "
+                     f"{self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job")
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
             # the blocked call can never return an error to the caller.
             time.sleep(1.0)
@@ -314,13 +327,25 @@ class Watchdog:
             return
         self.fail(what, group)
 
-    def fail(self, what: str, group: list[int] | None = None) -> None:
+    def _where(self) -> str:
+        """``rank R``, with the start-up phase when in one (the head of a deadline's error)."""
+        where = f"rank {self.control.Get_rank()}"
+        return f"{where} (start-up: {self.phase})" if self.phase else where
+
+    def fail(self, what: str, group: list[int] | None = None,
+             stalled: float | None = None) -> None:
         """Find out which peers are not stuck with us and raise the error.
 
         Every rank that times out tells every other rank so, whatever the group of the
         operation: in a hierarchical collective a rank may be blocked by a peer of a peer
         (the inter-node partner waits on its own node), and only the whole picture names the
         rank that really is missing. A missing peer that answers says what it is doing.
+
+        Args:
+            what: The operation, for the message.
+            group: World ranks taking part (default: everyone).
+            stalled: Seconds this process was not running during the wait, as the caller
+                measured it (default: this thread's last :func:`poll`).
         """
         me = self.control.Get_rank()
         everyone = [r for r in range(self.control.Get_size()) if r != me]
@@ -344,11 +369,13 @@ class Watchdog:
             if silent and self.answer:
                 who += (f" (rank(s) {', '.join(map(str, silent))} did not answer: dead or "
                         "frozen)")
-                handler = _silent_handler
+                # Start-up has no run to go on with: a frozen learner ends the job there, also
+                # under --on-failure continue (the survivors rebuild from a trained snapshot).
+                handler = _silent_handler if not self.phase else None
                 killed = bool(handler is not None and handler(silent))
                 if killed:
                     who += "; killed by a learner on its host, so that the others go on"
-        elif (stalled := stalled_for()) > max(1.0, self.timeout / 4):
+        elif (stalled := max(stalled or 0.0, stalled_for())) > max(1.0, self.timeout / 4):
             # Frozen past the deadline and then let go (the launcher's SIGCONT before its
             # SIGTERM): the peers timed out waiting for this rank and named it first.
             who = (f"this rank was itself stopped for {stalled:.0f} s during the wait "
@@ -357,7 +384,7 @@ class Watchdog:
         else:
             who = "every peer is waiting too (a mismatched call order?)"
         raise CommTimeoutError(
-            f"rank {me}: {what} (operation #{self.seq}) did not complete within "
+            f"{self._where()}: {what} (operation #{self.seq}) did not complete within "
             f"{self.timeout:g} s (HADPSGD_TIMEOUT): {who}. A peer is dead, stuck or took "
             "another code path; see its log. Raise HADPSGD_TIMEOUT if peers are merely slow.",
             missing=missing, peer_killed=killed,

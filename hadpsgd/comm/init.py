@@ -136,6 +136,27 @@ def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ra
     return NCCLIntra(intra, watchdog, node_ranks, device), aware
 
 
+def _first_contact(world: Any, timeout: float, thread_multiple: bool) -> Watchdog:
+    """This learner's watchdog, made once every rank has come (under the deadline).
+
+    Its control communicator is duplicated without blocking (``MPI_Comm_idup``): the
+    duplication completes only when every rank has called it, so a rank frozen or stuck
+    since ``MPI_Init`` is found here and named by a first watchdog that diagnoses over the
+    world itself (its notes are point-to-point messages on their own tags, apart from any
+    collective). Every later blocking call of the start-up is guarded by the new watchdog.
+
+    Raises:
+        CommTimeoutError: Naming the ranks that never came.
+    """
+    first = Watchdog(world, timeout, thread_multiple=thread_multiple)
+    first.phase = "MPI set-up"
+    control, request = world.Idup()
+    first.wait(request, "first contact (control communicator, Idup)")
+    watchdog = Watchdog(control, timeout, thread_multiple=thread_multiple, answer=True)
+    watchdog.phase, watchdog.activity = "MPI set-up", "starting up: MPI set-up"
+    return watchdog
+
+
 def _bind_gpu_early(device: str) -> None:
     """Choose this process's GPU from the launcher's local rank, before MPI starts.
 
@@ -197,9 +218,9 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         raise TopologyError(str(err)) from None
     if bucket <= 0:
         raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
-    watchdog = Watchdog(world.Dup(), timeout,
-                        thread_multiple=thread_level >= MPI.THREAD_MULTIPLE, answer=True)
-    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    watchdog = _first_contact(world, timeout, thread_level >= MPI.THREAD_MULTIPLE)
+    with watchdog.guard("host communicator (Split_type)"):
+        host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     host_size = host.Get_size()
 
     if rpn is not None:
@@ -218,12 +239,14 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
             order = sorted(set(hints.tolist()))
             node, num_nodes = order.index(node_hint), len(order)
             node_sizes = [int((hints == h).sum()) for h in order]
-        intra = world.Split(color=node, key=rank)
+        with watchdog.guard("node communicator (Split)"):
+            intra = world.Split(color=node, key=rank)
     else:
         intra = host
         # Number the nodes by their leaders' world ranks, so node indices are stable.
         is_leader = intra.Get_rank() == 0
-        leaders = world.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
+        with watchdog.guard("node leaders' communicator (Split)"):
+            leaders = world.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
         mine = np.array([leaders.Get_rank() if is_leader else -1], dtype=np.int64)
         if is_leader:
             leaders.Free()
@@ -237,7 +260,9 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         for n, s in zip(pairs[0::2], pairs[1::2], strict=True):
             node_sizes[int(n)] = int(s)
     local_rank, local_size = intra.Get_rank(), intra.Get_size()
-    inter = world.Split(color=local_rank, key=node)
+    with watchdog.guard("inter-node communicator (Split)"):
+        inter = world.Split(color=local_rank, key=node)
+    watchdog.phase, watchdog.activity = "topology", "starting up: topology"
     node_ranks = np.empty(local_size, dtype=np.int64)
     watchdog.wait(intra.Iallgather(np.array([rank], dtype=np.int64), node_ranks),
                   "node discovery (node ranks)")
@@ -292,6 +317,12 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
                           int(bucket * 2**20), hier_algo, cuda_aware, device_backend)
     except ValueError as err:
         raise TopologyError(str(err)) from None
+    errors = None
+    if size > 1:
+        with watchdog.guard("error communicator (Dup)"):
+            errors = world.Dup()
+    # The caller names its own phases (Topology.startup); a user's code has none.
+    watchdog.phase, watchdog.activity = "", "starting up"
     topo = Topology(
         comm=world, intra=intra, inter=inter, rank=rank, size=size, local_rank=local_rank,
         local_size=local_size, node=node, num_nodes=num_nodes, node_sizes=node_sizes,
@@ -301,7 +332,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         node_ranks=node_ranks.tolist(), inter_ranks=inter_ranks.tolist(), watchdog=watchdog,
         reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
         placement=placement, hosts=[label.partition(":")[0] for label in labels], notes=notes,
-        launch_ranks=launch_ranks, _errors=world.Dup() if size > 1 else None, pids=list(pids),
+        launch_ranks=launch_ranks, _errors=errors, pids=list(pids),
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

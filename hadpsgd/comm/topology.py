@@ -166,6 +166,23 @@ class Topology:
         """Say ``what`` this rank is doing from now on (where no ``with`` block fits)."""
         self.watchdog.activity = what
 
+    @contextlib.contextmanager
+    def startup(self, phase: str) -> Iterator[None]:
+        """Name the start-up ``phase`` this rank is in for the length of a ``with`` block.
+
+        A deadline that passes in it names the phase (``rank 0 (start-up: data checks):
+        ...``) and a stuck peer that asks is told ``starting up: <phase>``. Under
+        ``--on-failure continue`` a frozen learner found in start-up ends the job: there is
+        no trained state yet to go on from. Blocks nest; the previous phase is back on exit.
+        """
+        watchdog = self.watchdog
+        before = watchdog.phase, watchdog.activity
+        watchdog.phase, watchdog.activity = phase, f"starting up: {phase}"
+        try:
+            yield
+        finally:
+            watchdog.phase, watchdog.activity = before
+
     # ------------------------------------------------------------------ collectives
     def _reduce(self, tensor: torch.Tensor, op: ReduceOp, fn: Any, count: int) -> torch.Tensor:
         if op not in ("avg", "sum"):
@@ -347,7 +364,7 @@ class Topology:
         watchdog on its own control communicator, since it waits concurrently with the
         main thread.
         """
-        control, pairs = self._track(self.comm.Dup(), self.inter.Dup())
+        control, pairs = self._track(*self._dup("pair channel", self.comm, self.inter))
         return PairChannel(pairs, Watchdog(control, self.timeout),
                            self.inter_ranks, self.cuda_aware)
 
@@ -360,8 +377,9 @@ class Topology:
         """
         from hadpsgd.comm.side import SideChannel  # noqa: PLC0415 - only BMUF's overlap needs it
 
-        control, inter = self._track(self.comm.Dup(), self.inter.Dup())
-        intra = self._track(self.intra.Dup())[0] if self.local_size > 1 else None
+        control, inter = self._track(*self._dup("side channel", self.comm, self.inter))
+        intra = (self._track(*self._dup("side channel", self.intra))[0]
+                 if self.local_size > 1 else None)
         return SideChannel(inter,
                            Watchdog(control, self.timeout, self.thread_multiple),
                            self.inter_ranks,
@@ -370,7 +388,16 @@ class Topology:
 
     def shared_counter(self, slots: int) -> SharedCounter:
         """Counters every learner updates one-sidedly (collective: every rank calls it)."""
-        return SharedCounter(self._track(self.comm.Dup())[0], self.watchdog, slots)
+        return SharedCounter(self._track(*self._dup("shared counter", self.comm))[0],
+                             self.watchdog, slots)
+
+    def _dup(self, what: str, *comms: Any) -> list[Any]:
+        """Duplicates of ``comms``, each a blocking collective under the deadline."""
+        copies = []
+        for comm in comms:
+            with self.watchdog.guard(f"communicator duplication for the {what} (Dup)"):
+                copies.append(comm.Dup())
+        return copies
 
     def _track(self, *comms: Any) -> tuple[Any, ...]:
         """Remember communicators made after start-up (see :meth:`communicators`)."""

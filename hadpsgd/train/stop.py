@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -18,12 +19,31 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 it kills the ranks within about a quarter of a second."""
 
 
+ACK_DELAY_S = 1.0
+"""How long after a stop signal its line is said. Open MPI's launcher sends SIGTERM to every
+rank when it ends the job (a rank's abort, a SIGTERM or Ctrl-C to ``mpirun``) and SIGKILL
+about 0.25 s later (measured): a rank still there after this delay was asked to stop, not
+being ended, and may promise a checkpoint."""
+
+
 class StopFlag:
     """Records the first stop signal this process receives."""
 
     def __init__(self) -> None:
         self.signame: str | None = None
         self._previous: dict[int, object] = {}
+        self._ending = False
+        self._ack: threading.Timer | None = None
+
+    def ending(self) -> None:
+        """This process is ending on a failure: a stop signal from now on says nothing.
+
+        It is the launcher ending the job after an abort (or a user's Ctrl-C on top of
+        one); promising a checkpoint then would be untrue.
+        """
+        self._ending = True
+        if self._ack is not None:
+            self._ack.cancel()
 
     @property
     def requested(self) -> bool:
@@ -42,20 +62,33 @@ class StopFlag:
 
     def uninstall(self) -> None:
         """Restore the handlers that were there before :meth:`install`."""
+        if self._ack is not None:
+            self._ack.cancel()  # the run is over: nothing left to promise
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if self._ending:
+            return  # the launcher ends the job after this rank's failure: it exits anyway
         if self.requested and signum != signal.SIGUSR1:
             # Asked twice: the user does not want to wait for the checkpoint.
             print(f"hadpsgd: {name} again: stopping now without a checkpoint", file=sys.stderr,
                   flush=True)
             raise KeyboardInterrupt
         self.request(name)
-        print(f"[hadpsgd] {name} received: will checkpoint and stop at the next control point "
-              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+        # Said a moment later, and only if this rank is still there and not failing: a
+        # SIGTERM is also how the launcher ends every rank after another one's abort.
+        self._ack = threading.Timer(ACK_DELAY_S, self._acknowledge, args=(name,))
+        self._ack.daemon = True
+        self._ack.start()
+
+    def _acknowledge(self, name: str) -> None:
+        if self._ending:
+            return
+        print(f"[hadpsgd] {name} received: stopping with a checkpoint at the next control "
+              "point (send it again to stop at once)", file=sys.stderr, flush=True)
 
 
 FLAG = StopFlag()
