@@ -246,7 +246,9 @@ def main() -> None:
         dist.finish()  # BMUF: the last partial block into the global model
         last = heldout_loss(dist, heldout)
         if args.save:
-            state = dist.state_dict()  # collective: rank 0's holds every node's part
+            # Collective. A small model: rank 0's dict holds every node's part, one file.
+            # A large one: state_dict() (each node's own part), saved by every node leader.
+            state = dist.state_dict(gather=True)
             if topo.rank == 0:
                 torch.save({"hadpsgd": state, "args": vars(args)}, args.save)
         steps = topo.gather_object(dist.steps)

@@ -227,14 +227,19 @@ class Distributed:
         return figures
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self, gather: bool = True) -> dict[str, Any]:
+    def state_dict(self, gather: bool = False) -> dict[str, Any]:
         """Everything to resume exactly, for the user's checkpoint (collective).
 
         The model's parameters, the optimizer's and the algorithm's state, the sampler's
         position and, where super-learners differ (BMUF mid-block, fp16's scale per node),
-        each one's own part. With ``gather`` rank 0's dict holds every node's part, so rank
-        0 alone may save it; every other rank's holds its own node's. ``gather=False`` keeps
-        each node's part on its own ranks (large models: save one file per node).
+        each one's own part. By default each rank's dict holds its own node's part, as the
+        CLI's checkpoints do: every node leader (``topology.local_rank == 0``) saves its
+        dict to a file of its own. With ``gather`` rank 0's dict holds every node's part, so
+        rank 0 alone may save it (small models: one file, as with DDP); a node part over
+        1 GiB is refused there, since the gather sends every node's in one message.
+
+        Raises:
+            ValueError: ``gather`` with node parts too large to gather.
         """
         with self._doing("gathering the state for a checkpoint"):
             sampler = self._sampler.state_dict() if self._sampler is not None else None

@@ -14,6 +14,7 @@ from hadpsgd import env, faults
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.api import Distributed
 from hadpsgd.api.samplers import POOL_SLOTS, ticket_taker
+from hadpsgd.api.state import compact
 from hadpsgd.comm import Topology
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
@@ -180,7 +181,7 @@ class Trainer:
                 # own state holds whatever else it needs to resume exactly.
                 evaluated = {k: v.clone() for k, v in model.state_dict().items()}
         state = {
-            "model": self.algo.model.state_dict(),
+            "model": compact(self.algo.model.state_dict()),  # views saved at their size
             "algo": self.algo.state_dict(),
             "progress": asdict(self.pos),
             "history": [asdict(r) for r in self.history],

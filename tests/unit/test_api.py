@@ -235,3 +235,20 @@ def test_shard_sampler_resumes_once_at_the_saved_step():
 def test_a_sampler_that_cannot_work_is_refused(args, says):
     with pytest.raises(ValueError, match=says):
         make_sampler(OneLearner(), False, *args)
+
+
+def test_state_dict_is_sharded_by_default_and_a_huge_gather_is_refused(monkeypatch):
+    """Issue 44: ``state_dict()`` keeps each node's own part (as the CLI's checkpoints); a
+    gather of node parts past the limit is refused before any message, naming the sharded
+    call (the > 2 GiB gather crashed)."""
+    import inspect
+
+    from hadpsgd.api import state as st
+
+    assert inspect.signature(hadpsgd.Distributed.state_dict).parameters["gather"].default \
+        is False
+    part = {"theta": torch.zeros(1000), "moments": [torch.zeros(500)]}
+    st._gatherable(part)  # 6 kB: fine
+    monkeypatch.setattr(st, "GATHER_LIMIT", 5000)
+    with pytest.raises(ValueError, match=r"too large to gather.*state_dict\(\) \(sharded"):
+        st._gatherable(part)

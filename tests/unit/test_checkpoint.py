@@ -307,3 +307,31 @@ def test_keep_best_may_change_on_a_resume_and_must_not_be_negative():
     assert values["keep_best"] == 4 and [r.split()[0] for r in refused] == ["--batch-size"]
     with pytest.raises(ConfigError, match="--keep-best must be >= 0"):
         TrainConfig(keep_best=-1)
+
+
+def test_a_state_of_views_is_saved_at_the_size_of_its_tensors():
+    """Issue 44: parameters are views of the flat buffer, and on CUDA the LSTM's weights view a
+    second storage aliasing it (cuDNN's layout): ``torch.save`` wrote every storage whole (311
+    MB for swb's 173 MB). ``compact`` saves each tensor at its own size, with its values."""
+    import io
+
+    from hadpsgd.api.state import compact
+
+    flat = torch.randn(10_000)
+    alias = torch.from_dlpack(flat[1_000:])  # another storage over the same memory
+    state = {"emb": flat[:1_000].view(10, 100), "w_ih": alias[:2_000].view(20, 100),
+             "w_hh": alias[2_000:8_000], "step": 7}
+
+    def saved(obj):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getbuffer().nbytes, torch.load(io.BytesIO(buf.getvalue()))
+
+    tensor_bytes = sum(v.numel() * 4 for v in state.values() if torch.is_tensor(v))
+    loose, _ = saved(state)
+    tight, back = saved(compact(state))
+    assert loose > 1.5 * tensor_bytes  # both storages whole
+    assert tight < 1.05 * tensor_bytes + 4096
+    assert back["step"] == 7
+    assert all(torch.equal(back[k], state[k]) for k in ("emb", "w_ih", "w_hh"))
+    assert compact({"own": flat})["own"] is flat  # a whole storage is not copied

@@ -111,9 +111,14 @@ def bmuf(topo: hadpsgd.Topology, tmp: Path) -> None:
 
     dist, batches, sampler = _bmuf(0, topo)
     train(dist, batches, sampler, steps=k)
-    state = dist.state_dict()  # collective; rank 0's holds every node's part
-    path = tmp / "bmuf.pt"
-    if topo.rank == 0:
+    gathered = dist.state_dict(gather=True)  # collective; rank 0's holds every node's part
+    if topo.rank == 0 and sorted(gathered["nodes"]) != list(range(topo.num_nodes)):
+        fail(f"state_dict(gather=True) on rank 0 holds nodes {sorted(gathered['nodes'])}")
+    state = dist.state_dict()  # sharded, the default: each node's own part
+    if sorted(state["nodes"]) != [topo.node]:
+        fail(f"state_dict() on rank {topo.rank} holds nodes {sorted(state['nodes'])}")
+    path = tmp / f"bmuf-node{topo.node}.pt"  # one file per node, written by its leader
+    if topo.local_rank == 0:
         torch.save({"mine": "the user's own entries", "hadpsgd": state}, path)
     topo.barrier()
     dist.close()
