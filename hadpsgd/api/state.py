@@ -59,14 +59,17 @@ GATHER_LIMIT = 1 << 30
 one MPI message on rank 0, and MPI counts bytes in a C int (2 GiB; pickling needs a copy)."""
 
 
-def _bytes(obj: Any) -> int:
-    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples)."""
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples).
+
+    About the size of its ``torch.save`` once its tensors are compact (:func:`compact`).
+    """
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(_bytes(v) for v in obj.values())
+        return sum(tensor_bytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_bytes(v) for v in obj)
+        return sum(tensor_bytes(v) for v in obj)
     return 0
 
 
@@ -76,7 +79,7 @@ def _gatherable(node: Any) -> None:
     Raises:
         ValueError: Naming the size and the sharded state that saves it.
     """
-    size = _bytes(node)
+    size = tensor_bytes(node)
     if size > GATHER_LIMIT:
         raise ValueError(f"state_dict(gather=True): each node's part is {size / 2**30:.2f} GiB, "
                          f"too large to gather to rank 0 in one message (at most "
@@ -154,4 +157,5 @@ def node_part(state: Any, algo: str, topo: Topology) -> dict[str, Any] | None:
     return nodes[topo.node]
 
 
-__all__ = ["STATE_FORMAT", "collect", "compact", "node_part", "option_changes"]
+__all__ = ["GATHER_LIMIT", "STATE_FORMAT", "collect", "compact", "node_part", "option_changes",
+           "tensor_bytes"]

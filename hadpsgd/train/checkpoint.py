@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from hadpsgd.api.state import tensor_bytes
 from hadpsgd.train.best import BEST_FILE, rank, write_best
 
 FORMAT = "hadpsgd-checkpoint/1"
@@ -54,17 +55,6 @@ class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (full disk, no permission); the previous ones stand."""
 
 
-def _state_bytes(obj: Any) -> int:
-    """Bytes of the tensors in ``obj`` (about the size of its checkpoint)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_state_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_state_bytes(v) for v in obj)
-    return 0
-
-
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -73,7 +63,7 @@ def _no_space(parent: Path, path: Path, state: Any) -> str:
     """The message of a checkpoint that does not fit: where, how much, and the way on."""
     free = shutil.disk_usage(parent).free
     return (f"no space left in {parent} for checkpoint {path.name}: it needs about "
-            f"{_mib(_state_bytes(state))} and {_mib(free)} are free. The previous checkpoints "
+            f"{_mib(tensor_bytes(state))} and {_mib(free)} are free. The previous checkpoints "
             "are intact: free space (or lower --keep-checkpoints, or point --out-dir "
             "elsewhere), then continue with --resume auto")
 
@@ -174,7 +164,7 @@ def has_room(path: Path, obj: Any) -> None:
     """
     parent = Path(path).parent
     parent.mkdir(parents=True, exist_ok=True)
-    if shutil.disk_usage(parent).free < _state_bytes(obj):
+    if shutil.disk_usage(parent).free < tensor_bytes(obj):
         raise CheckpointWriteError(_no_space(parent, Path(path), obj))
 
 
