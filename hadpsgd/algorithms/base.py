@@ -120,6 +120,23 @@ class Algorithm:
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
 
+    def flat_layout(self) -> list[list[Any]]:
+        """Where each parameter lies in the flat buffer: ``[name, dtype, offset, numel]`` each.
+
+        In the buffer's order, named as the model's state dict names it (the stacked LSTM's
+        names in either ``--lstm-layout``). The order is the device's (cuDNN's layout on
+        CUDA, the module's on CPU), which is why states of flat tensors record it (BMUF:
+        ``bmuf/relayout.py``).
+        """
+        names = {id(p): n for n, p in self.model.state_dict(keep_vars=True).items()}
+        out: list[list[Any]] = []
+        offsets: dict[torch.dtype, int] = {}
+        for p in self.params.params:
+            off = offsets.get(p.dtype, 0)
+            out.append([names.get(id(p), f"#{len(out)}"), str(p.dtype), off, p.numel()])
+            offsets[p.dtype] = off + p.numel()
+        return out
+
     asynchronous = False
     """Whether learners step at their own pace (ADPSGD): the training loop then gives them a
     shared work-conserving data pool and keeps every global collective off the step path."""

@@ -252,3 +252,48 @@ def test_state_dict_is_sharded_by_default_and_a_huge_gather_is_refused(monkeypat
     monkeypatch.setattr(st, "GATHER_LIMIT", 5000)
     with pytest.raises(ValueError, match=r"too large to gather.*state_dict\(\) \(sharded"):
         st._gatherable(part)
+
+
+@pytest.mark.parametrize("moments", ["corrected", "local"])
+def test_bmuf_resumes_exactly_in_another_flat_order(monkeypatch, moments):
+    """Issue 44: BMUF's flat state (theta, theta_init, Delta, the moments' start) follows the
+    flat buffer's order, which is cuDNN's on CUDA and the module's on CPU. A state written in
+    one order and loaded in another (here: the buffer reversed, as a CUDA checkpoint resumed
+    on CPU) must continue exactly as the run that wrote it, mid-block."""
+    import hadpsgd.algorithms.base as base
+
+    kw = dict(sync_period=3, adam_moments=moments, block_momentum=0.5, nesterov=True)
+    k = 7  # mid-epoch and mid-block
+    straight = _dist("bmuf", **kw)
+    _train(straight, straight.sampler(40, 4, seed=2), 2 * k)
+    first = _dist("bmuf", **kw)
+    _train(first, first.sampler(40, 4, seed=2), k)
+    buf = io.BytesIO()
+    torch.save(first.state_dict(), buf)
+
+    real = base.FlatBuffer
+    monkeypatch.setattr(base, "FlatBuffer", lambda params, kind, own_storage: real(
+        list(reversed(params)), kind=kind, own_storage=own_storage))
+    again = _dist("bmuf", seed=9, **kw)  # other weights: the load must restore them
+    assert again.algorithm.flat_layout() != first.algorithm.flat_layout()
+    again.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    _train(again, again.sampler(40, 4, seed=2), 2 * k)
+    want, got = straight.model.state_dict(), again.model.state_dict()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6)
+    with straight.evaluation_model() as a, again.evaluation_model() as b:
+        want, got = a.state_dict(), b.state_dict()
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6)
+
+
+def test_a_bmuf_state_of_another_model_or_packed_by_position_is_refused():
+    from hadpsgd.algorithms.bmuf.relayout import moves, relayout_state
+
+    a = [["w", "torch.float32", 0, 4], ["b", "torch.float32", 4, 2]]
+    b = [["b", "torch.float32", 0, 2], ["w", "torch.float32", 2, 4]]
+    assert moves(a, b) == {"torch.float32": [(4, 0, 2), (0, 2, 4)]}
+    with pytest.raises(ValueError, match="another model.*w"):
+        moves(a, [["w", "torch.float32", 0, 5], ["b", "torch.float32", 5, 2]])
+    with pytest.raises(ValueError, match="packed by position"):
+        relayout_state({"pending": {0: {}}}, a, b)

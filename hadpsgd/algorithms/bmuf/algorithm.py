@@ -29,6 +29,7 @@ from hadpsgd.algorithms.bmuf.exchange import BlockExchange
 from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
 from hadpsgd.algorithms.bmuf.options import BMUFOptions
+from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
 from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import Topology
 from hadpsgd.comm.overlap import GradScope
@@ -92,6 +93,8 @@ class BMUF(Algorithm):
         """The block momentum in use: ``block_momentum``, or its default for ``worker_lr``."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
+        self._saved_layout: list[list[Any]] | None = None
+        """The flat order of the state loaded last, where it is not this process's."""
         self.moments = BlockMoments(optimizer, opts.adam_moments, self._layout())
         self.moments.floor_second_moment = opts.wire != "fp32"
         self.filter = BlockFilter(self.params.buffers, self.moments, self.eta,
@@ -291,6 +294,7 @@ class BMUF(Algorithm):
             **self.filter.state_dict(self.fragments), "moments": self.moments.state_dict(),
             "wire_bytes": self.exchange.bytes_sent,
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta},
+            "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
         return state
 
@@ -319,6 +323,8 @@ class BMUF(Algorithm):
         super().load_node_state(state)
         if "params" not in state:  # only the loss scale (at a block boundary)
             return
+        if self._saved_layout is not None:  # written in another flat order: by name
+            state = relayout_node(state, self._saved_layout, self.flat_layout())
         for dtype, buf in self.params.buffers.items():
             buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
@@ -330,6 +336,13 @@ class BMUF(Algorithm):
         super().load_state_dict(state)
         b = state["bmuf"]
         was = b.get("options", {})
+        # A state of another flat-buffer order (CUDA's cuDNN layout against CPU's, another
+        # parameter order) is moved parameter by parameter; one without a record is of this
+        # process's order (written before the order was recorded, on the same device).
+        saved, now = b.get("flat_layout"), self.flat_layout()
+        self._saved_layout = saved if saved is not None and saved != now else None
+        if self._saved_layout is not None:
+            b = relayout_state(b, self._saved_layout, now)
         # What is in flight was packed for one fragment layout and one wire: refuse another.
         for name in ("fragments", "wire"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
