@@ -24,6 +24,7 @@ from hadpsgd.comm.placement import (
 )
 from hadpsgd.comm.topology import Topology, TopologyError
 from hadpsgd.env import EnvError
+from hadpsgd.env.cpus import usable_cpus
 
 log = logging.getLogger("hadpsgd.comm")
 
@@ -284,7 +285,8 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     if "OMP_NUM_THREADS" not in os.environ:
         # Ranks sharing a machine would otherwise each start one thread per core; on a GPU
         # rank those threads only contend with the loader and MPI for the host's cores.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // host_size))
+        # The cores this rank may use (affinity, cgroup quota), not the machine's.
+        torch.set_num_threads(max(1, usable_cpus() // host_size))
     labels, pids = zip(*allgather_object(world, watchdog, (device_label(dev), os.getpid())),
                        strict=True)
     labels = list(labels)

@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hadpsgd.env.cpus import usable_cpus
+
 
 class LauncherError(RuntimeError):
     """No usable MPI launcher, or a bad launch request."""
@@ -89,7 +91,8 @@ def launch_env(base: dict[str, str] | None = None, nprocs: int = 1,
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     # The UCX one-sided component warns on machines without a fast network; it is unused.
     env.setdefault("OMPI_MCA_osc", "^ucx")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(nprocs, 1))))
+    # The cores the job may use (its affinity and cgroup quota), shared by its ranks.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // max(nprocs, 1))))
     if stdout_tty is not None:
         env.setdefault(STDOUT_TTY, "1" if stdout_tty else "0")
     return env

@@ -217,3 +217,29 @@ def test_bad_variable_ends_the_run_cleanly(tmp_path: Path, name: str, value: str
     assert res.returncode == 2, res.stderr
     assert f"{name}={value!r}" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr, res.stderr
+
+
+def test_usable_cpus_follow_affinity_and_the_cgroup_quota(tmp_path, monkeypatch):
+    """Issue 44: threads are sized by the cores the job was given (affinity, cgroup quota),
+    not the machine's count: 4 of 128 cores bound, or a container's --cpus 2.5."""
+    import os
+
+    from hadpsgd.env.cpus import cgroup_quota, usable_cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert usable_cpus(tmp_path) == 4  # no cgroup file: the affinity
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_quota(tmp_path) is None and usable_cpus(tmp_path) == 4
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_quota(tmp_path) == 2.5 and usable_cpus(tmp_path) == 2
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert usable_cpus(tmp_path) == 1  # half a core: still one thread
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(tmp_path) == 3  # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cpus(tmp_path) == 4
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("garbage\n")
+    assert usable_cpus(tmp_path) == 4  # unreadable: no limit known

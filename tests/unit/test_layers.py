@@ -12,7 +12,7 @@ ALLOWED = {
     "cli": set(),
     "models": set(),
     "precision": set(),
-    "launch": set(),
+    "launch": {"env"},
     "comm": {"env", "exit_codes"},
     "data": {"env"},
     "faults": {"cli", "env"},
