@@ -12,12 +12,14 @@ __all__ = ["DESCRIPTIONS", "EXIT_DIVERGED", "EXIT_FAILED", "EXIT_OK", "EXIT_STOP
 EXIT_OK = 0
 """Trained to the end."""
 EXIT_FAILED = 1
-"""A failure while training (a peer's deadline, or a bug: then with its traceback)."""
+"""A failure while training (a bug: then with its traceback; a full disk; too few learners
+left under ``--on-failure continue``)."""
 EXIT_USER_ERROR = 2
 """Bad flag, file, layout or checkpoint, found before training: nothing was trained."""
 EXIT_TIMED_OUT = 3
-"""A blocking collective timed out inside MPI: the watchdog aborted the job
-(:mod:`hadpsgd.comm.deadline`)."""
+"""A peer never arrived within ``HADPSGD_TIMEOUT`` (dead, frozen or stuck), in start-up or
+training, whether the wait was polled or the watchdog aborted a blocking call
+(:mod:`hadpsgd.comm.deadline`, :mod:`hadpsgd.comm.startup`): one line per rank names it."""
 EXIT_DIVERGED = 4
 """The run diverged and stopped: more than ``--max-nonfinite`` non-finite steps, or a finite
 loss past ``--max-loss-ratio`` times its start."""

@@ -23,7 +23,10 @@ Keys:
         file is written), ``ckpt-manifest`` (its manifest is written), ``ckpt-rename`` (it
         has been renamed into place, before the ``latest`` pointer moves), ``ckpt-wait`` (a
         rank other than 0, the writer, while rank 0 writes the checkpoint), ``ckpt-part`` (a
-        node leader, after writing its node's part of a sharded checkpoint).
+        node leader, after writing its node's part of a sharded checkpoint); in start-up
+        (``step`` does not apply): ``startup-mpi`` (before ``MPI_Init``: a rank that never
+        reaches MPI), ``startup-data`` (in the data checks, before the files are read),
+        ``startup-model`` (before the model's broadcast from rank 0).
     count: How many of this rank's steps a ``nan`` or ``overflow`` fault lasts: its first
         ``count`` steps from ``step`` on (default 1). Under SSGD and BMUF those are steps
         ``step`` .. ``step + count - 1``; under ADPSGD's pool a rank's steps are not
@@ -49,7 +52,7 @@ from hadpsgd.env import EnvError
 ENV = env.FAULT
 KINDS = ("kill", "raise", "hang", "stop", "raise-gossip", "nan", "overflow", "signal")
 POINTS = ("step", "gossip", "ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait",
-          "ckpt-part")
+          "ckpt-part", "startup-mpi", "startup-data", "startup-model")
 
 
 class InjectedFault(RuntimeError):
@@ -175,6 +178,15 @@ def hit(at: str, rank: int, step: int) -> str | None:
             os.kill(os.getpid(), signal.SIGTERM)
         return fault.kind
     return None
+
+
+def startup(at: str, rank: int = 0) -> None:
+    """Fire a start-up fault planned at ``at`` (a ``startup-*`` point) for this process.
+
+    ``rank`` is this learner's rank where known; before MPI starts, the launcher's.
+    """
+    if active():
+        hit(at, rank, 1)
 
 
 def _announce(fault: Fault, step: int) -> None:

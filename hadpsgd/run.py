@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from hadpsgd import comm, env
+from hadpsgd import comm, env, faults
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
 from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, recover
 from hadpsgd.assembly.footprint import (
@@ -221,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         problem = err  # said once MPI is up, the way every user error is
     options = cfg.algo_options()
+    faults.startup("startup-mpi")  # a rank that never reaches MPI (tests)
     try:
         # The algorithm may group ranks into super-learners (ADPSGD's --super-learner-size).
         topo = comm.init(options.ranks_per_node() or cfg.comm.ranks_per_node, cfg.comm.device,
@@ -263,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteError as err:
         return _fail(err, topo, EXIT_DIVERGED, traceback_too=False)
     except comm.CommTimeoutError as err:  # the message names the peer and what it was doing
-        return _fail(err, topo, EXIT_FAILED, traceback_too=False)
+        # The same cause and code as the watchdog's own abort of a blocking call.
+        return _fail(err, topo, EXIT_TIMED_OUT, traceback_too=False)
     except CheckpointWriteError as err:  # names the directory, the space needed and the fix
         return _fail(err, topo, EXIT_FAILED, traceback_too=False)
     except NotEnoughLearners as err:  # names who failed and how to resume

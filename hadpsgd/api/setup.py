@@ -16,7 +16,7 @@ from types import TracebackType
 
 from hadpsgd import comm
 from hadpsgd.comm import CommTimeoutError, Topology
-from hadpsgd.exit_codes import EXIT_FAILED
+from hadpsgd.exit_codes import EXIT_FAILED, EXIT_TIMED_OUT
 
 _installed = False
 
@@ -60,17 +60,20 @@ def _abort_on_error(topo: Topology) -> None:
 
     def report(kind: type[BaseException], err: BaseException,
                tb: TracebackType | None) -> None:
+        code = EXIT_FAILED
         if isinstance(err, CommTimeoutError):
             # The message names the missing peer and what it was doing: a traceback of this
-            # rank's wait would only hide it.
-            print(f"hadpsgd: rank {topo.rank}: error: {err}", file=sys.stderr, flush=True)
+            # rank's wait would only hide it. Its rank leads it, as the watchdog prints it, and
+            # its code is the watchdog's (a peer's deadline: one cause, one code).
+            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+            code = EXIT_TIMED_OUT
         elif isinstance(err, KeyboardInterrupt):
             print(f"hadpsgd: rank {topo.rank}: interrupted", file=sys.stderr, flush=True)
         else:
             traceback.print_exception(kind, err, tb)
             print(f"hadpsgd: rank {topo.rank}: error: {err or kind.__name__}; aborting the "
                   "job", file=sys.stderr, flush=True)
-        topo.abort(EXIT_FAILED)
+        topo.abort(code)
 
     def in_thread(args: threading.ExceptHookArgs) -> None:
         if args.exc_value is None or issubclass(args.exc_type, SystemExit):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hadpsgd import faults
 from hadpsgd.algorithms import Algorithm
 from hadpsgd.api import Distributed
 from hadpsgd.assembly import provenance, resume_data, rundir
@@ -55,6 +56,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     with topo.startup("run directory check"):
         check_out_dir(cfg, topo)
     with topo.startup("data checks"):
+        faults.startup("startup-data", topo.rank)  # a rank frozen or stuck here (tests)
         train_set, heldout_set = load_data(cfg, topo)
         data_identity = resume_data.identity(train_set.file, heldout_set.file)
         if topo.size > 1:  # a host's own copy of the files may be stale or partial
@@ -68,6 +70,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     torch.manual_seed(cfg.train.seed)
     set_tf32(topo.device, cfg.train.tf32)
     with topo.startup("model broadcast"):
+        faults.startup("startup-model", topo.rank)
         model = build_model(cfg.model.preset, train_set.file.feat_dim,
                             train_set.file.num_classes,
                             per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +182,9 @@ class StartupDeadline:
         sys.stdout.flush()
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
+        # As the watchdog does before its abort: the other ranks whose deadline comes a
+        # moment later say theirs too (the launcher ends them once this one exits).
+        time.sleep(1.0)
         os._exit(EXIT_TIMED_OUT)
 
 
