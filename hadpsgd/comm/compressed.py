@@ -180,7 +180,12 @@ class CompressedMean:
         extra = shard * self.elem if feedback and self.slices > 1 else 0
         record = self._stager.buffer(torch.uint8, nodes * size + extra, slot=2,
                                      device_copy=on_gpu)
-        self._mpi("allgather", self.inter_ranks, self.inter.Allgather, out.reshape(-1).cpu(),
+        # The encoded mean off the device through a page-locked buffer kept for it (a
+        # .cpu() copy was pageable: staged by the driver, and a new allocation each bucket).
+        mine_out = out.reshape(-1)
+        if on_gpu:
+            mine_out = self._stager.buffer(torch.uint8, out.numel(), slot=4).copy_(mine_out)
+        self._mpi("allgather", self.inter_ranks, self.inter.Allgather, mine_out,
                   record[:nodes * size])
         if self.slices > 1:
             if feedback:  # the node's learners keep every slice's server residual
