@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every survivor knows it (decided after the shrink): each ends on its own, since
         # under ULFM an abort after a failure leaves mpirun's exit status at 0.
         _SURVIVED = True
-        if topo.rank == 0:
+        if err.say:
             print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     except ulfm.PeerError as err:  # a peer's own error, not a lost learner: all end with it

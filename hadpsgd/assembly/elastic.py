@@ -65,7 +65,15 @@ class LeftTheJob(RuntimeError):
 
 
 class NotEnoughLearners(RuntimeError):
-    """Fewer learners survived than ``--min-learners``: the job stops as without the option."""
+    """Fewer learners survived than ``--min-learners``: the job stops, its state checkpointed.
+
+    Attributes:
+        say: Whether this learner prints the line (the survivors' rank 0).
+    """
+
+    def __init__(self, message: str, say: bool) -> None:
+        super().__init__(message)
+        self.say = say
 
 
 def min_learners(cfg: RunConfig, started: int) -> int:
@@ -89,7 +97,10 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
         The survivors' topology and trainer, positioned at the agreed snapshot.
 
     Raises:
-        NotEnoughLearners: Below ``--min-learners``.
+        NotEnoughLearners: Below ``--min-learners``, after a checkpoint of the survivors'
+            state.
+        LeftTheJob: This learner's super-learner lost a member and leaves (BMUF, H-ADPSGD).
+        hadpsgd.comm.ulfm.PeerError: A learner's own error, not a death, started it.
     """
     t0 = time.monotonic()
     ulfm.hold_if_ending()  # this very process is ending for its own error (another thread)
@@ -107,18 +118,15 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     # is one node's, and both need nodes of equal size); SSGD keeps every survivor.
     damaged = any(r in gone_now for r in topo.node_ranks)
     leaves = cfg.train.algo != "ssgd" and damaged and topo.num_nodes > 1
+    need = min_learners(cfg, started)
+    staying = ulfm.count(world, not leaves)
     world = ulfm.keep(world, not leaves)
     if world is None:
+        then = ("go on" if staying >= need else f"are fewer than --min-learners {need}: they "
+                "checkpoint their state and stop")
         raise LeftTheJob(f"rank {topo.launch_ranks[topo.rank]}: super-learner {topo.node} "
                          f"lost learner(s) {lost} and leaves the job as a whole; the other "
-                         "super-learners go on")
-    survivors = world.Get_size()
-    need = min_learners(cfg, started)
-    if survivors < need:
-        raise NotEnoughLearners(
-            f"learner(s) {lost} failed ({err}); {survivors} survive, fewer than --min-learners "
-            f"{need}: stopping. Resume from the last checkpoint with --resume auto (at "
-            "another -np: --allow-resume-change np)")
+                         f"{staying} learners {then}")
     pooled = trainer.plan.meets  # ADPSGD's pool: each learner at its own pace
     failed_at = trainer.plan.current_step(trainer.pos)
     if pooled:
@@ -150,15 +158,44 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     else:
         where = (f"from the control point at step {step} ({failed_at - step} steps "
                  "retrained)")
+    if new.size < need:
+        extra["stopped"] = f"below --min-learners {need}"
     rebuilt.metrics.write("failure", step, learners=new.size, lost=gone,
                           hosts=[old_hosts[r] for r in gone_now],
                           recovery_s=round(time.monotonic() - t0, 3), **extra)
+    if new.size < need:
+        _stop(rebuilt, f"learner(s) {lost} failed at step {failed_at}; {new.size} survive, "
+                       f"fewer than --min-learners {need}: stopping", started)
     if new.rank == 0:
         print(f"[hadpsgd] failure: learner(s) {lost} gone at step {failed_at}; {new.size} "
               f"learners go on ({new.num_nodes} nodes, global batch "
               f"{cfg.train.batch_size * new.size}) {where}, after "
               f"{time.monotonic() - t0:.2f} s: {summary}", file=sys.stdout, flush=True)
     return new, rebuilt
+
+
+def _stop(trainer: Trainer, why: str, started: int) -> None:
+    """Below ``--min-learners``: checkpoint the survivors' state and stop (collective).
+
+    The survivors hold a state every one of them agreed on (the snapshot adopted by
+    ``trainer``, or ADPSGD's replicas): written as a checkpoint of the survivors' world, a
+    resume goes on from there instead of from an older checkpoint, or from nothing.
+
+    Raises:
+        NotEnoughLearners: Always, naming the checkpoint and the resume.
+    """
+    step = trainer.pos.global_step
+    with trainer.algo:  # closed after the checkpoint: ADPSGD's average is a collective
+        path = trainer.checkpoint()
+    trainer.close()
+    trainer.metrics.close()
+    what = ("their replicas' average as they were at the failure" if trainer.plan.meets
+            else "the control point every survivor agreed on")
+    size = trainer.topo.size
+    raise NotEnoughLearners(
+        f"{why}. Their state at step {step} ({what}) is checkpoint {path}: continue with "
+        f"--resume auto --allow-resume-change np, at -np {size} now or at -np {started} once "
+        "the lost learners' hosts are back", say=trainer.topo.rank == 0)
 
 
 def _pooled_position(world: Any, trainer: Trainer) -> tuple[int, list[int] | None, set[int]]:

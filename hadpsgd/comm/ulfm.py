@@ -147,6 +147,14 @@ def agree_min(comm: Any, value: int) -> int:
     return int(out[0])
 
 
+def count(comm: Any, flag: bool) -> int:
+    """How many survivors of ``comm`` (the survivors' world) pass ``flag`` true."""
+    MPI = mpi()  # noqa: N806
+    out = np.empty(1, dtype=np.int64)
+    comm.Allreduce(np.array([int(flag)], dtype=np.int64), out, op=MPI.SUM)
+    return int(out[0])
+
+
 def allgather_object(comm: Any, obj: Any) -> list[Any]:
     """Every survivor's ``obj`` (collective over ``comm``, the survivors' world)."""
     return comm.allgather(obj)
@@ -205,6 +213,11 @@ def watch(topo: Any) -> None:
     """
     global _current  # noqa: PLW0603 - one running world per process
     _current = topo
+    # Open MPI reports the error of a request it cannot tie to a communicator (a one-sided
+    # window's, ADPSGD's data pool) on MPI_COMM_WORLD, whose handler is fatal by default:
+    # a second failure during a recovery then aborted the survivors instead of raising.
+    MPI = mpi()  # noqa: N806
+    MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
     kill_frozen_peers(topo)
 
 

@@ -192,13 +192,34 @@ def test_a_learners_own_error_ends_every_learner_within_seconds_with_its_message
     assert not _records(out, "failure")
 
 
-def test_below_min_learners_the_job_stops_in_bounded_time(tiny_data, tmp_path):
-    """With --min-learners 2 of 2, one death ends the job as without the option (exit 1),
-    naming the dead rank and the resume."""
-    res = _launch(2, tiny_data, tmp_path / "run", "--max-steps", "20", "--min-learners", "2",
-                  fault="kind=kill,rank=1,step=8")
-    assert res.returncode != 0
-    assert "fewer than --min-learners 2" in res.stderr and "--resume auto" in res.stderr
+def test_below_min_learners_the_survivors_state_is_checkpointed_and_resumed(tiny_data,
+                                                                           tmp_path):
+    """Two of 4 learners are killed with --min-learners 3: the job stops with exit 1, but the
+    2 survivors first write the control point they agreed on as a checkpoint of their world
+    and a `failure` record, and the line names that checkpoint and the resume; a resume at
+    the old -np goes on from it. (Before, nothing was written and the line said to resume
+    from a last checkpoint that did not exist.)"""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
+                  "--min-learners", "3", fault="kind=kill,rank=1,step=12;kind=kill,rank=2,step=12")
+    assert res.returncode == 1, res.output[-4000:]
+    failure = _records(out, "failure")[-1]
+    assert failure["stopped"] == "below --min-learners 3" and failure["learners"] == 2
+    from hadpsgd.train import latest_checkpoint
+    from hadpsgd.train.checkpoint import read_manifest, verify_checkpoint
+
+    latest = latest_checkpoint(out / "checkpoints")
+    verify_checkpoint(latest)
+    manifest = read_manifest(latest)
+    assert manifest["world_size"] == 2 and manifest["step"] == failure["step"]
+    assert re.search(rf"fewer than --min-learners 3: stopping\. Their state at step "
+                     rf"{failure['step']} \(the control point every survivor agreed on\) is "
+                     rf"checkpoint {re.escape(str(latest))}: continue with --resume auto "
+                     r"--allow-resume-change np", res.stderr), res.output[-4000:]
+    res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5", "--resume",
+                  "auto", "--allow-resume-change", "np", "--max-steps", str(failure["step"] + 4))
+    assert res.returncode == 0, res.output[-4000:]
+    assert f"resumed from {latest}" in res.stdout
 
 
 def test_without_ulfm_the_option_is_refused_before_training(tiny_data, tmp_path):
