@@ -151,13 +151,15 @@ class GradSync:
 
     def _reduce_half(self, view: torch.Tensor, scope: str, n: int) -> None:
         """``view``'s mean with bf16 on the wire (see ``wire`` in the class docstring)."""
-        if view.is_cuda:
+        # The bf16 copy is made only for a route NCCL carries whole: an MPI leg codes the
+        # bucket itself (half_mean_), and a cast made before asking was thrown away there.
+        if view.is_cuda and self.topo.deferrable(scope):
             half = view.to(torch.bfloat16)
-            if self.topo.mean_deferred_(half, scope):
-                self.wire_bytes += _ring_bytes(half.numel() * half.element_size(), n)
-                self._halves.append((view, half))
-                self._deferred = True
-                return
+            self.topo.mean_deferred_(half, scope)
+            self.wire_bytes += _ring_bytes(half.numel() * half.element_size(), n)
+            self._halves.append((view, half))
+            self._deferred = True
+            return
         self.wire_bytes += self.topo.half_mean_(view, scope)
 
     def _ready(self, index: int, param: nn.Parameter) -> None:

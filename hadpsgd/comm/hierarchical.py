@@ -164,14 +164,20 @@ class Reducer:
         its own stream (:class:`~hadpsgd.comm.streams.ReadyEvents`), where NCCL and the
         copies wait for that bucket only and the host waits only for that stream's events.
         """
-        dev = self.device_intra
-        if dev is None or not t.is_cuda or not hasattr(dev, "allreduce_deferred_"):
+        if not (t.is_cuda and self.deferrable(scope)):
             return False
-        if scope == "intra" or (scope == "world" and self.num_nodes == 1):
-            if self.local_size > 1:
-                dev.allreduce_deferred_(t, avg=True)  # type: ignore[attr-defined]
-                return True
-        return False
+        self.device_intra.allreduce_deferred_(t, avg=True)  # type: ignore[union-attr]
+        return True
+
+    def deferrable(self, scope: str) -> bool:
+        """Whether :meth:`mean_deferred_` takes a device tensor over ``scope``.
+
+        Ask first where the tensor to send is a copy made for it (a bf16 cast).
+        """
+        dev = self.device_intra
+        return (dev is not None and hasattr(dev, "allreduce_deferred_")
+                and (scope == "intra" or (scope == "world" and self.num_nodes == 1))
+                and self.local_size > 1)
 
     def join_deferred(self) -> None:
         """Make the current stream wait for every deferred mean (one host wait)."""

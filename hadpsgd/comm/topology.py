@@ -224,6 +224,10 @@ class Topology:
         """
         return self.reducer.mean_deferred_(tensor, "intra" if scope == "node" else scope)
 
+    def deferrable(self, scope: str) -> bool:
+        """Whether :meth:`mean_deferred_` would take a device tensor over ``scope``."""
+        return self.reducer.deferrable("intra" if scope == "node" else scope)
+
     def half_mean_(self, tensor: torch.Tensor, scope: str) -> int:
         """Average the contiguous fp32 ``tensor`` over ``scope`` with bf16 on the wire.
 
