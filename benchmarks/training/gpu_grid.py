@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=8, help="steps per timed window")
     p.add_argument("--preset", default="swb")
     p.add_argument("--classes", type=int, default=32000)
+    p.add_argument("--run-flags", default="",
+                   help="more flags for every hadpsgd.run of the grid, e.g. '--num-workers 0' "
+                        "(the loader in the training process, the default before CUDA read "
+                        "ahead in 2 workers)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each cell's estimate, the total and the budget, run nothing "
                         "(no GPU needed); exit 1 if the grid does not fit the budget")
@@ -145,7 +150,7 @@ class Grid:
         return ["--device", a.device, "--preset", a.preset, "--algo", "ssgd", "--train",
                 str(data[0]), "--heldout", str(data[1]), "--max-steps", str(steps),
                 "--log-every", str(a.log_every), "--lr", "0.01", "--no-progress",
-                "--out-dir", str(out), "--overwrite"]
+                "--out-dir", str(out), "--overwrite", *shlex.split(a.run_flags)]
 
     def plain(self, cells: list[rep.Cell], trace: Path) -> dict[str, dict[str, Any]]:
         """The plain loop of every cell, in one process; its JSON lines by cell key."""

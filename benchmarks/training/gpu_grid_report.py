@@ -320,7 +320,8 @@ def markdown(rec: Mapping[str, Any]) -> str:
              f"{dev['tf32_cudnn_default']} (each cell sets both)",
              f"- model: `{o['preset']}` BLSTM, {o['classes']:,} classes, chunks of 21 frames, "
              "SGD with momentum 0.9; batch is per step (one rank)",
-             f"- hadpsgd: `python -m hadpsgd.run --algo ssgd --device {o['device']}` under "
+             f"- hadpsgd: `python -m hadpsgd.run --algo ssgd --device {o['device']}"
+             + (f" {o['run_flags']}" if o.get("run_flags") else "") + "` under "
              f"`mpirun -np 1`, {o['steps']} steps on a synthetic set, a `metrics.jsonl` window "
              f"every {o['log_every']} steps: frames/s is the median of the steady windows (the "
              "first, its warm-up, left out)",

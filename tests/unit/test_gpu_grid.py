@@ -180,3 +180,17 @@ def test_the_default_grid_fits_its_budget_and_the_dry_run_says_so(capsys):
     assert all(c.key in out for c in cells) and "fits" in out
     assert main(["--dry-run", "--precision", "fp32", "tf32", "bf16", "fp16"]) == 1
     assert "does not fit" in capsys.readouterr().out
+
+
+def test_run_flags_reach_every_hadpsgd_run_of_the_grid(tmp_path):
+    """``--run-flags '--num-workers 0'``: the loader in the training process, the default of
+    before, beside today's default in the same run (issue 44: show the workers in the grid)."""
+    from pathlib import Path
+
+    from benchmarks.training.gpu_grid import Grid
+
+    a = parse_args(["--run-flags", "--num-workers 0", "--device", "cpu"])
+    args = Grid(a, tmp_path).run_args((Path("t.h5"), Path("h.h5")), tmp_path / "o", 8)
+    assert args[-2:] == ["--num-workers", "0"]
+    assert Grid(parse_args(["--device", "cpu"]), tmp_path).run_args(
+        (Path("t.h5"), Path("h.h5")), tmp_path / "o", 8)[-1] == "--overwrite"
