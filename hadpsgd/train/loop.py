@@ -368,7 +368,7 @@ class Trainer:
         searching = result.overflow and loss_finite
         if not loss_finite or not (result.local_finite or searching):
             self.control.note_nonfinite(step, "gradient" if loss_finite else "loss")
-        self._trace.write(trace_step, epoch, self.recorder.handed.popleft())
+        self._trace.write(trace_step, epoch, self.recorder.handed.popleft(), step)
         self.topo.now_doing(f"after step {step}: loading the next batch")
         return value
 

@@ -1,7 +1,10 @@
 """Which chunks each step trained on: the sampler's record, and the optional trace file.
 
 ``HADPSGD_TRACE_CHUNKS=DIR`` makes every rank append one JSON line per step to
-``DIR/chunks-rank<r>.jsonl`` (the exact-resume tests compare these).
+``DIR/chunks-rank<r>.jsonl`` (the exact-resume tests compare these): ``step``, the batch's
+key (the global step of the shards; a pooled batch's slot, unique in its epoch), ``epoch``,
+``chunks`` and ``global_step``, the global step the batch was trained at (what the training
+log and ``metrics.jsonl`` count: the tests check that it only goes forward after a resume).
 """
 
 from __future__ import annotations
@@ -49,10 +52,21 @@ class ChunkTrace:
             trace_dir.mkdir(parents=True, exist_ok=True)
             self._file = open(trace_dir / f"chunks-rank{rank}.jsonl", "a")  # noqa: SIM115
 
-    def write(self, step: int, epoch: int, chunks: list[int]) -> None:
-        """Record that ``step`` of ``epoch`` trained on ``chunks``."""
+    def write(self, step: int, epoch: int, chunks: list[int],
+              global_step: int | None = None) -> None:
+        """Record that the batch keyed ``step`` of ``epoch`` trained on ``chunks``.
+
+        Args:
+            step: The batch's key (see the module docstring).
+            epoch: Its epoch.
+            chunks: The chunk indices it trained on.
+            global_step: The global step it was trained at, where the caller knows it.
+        """
         if self._file is not None:
-            self._file.write(json.dumps({"step": step, "epoch": epoch, "chunks": chunks}) + "\n")
+            rec: dict[str, object] = {"step": step, "epoch": epoch, "chunks": chunks}
+            if global_step is not None:
+                rec["global_step"] = global_step
+            self._file.write(json.dumps(rec) + "\n")
             self._file.flush()
 
     def close(self) -> None:

@@ -1,0 +1,81 @@
+"""A resume at another world size (``--allow-resume-change np``) under real mpirun, for every
+algorithm: the interrupted epoch trains each of its chunks once over both runs, and the steps
+after the ``resume`` record only go forward.
+
+The first run stops at ``--max-steps 20`` of a one-epoch run (checkpoints at 10 and 20), the
+second resumes its step-20 checkpoint on another number of learners and trains the epoch to
+its end. ADPSGD changes plans with the world: its pool across super-learners, the shards on
+one super-learner; a pool of the same slots keeps its tickets, anything else goes on from the
+chunks trained.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from tests.mpi._resume import train
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+BATCH = 2
+FIRST = ("--batch-size", str(BATCH), "--epochs", "1", "--control-every", "5",
+         "--checkpoint-every", "10", "--max-steps", "20")
+
+ADPSGD = ("--algo", "adpsgd", "--super-learner-size", "1")
+HADPSGD = ("--algo", "adpsgd", "--super-learner-size", "2")
+
+
+@pytest.mark.parametrize(("algo", "before", "after"), [
+    pytest.param(("--algo", "ssgd"), 4, 3, id="ssgd-4-3"),
+    pytest.param(("--algo", "ssgd"), 2, 4, id="ssgd-2-4"),
+    pytest.param(("--algo", "bmuf", "--ranks-per-node", "1"), 4, 2, id="bmuf-4-2"),
+    pytest.param(ADPSGD, 4, 3, id="adpsgd-4-3"),  # the pool, the same slots, fewer of them
+    pytest.param(ADPSGD, 4, 8, id="adpsgd-4-8"),
+    pytest.param(HADPSGD, 4, 2, id="hadpsgd-4-2"),  # the pool to the shards of one node
+    pytest.param(HADPSGD, 2, 4, id="hadpsgd-2-4"),  # the shards of one node to the pool
+    pytest.param(HADPSGD, 4, 8, id="hadpsgd-4-8"),
+])
+def test_a_resume_at_another_size_trains_each_chunk_of_the_epoch_once(
+        algo, before, after, tiny_data, tmp_path):
+    train(before, tiny_data, tmp_path, *algo, *FIRST)
+    traces = sorted((tmp_path / "trace").glob("chunks-rank*.jsonl"))
+    first_run = {path.name: len(path.read_text().splitlines()) for path in traces}
+    # On through the next epoch too, logging every `after` batches: a pooled learner's log
+    # lines are then at least a global step apart (it may take several slots in one).
+    res = train(after, tiny_data, tmp_path, "--resume", "auto", "--max-steps", "0",
+                "--epochs", "2", "--log-every", str(after), "--allow-resume-change", "np")
+    from hadpsgd.data import ChunkDataset
+
+    total = len(ChunkDataset(tiny_data[0], 21))
+    done = 20 * BATCH * before  # the first run's steps
+    assert f"epoch 0, {done} of its {total} chunks trained" in res.stdout
+
+    used: Counter = Counter()
+    for path in sorted((tmp_path / "trace").glob("chunks-rank*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for rec in records:
+            if rec["epoch"] == 0:
+                used.update(rec["chunks"])
+        # Each learner's steps after the resume go on from the checkpoint's, forward only.
+        steps = [rec["global_step"] for rec in records[first_run.get(path.name, 0):]]
+        if int(path.stem.removeprefix("chunks-rank")) >= after:
+            continue  # a learner of the first run only
+        assert steps and steps[0] > 20, (path.name, steps[:5])
+        assert all(a <= b for a, b in zip(steps, steps[1:], strict=False)), (path.name, steps)
+    twice = [c for c, n in used.items() if n > 1]
+    assert not twice, f"{len(twice)} chunks of the interrupted epoch trained twice"
+    assert total - len(used) < BATCH * after  # only the last incomplete global batch
+
+    records = [json.loads(line) for line in
+               (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    at = max(i for i, r in enumerate(records) if r["kind"] == "resume")
+    assert records[at]["step"] == 20
+    later = records[at + 1:]
+    logged = [r["step"] for r in later if r["kind"] == "train"]
+    assert logged and logged[0] > 20, logged
+    assert all(a < b for a, b in zip(logged, logged[1:], strict=False)), logged
+    every = [r["step"] for r in later]
+    assert all(a <= b for a, b in zip(every, every[1:], strict=False)), later
