@@ -133,7 +133,9 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
         # Each survivor's replica as it is; the data from the first slot nobody trained.
         snapshot = learner_state(trainer)
         start, order, trained = _pooled_position(world, trainer)
-        step = trainer.pos.global_step
+        # The learners step at their own pace: the failure is at the furthest survivor's step
+        # (the record the plot marks, and the log line, say this one).
+        failed_at = step = -ulfm.agree_min(world, -failed_at)
     else:
         assert trainer.snapshots is not None
         step = ulfm.agree_min(world, trainer.snapshots.latest_step)
@@ -147,11 +149,15 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     ulfm.watch(new)
     continued = _continuing(cfg)
     rebuilt = build_trainer(continued, new)
+    if pooled:
+        rebuilt.keep_the_pool()  # adopted in the pool's slots, even on one super-learner
     summary = adopt(rebuilt, snapshot, same_optimizer=True)
     extra: dict[str, Any] = {}
     if pooled:
         summary, returned = _place_pooled(rebuilt, trainer.plan.epoch_base, start, order,
                                           trained)
+        # The survivors' steps go on after the failure's, never back past its record.
+        rebuilt.pos.global_step = max(rebuilt.pos.global_step, failed_at)
         extra["returned_slots"] = returned
         where = (f"from their own replicas; {returned} slot(s) taken but trained by no "
                  "survivor go back to the data pool")

@@ -229,3 +229,24 @@ def test_without_ulfm_the_option_is_refused_before_training(tiny_data, tmp_path)
     res = run_mpi(2, run_args(tiny_data, tmp_path / "run", "--on-failure", "continue",
                               "--max-steps", "2"))
     assert res.returncode == 2 and "mpirun --with-ft ulfm" in res.stderr
+
+
+def test_adpsgd_failure_record_is_at_the_step_the_log_names_and_steps_go_on_after_it(
+        tiny_data, tmp_path):
+    """Flat ADPSGD on 4 learners meets at every 5 steps; rank 2 dies at its step 12: the
+    `failure` record (the plot's mark) is at the step the log line names, the furthest
+    survivor's (past the last meeting at 10), and the survivors' steps go on after it."""
+    import re
+
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--algo", "adpsgd", "--super-learner-size", "1",
+                  "--epochs", "1", "--checkpoint-every", "5", "--log-every", "3",
+                  fault="kind=kill,rank=2,step=12")
+    assert res.returncode == 0, res.output[-4000:]
+    gone_at = int(re.search(r"gone at step (\d+)", res.stdout)[1])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    at, failure = next((i, r) for i, r in enumerate(records) if r["kind"] == "failure")
+    assert failure["step"] == gone_at > 10  # not the last meeting's step
+    steps = [r["step"] for r in records[at + 1:] if r["kind"] == "train"]
+    assert steps and steps[0] > gone_at, steps
+    assert all(a < b for a, b in zip(steps, steps[1:], strict=False)), steps
