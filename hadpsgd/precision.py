@@ -16,14 +16,18 @@ What runs in which precision (docs/gpu.md has the table):
   ``highest`` precision and cuDNN's LSTM without tensor-core TF32, whose default in torch is
   on): fp32 is the reference bf16 is compared with. ``--tf32`` turns both on, for fp32 speed.
 - **The LSTM** (:mod:`hadpsgd.models.lstm`), where autocast alone gets it wrong: under
-  **bf16 on CUDA** torch's autocast would run cuDNN's LSTM in fp16 (its ``_cudnn_rnn``
-  kernel casts to fp16 whatever autocast's dtype), so the LSTM runs outside autocast on
-  weights and input cast to bf16 explicitly; where cuDNN cannot run a bf16 LSTM (torch built
-  against cuDNN < 9.13, a GPU before compute capability 8.0) it runs in fp32, and a warning
-  says so once. Under **fp16 on CPU** oneDNN has no fp16 LSTM, so the LSTM stack runs in
-  fp32 and the projection and output layer in fp16; CPU fp16 exists for tests of the loss
-  scale. CPU users want fp32 or bf16 (oneDNN runs the LSTM in bf16 under CPU autocast).
-  fp16 on CUDA is autocast's fp16 cuDNN LSTM.
+  **bf16** the LSTM runs outside autocast on weights and input cast to bf16 explicitly, on
+  CUDA and CPU alike. On CUDA torch's autocast would run cuDNN's LSTM in fp16 (its
+  ``_cudnn_rnn`` kernel casts to fp16 whatever autocast's dtype); on CPU it would ask oneDNN
+  for a bf16 LSTM, which oneDNN cannot build on a CPU without bf16 support (AVX2 only: "could
+  not create a primitive descriptor"), while an explicitly bf16 LSTM runs there on torch's
+  own kernels, the bf16 arithmetic emulated (about 7x fp32's step time; docs/gpu.md).
+  Whether the bf16 LSTM runs is tried once per LSTM shape on one frame; where it does not
+  (torch built against cuDNN < 9.13, a GPU before compute capability 8.0, a CPU whose oneDNN
+  fails) it runs in fp32, and a warning says so once. Under **fp16 on CPU** oneDNN has no fp16 LSTM,
+  so the LSTM stack runs in fp32 and the projection and output layer in fp16; CPU fp16
+  exists for tests of the loss scale. CPU users want fp32, or bf16 on a CPU with native bf16
+  (AVX512-BF16 or AMX). fp16 on CUDA is autocast's fp16 cuDNN LSTM.
 """
 
 from __future__ import annotations

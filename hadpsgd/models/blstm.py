@@ -35,9 +35,11 @@ class BLSTM(nn.Module):
     line up), and write and read ``state_dict()`` under the stacked names
     (``lstm.weight_ih_l1``), so a checkpoint of one layout loads into the other.
 
-    Each LSTM module is an :class:`~hadpsgd.models.lstm.AutocastLSTM`: under bf16 autocast on
-    CUDA it runs in bf16 (autocast's own cuDNN LSTM would run fp16), under fp16 autocast on
-    CPU in fp32 (oneDNN has no fp16 LSTM); the projection and output layer follow autocast.
+    Each LSTM module is an :class:`~hadpsgd.models.lstm.AutocastLSTM`: under bf16 autocast it
+    runs in bf16 outside autocast (autocast's own would run cuDNN's LSTM in fp16, or ask
+    oneDNN for a bf16 LSTM it cannot build on a CPU without bf16 support), under fp16
+    autocast on CPU in fp32 (oneDNN has no fp16 LSTM); the projection and output layer
+    follow autocast.
 
     Args:
         input_dim: Feature dimension per frame (260 for the paper's fused features).
@@ -96,7 +98,8 @@ class BLSTM(nn.Module):
 
         Returns:
             ``[batch, time, 2 * hidden]`` (or packed) in the precision the LSTM ran in: bf16
-            under bf16 autocast, fp32 under CPU fp16 autocast (:mod:`hadpsgd.models.lstm`).
+            under bf16 autocast (fp32 where the bf16 LSTM cannot run), fp32 under CPU fp16
+            autocast (:mod:`hadpsgd.models.lstm`).
         """
         if self.per_layer:
             hidden = x

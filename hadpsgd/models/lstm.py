@@ -1,27 +1,36 @@
 """The BLSTM's LSTM module: an ``nn.LSTM`` that runs in the precision the run asked for.
 
-Autocast alone gets the LSTM (~80 % of the model's FLOPs) wrong in two places:
+Autocast alone gets the LSTM (~80 % of the model's FLOPs) wrong in three places:
 
 - **CUDA, bf16.** torch's autocast kernel for ``_cudnn_rnn``
   (``aten/src/ATen/cudnn/AutocastRNN.cpp``, ``_cudnn_rnn_cast_reflatten``) casts input,
   weights and states to fp16 whatever dtype autocast was given: a bf16 run would compute its
-  LSTM in fp16, with no loss scale to keep small gradients from flushing to zero. Here
-  autocast is off around the LSTM, and the input and weights are cast to bf16 explicitly:
-  the weights once per forward, into one new buffer in the layout cuDNN gives its own flat
-  weights (asked of cuDNN), so it runs them in place; the functional LSTM
-  (``torch._VF.lstm``) runs on them, and the gradients flow back through the cast to the
-  fp32 weights (:func:`cast_lstm`).
+  LSTM in fp16, with no loss scale to keep small gradients from flushing to zero.
+- **CPU, bf16.** CPU autocast hands the fp32 LSTM to oneDNN and casts to bf16 at oneDNN's
+  layer (``mkldnn_rnn_layer`` is on autocast's bf16 list) whether or not oneDNN can build a
+  bf16 LSTM on this CPU: on one without bf16 support in oneDNN (AVX2 only: no AVX-512) every
+  forward ends in "could not create a primitive descriptor for the LSTM forward propagation
+  primitive". An LSTM whose input and weights are bf16 outside autocast is given to oneDNN
+  only where torch finds that support (``mkldnn_bf16_device_check``), else runs on torch's
+  own kernels, the bf16 arithmetic emulated (slow: docs/gpu.md, *bf16 on a CPU*).
 - **CPU, fp16.** oneDNN has no fp16 LSTM ("could not create a primitive descriptor"): the
   LSTM runs in fp32, the layers after it in fp16.
 
-fp16 on CUDA keeps autocast's fp16 cuDNN LSTM (fp16 has a loss scale); bf16 on CPU keeps
-autocast's, which oneDNN runs in bf16. cuDNN runs a bf16 RNN only where torch was built
-against cuDNN >= 9.13 and the GPU is of compute capability 8.0 or later (torch's
-``use_cudnn`` in ``aten/src/ATen/native/RNN.cpp``; ``torch.backends.cudnn.is_acceptable``
-still names fp16, fp32 and fp64 only); elsewhere torch would run a bf16 LSTM step by step
-without cuDNN. So whether cuDNN runs it is asked once per LSTM shape and GPU, by running it
-on one frame (:func:`cuda_layout`); where it does not, the LSTM runs in fp32 and a warning
-says so once.
+So under bf16, on CUDA and CPU alike, autocast is off around the LSTM, and the input and
+weights are cast to bf16 explicitly: the weights once per forward, into one new buffer (on
+CUDA in the layout cuDNN gives its own flat weights, asked of cuDNN, so it runs them in
+place); the functional LSTM (``torch._VF.lstm``) runs on them, and the gradients flow back
+through the cast to the fp32 weights (:func:`cast_lstm`). fp16 on CUDA keeps autocast's fp16
+cuDNN LSTM (fp16 has a loss scale).
+
+Whether the bf16 LSTM runs is asked once per LSTM shape and device, on one frame
+(:func:`lstm_layout`); where it does not, the LSTM runs in fp32 and a warning says so once.
+On CUDA, cuDNN runs a bf16 RNN only where torch was built against cuDNN >= 9.13 and the GPU
+is of compute capability 8.0 or later (torch's ``use_cudnn`` in
+``aten/src/ATen/native/RNN.cpp``; ``torch.backends.cudnn.is_acceptable`` still names fp16,
+fp32 and fp64 only); elsewhere torch would run a bf16 LSTM step by step without cuDNN, so
+the frame must reach cuDNN. On CPU the frame's forward and backward must run at all: a
+oneDNN (or any other) error there is the fallback to fp32, never the run's end.
 """
 
 from __future__ import annotations
@@ -59,14 +68,15 @@ class Layout:
 def explicit_dtype(x: torch.Tensor | PackedSequence) -> torch.dtype | None:
     """The dtype the LSTM must run in outside autocast for input ``x``, or None for autocast's.
 
-    bf16 on CUDA (see the module docstring), fp32 for fp16 on CPU; None elsewhere.
+    bf16 under bf16 autocast on CUDA and CPU, fp32 under fp16 autocast on CPU (see the module
+    docstring); None elsewhere.
     """
     data = x.data if isinstance(x, PackedSequence) else x
     kind = data.device.type
     if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
         return None
     dtype = torch.get_autocast_dtype(kind)
-    if kind == "cuda" and dtype == torch.bfloat16:
+    if dtype == torch.bfloat16:
         return torch.bfloat16
     if kind == "cpu" and dtype == torch.float16:
         return torch.float32
@@ -139,7 +149,7 @@ def cast_lstm(lstm: nn.LSTM, x: torch.Tensor | PackedSequence, dtype: torch.dtyp
               ) -> tuple[torch.Tensor | PackedSequence, Hidden]:
     """``lstm(x, hx)`` computed in ``dtype``: input, states and weights cast to it.
 
-    Runs on any device (on CPU for tests; the model takes it on CUDA under bf16). Call it
+    Runs on any device (the model takes it under bf16, on CUDA and CPU alike). Call it
     outside autocast, which would cast again. The result is ``dtype``; the gradients of
     ``lstm``'s parameters arrive in their own dtype.
 
@@ -201,44 +211,94 @@ def _ran_cudnn(out: torch.Tensor) -> bool:
     return False
 
 
-_CUDA_LAYOUTS: dict[tuple[Any, ...], Layout | None] = {}
+_LAYOUTS: dict[tuple[Any, ...], Layout | None] = {}
 _warned = False
 
 
-def cuda_layout(lstm: nn.LSTM, dtype: torch.dtype) -> Layout | None:
-    """The cuDNN layout of ``lstm``'s weights in ``dtype``, or None if cuDNN does not run it.
+def lstm_layout(lstm: nn.LSTM, dtype: torch.dtype) -> Layout | None:
+    """Where :func:`cast_lstm` puts ``lstm``'s weights in ``dtype``, or None if it cannot run.
 
-    Asked once per shape and GPU: the layout (:func:`cudnn_layout`), then one frame through
-    :func:`cast_lstm`, which must reach cuDNN's RNN and run the weights in place (no copy
-    warning). The first None warns, once in the process, that the LSTM runs in fp32.
+    Asked once per shape and device (the module docstring): on CUDA the cuDNN layout
+    (:func:`cudnn_layout`), then one frame through :func:`cast_lstm`, which must reach
+    cuDNN's RNN and run the weights in place (no copy warning); on CPU the dense layout
+    (:func:`dense_layout`), then one frame's forward and backward, training and inference,
+    which must run. The first None warns, once in the process, that the LSTM runs in fp32.
     """
     global _warned
     w = lstm.weight_ih_l0
     key = (w.device, dtype, lstm.input_size, lstm.hidden_size, lstm.num_layers,
            lstm.bidirectional, lstm.bias)
-    if key not in _CUDA_LAYOUTS:
+    if key not in _LAYOUTS:
         layout, why = _probe(lstm, dtype)
-        _CUDA_LAYOUTS[key] = layout
+        _LAYOUTS[key] = layout
         if layout is None and not _warned:
             _warned = True
+            # stacklevel 2: the forward's line, in hadpsgd, which the run's log prints as
+            # one line of its own (hadpsgd.run's warning format), not torch's module code.
             warnings.warn(f"the LSTM runs in fp32 under {dtype} autocast on {w.device}: {why} "
-                          f"(the layers after it run in {dtype})", RuntimeWarning, stacklevel=3)
-    return _CUDA_LAYOUTS[key]
+                          f"(the layers after it run in {dtype})", RuntimeWarning, stacklevel=2)
+    return _LAYOUTS[key]
 
 
 def _probe(lstm: nn.LSTM, dtype: torch.dtype) -> tuple[Layout | None, str]:
-    """:func:`cuda_layout`'s question, and why not where the answer is None."""
+    """:func:`lstm_layout`'s question, and why not where the answer is None."""
+    if lstm.weight_ih_l0.is_cuda:
+        return _probe_cuda(lstm, dtype)
+    layout = dense_layout(lstm)
+    try:
+        _run_frame(lstm, dtype, layout)
+    except (RuntimeError, NotImplementedError) as err:  # oneDNN: "could not create a ..."
+        return None, f"torch cannot run a {dtype} LSTM on this CPU ({_first_line(err)})"
+    return layout, ""
+
+
+def _run_frame(lstm: nn.LSTM, dtype: torch.dtype, layout: Layout) -> None:
+    """One frame through :func:`cast_lstm`, as in training and as in evaluation.
+
+    Forward and backward in training mode, then forward in eval mode without a graph: oneDNN
+    builds other primitives for each. The gradients are returned by ``autograd.grad``, not
+    accumulated: the weights' ``.grad`` stays as it was.
+    """
+    device = lstm.weight_ih_l0.device
+    was_training = lstm.training
+    try:
+        with (torch.inference_mode(False), torch.enable_grad(),
+              torch.autocast(device.type, enabled=False)):
+            x = _one_frame(lstm, dtype)
+            lstm.train(True)
+            out, _ = cast_lstm(lstm, x, dtype, layout=layout)
+            inputs = [x, *(w for w in lstm._flat_weights if w.requires_grad)]  # noqa: SLF001
+            torch.autograd.grad(out.float().sum(), inputs)  # type: ignore[union-attr]
+            lstm.train(False)
+            with torch.no_grad():
+                cast_lstm(lstm, x.detach(), dtype, layout=layout)
+    finally:
+        lstm.train(was_training)
+
+
+def _one_frame(lstm: nn.LSTM, dtype: torch.dtype) -> torch.Tensor:
+    """A probe's input: one frame of zeros in ``dtype`` that requires grad.
+
+    Made where the probe's ``inference_mode(False)`` holds: made inside an evaluation's
+    ``inference_mode``, it could not be saved for backward, and the probe would fail for
+    that reason instead of the device's.
+    """
+    return torch.zeros(1, 1, lstm.input_size, dtype=dtype, device=lstm.weight_ih_l0.device,
+                       requires_grad=True)
+
+
+def _probe_cuda(lstm: nn.LSTM, dtype: torch.dtype) -> tuple[Layout | None, str]:
+    """:func:`_probe` on CUDA: the bf16 LSTM must run on cuDNN, its weights in place."""
     if not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
         return None, "cuDNN is not available or is disabled (torch.backends.cudnn.enabled)"
     try:
         layout = cudnn_layout(lstm, dtype)
     except (RuntimeError, NotImplementedError) as err:
         return None, f"cuDNN does not lay out {dtype} LSTM weights ({_first_line(err)})"
-    x = torch.zeros(1, 1, lstm.input_size, dtype=dtype, device=lstm.weight_ih_l0.device,
-                    requires_grad=True)  # a graph to read, whatever the weights require
     with (torch.inference_mode(False), torch.enable_grad(),
           warnings.catch_warnings(record=True) as seen):
         warnings.simplefilter("always")
+        x = _one_frame(lstm, dtype)  # requires grad: a graph to read, whatever the weights
         try:
             out, _ = cast_lstm(lstm, x, dtype, layout=layout)
         except (RuntimeError, NotImplementedError) as err:  # older torch: no bf16 LSTM cell
@@ -263,15 +323,14 @@ class AutocastLSTM(nn.LSTM):
     """
 
     def forward(self, input: Any, hx: Any = None) -> Any:
-        """``nn.LSTM.forward``, in bf16 on CUDA under bf16 autocast, fp32 on CPU under fp16."""
+        """``nn.LSTM.forward``, in bf16 under bf16 autocast, fp32 on CPU under fp16 autocast."""
         dtype = explicit_dtype(input)
         if dtype is None:
             return super().forward(input, hx)
         data = input.data if isinstance(input, PackedSequence) else input
         with torch.autocast(data.device.type, enabled=False):
             if dtype != torch.float32:
-                layout = (cuda_layout(self, dtype) if self.weight_ih_l0.is_cuda
-                          else dense_layout(self))
+                layout = lstm_layout(self, dtype)
                 if layout is not None:
                     return cast_lstm(self, input, dtype, hx, layout)
             return super().forward(_to(input, torch.float32),
