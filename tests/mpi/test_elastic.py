@@ -1,6 +1,7 @@
 """``--on-failure continue`` under ``mpirun --with-ft ulfm``: the survivors go on.
 
 Launched through ``python -m hadpsgd.launch``, which adds ULFM and the heartbeat detector.
+Every launch ends within its wall-clock limit (a hang is a failure).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ pytestmark = pytest.mark.mpi
 
 
 def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
-            fault: str = "", timeout: str = "60") -> MPIResult:
+            fault: str = "", timeout: str = "60",
+            env_extra: dict[str, str] | None = None) -> MPIResult:
     """``python -m hadpsgd.launch -n N`` of a tiny run that continues on failure."""
     from hadpsgd.launch import launch_env
 
     env = launch_env(nprocs=nprocs)
+    env.update(env_extra or {})
     env.update({"HADPSGD_TIMEOUT": timeout, "HADPSGD_FAULT": fault,
                 "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
@@ -141,15 +144,44 @@ def test_adpsgd_goes_on_from_its_replicas_and_trains_every_chunk_once(tiny_data,
     assert total - len(survivors) < 3 * 2  # only the last incomplete global batch
 
 
-def test_a_frozen_learner_is_found_at_the_deadline_killed_and_the_others_go_on(tiny_data,
-                                                                               tmp_path):
-    """Rank 2 of 4 SIGSTOPs itself (every thread frozen: it answers nobody) at step 10: its
-    peers' deadline (4 s) names it, a learner on its host kills it, and the 3 others go on
-    to the end of the epoch."""
+def _detected_after(out: Path, output: str) -> float:
+    """Seconds from the injected fault to the survivors' `failure` record."""
+    from tests.mpi.test_faults import fault_time
+
+    return _records(out, "failure")[0]["time"] - fault_time(output)
+
+
+def test_a_frozen_learner_is_found_by_the_heartbeat_detector_well_before_the_deadline(
+        tiny_data, tmp_path):
+    """Rank 2 of 4 SIGSTOPs itself at step 10 under a 60 s deadline: the heartbeat detector
+    that hadpsgd.launch turns on finds it (about 2 s on an idle machine), the survivors drop
+    and kill it, go on to the end of the epoch and the job ends with exit 0 (nothing waits
+    for the frozen process). Before, it was found at the deadline only."""
     out = tmp_path / "run"
     res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
-                  fault="kind=stop,rank=2,step=10", timeout="4")
+                  fault="kind=stop,rank=2,step=10", timeout="60")
     assert res.returncode == 0, res.output[-4000:]
+    took = _detected_after(out, res.output)
+    print(f"FROZEN: dropped {took:.2f} s after the fault")
+    assert took < 30, f"found {took:.1f} s after the fault, not well before the 60 s deadline"
+    assert "did not answer" not in res.output  # not at a deadline
+    assert "3 learners go on" in res.stdout
+    failure, = _records(out, "failure")
+    assert failure["lost"] == [2] and _final_world(out) == 3
+
+
+def test_without_the_detector_a_frozen_learner_is_found_at_the_deadline_and_killed(
+        tiny_data, tmp_path):
+    """The fallback where the detector is off (a plain mpirun --with-ft ulfm, or the user's
+    OMPI_MCA_mpi_ft_detector=false, which the launcher keeps): rank 2 of 4 SIGSTOPs itself
+    at step 10, its peers' deadline (4 s) names it, a learner on its host kills it, and the
+    3 others go on to the end of the epoch."""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
+                  fault="kind=stop,rank=2,step=10", timeout="4",
+                  env_extra={"OMPI_MCA_mpi_ft_detector": "false"})
+    assert res.returncode == 0, res.output[-4000:]
+    assert "mpi_ft_detector" not in res.stdout.splitlines()[0]  # the launcher's command
     assert "did not answer: dead or frozen); killed by a learner on its host" in res.output
     assert "3 learners go on" in res.stdout
     failure, = _records(out, "failure")
@@ -250,3 +282,19 @@ def test_adpsgd_failure_record_is_at_the_step_the_log_names_and_steps_go_on_afte
     steps = [r["step"] for r in records[at + 1:] if r["kind"] == "train"]
     assert steps and steps[0] > gone_at, steps
     assert all(a < b for a, b in zip(steps, steps[1:], strict=False)), steps
+
+
+def test_an_intra_node_torch_collective_is_refused_at_start_naming_the_fix(tiny_data,
+                                                                           tmp_path):
+    """--on-failure continue with gloo inside a node (the same sequence as NCCL's on GPUs,
+    tests/gpu/test_gpu_elastic.py): a dead learner's node-mates would wait in a collective
+    that ULFM cannot interrupt (NCCL: a kernel that never ends, the job dying at the
+    watchdog; gloo: the whole deadline). Refused before training with exit 2, naming the
+    backend and --intra-backend mpi; nothing is trained."""
+    out = tmp_path / "run"
+    res = _launch(2, tiny_data, out, "--max-steps", "4", "--intra-backend", "gloo")
+    assert res.returncode == 2, res.output[-4000:]
+    assert ("--on-failure continue cannot go on through a failure with gloo inside a node"
+            in res.stderr and "Use --intra-backend mpi" in res.stderr), res.output[-4000:]
+    assert not (out / "checkpoints").exists()
+

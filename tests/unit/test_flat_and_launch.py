@@ -132,3 +132,25 @@ def test_a_resumed_elastic_run_gets_ulfm_without_repeating_the_flag(tmp_path):
                                         python="p")  # a fresh run: its own flags decide
     (tmp_path / "config.json").write_text("[not json")
     assert "ulfm" not in mpirun_command(2, resume, launcher=launcher, python="p")
+
+
+def test_an_elastic_run_gets_the_heartbeat_detector_unless_the_user_set_it(monkeypatch):
+    """--on-failure continue: ULFM and Open MPI's heartbeat detector with its own thread (a
+    frozen learner is found in seconds, not at HADPSGD_TIMEOUT); a user's own
+    OMPI_MCA_mpi_ft_detector* setting is kept (no flag overrides it); MPICH gets neither."""
+    from hadpsgd.launch.mpirun import failure_flags
+
+    openmpi = Launcher("/x/mpirun", "openmpi")
+    flags = failure_flags(openmpi, ["--on-failure", "continue"], env={})
+    assert flags[:2] == ["--with-ft", "ulfm"]
+    pairs = dict(zip(flags[3::3], flags[4::3], strict=True))
+    assert pairs == {"mpi_ft_detector": "true", "mpi_ft_detector_thread": "true",
+                     "mpi_ft_detector_period": "0.5", "mpi_ft_detector_timeout": "2"}
+    assert failure_flags(openmpi, ["--on-failure", "continue"],
+                         env={"OMPI_MCA_mpi_ft_detector": "false"}) == ["--with-ft", "ulfm"]
+    assert failure_flags(openmpi, ["--on-failure", "stop"], env={}) == []
+    assert failure_flags(Launcher("/m/mpiexec", "mpich"), ["--on-failure", "continue"],
+                         env={}) == []
+    monkeypatch.delenv("OMPI_MCA_mpi_ft_detector", raising=False)
+    assert "mpi_ft_detector_thread" in mpirun_command(2, ["--on-failure", "continue"],
+                                                      launcher=openmpi, python="p")
