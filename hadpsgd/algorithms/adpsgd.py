@@ -48,6 +48,11 @@ class ADPSGDOptions(AlgoOptions):
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
     (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
     rounding error into the next exchange (error feedback)."""
+    sync_buffers: bool = True
+    """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
+    rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
+    floating-point ones (integer ones: rank 0's); --no-sync-buffers leaves each learner its
+    own (docs/api.md, Buffers)."""
 
     def __post_init__(self) -> None:
         if self.super_learner_size is not None and self.super_learner_size < 1:
@@ -74,6 +79,13 @@ class ADPSGD(Algorithm):
     same step, so a super-learner's replicas stay bit-identical. The leader form keeps one
     thread and one message per super-learner; the exchange is off the critical path (compute
     never waits for it), so splitting it over the node's links would buy little here.
+
+    The model's buffers (BatchNorm's statistics; ``sync_buffers``): the floating-point ones
+    are averaged inside the super-learner after every step, so its replicas stay
+    bit-identical; across super-learners they are not gossiped (each replica's running
+    statistics follow its own weights, which gossip mixes), and the evaluation model holds
+    the mean of every learner's (integer buffers: rank 0's), taken at :meth:`sync` with the
+    weights' average. The replicas' own are left as they are, as their weights are.
 
     Args:
         model: The local replica.
@@ -123,6 +135,8 @@ class ADPSGD(Algorithm):
         self.consensus_distance = float("nan")
         self._average: torch.Tensor | None = None
         """The replicas' average at the last :meth:`sync` (what is evaluated and deployed)."""
+        self._average_buffers: list[torch.Tensor] | None = None
+        """The mean of every learner's buffers at the last :meth:`sync` (``sync_buffers``)."""
         self._eval_model: nn.Module | None = None
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
@@ -165,6 +179,8 @@ class ADPSGD(Algorithm):
 
     def after_step(self) -> None:
         """Add any finished gossip delta and let the thread start its next round."""
+        if self.syncs_buffers:  # the super-learner's learners agree, as on their gradient
+            self.buffers.mean("node")
         self._apply_gossip()
         if self.thread is not None:
             self.thread.notify_step()
@@ -280,10 +296,16 @@ class ADPSGD(Algorithm):
         self.topo.allreduce_(self._average, op="avg")
         dist = (self.flat - self._average).double().pow(2).sum().reshape(1)
         self.consensus_distance = float(self.topo.allreduce_(dist, op="avg").sqrt())
+        if self.syncs_buffers:
+            self._average_buffers = self.buffers.copy()
+            self.buffers.mean("world", self._average_buffers)
 
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:
         """A copy of the model holding the replicas' average from the last :meth:`sync`.
+
+        Its buffers are every learner's mean from that :meth:`sync` (``sync_buffers``), or
+        this replica's own.
 
         A separate model, not the replica swapped in place: the gossip thread may snapshot
         the replica at any time, and must see the learner's own parameters.
@@ -307,6 +329,9 @@ class ADPSGD(Algorithm):
             n = p.numel()
             copies[names[id(p)]].data.copy_(self._average[offset:offset + n].view_as(p))
             offset += n
+        # The buffers' mean (sync_buffers), else this replica's own: never the copy's, which
+        # were this replica's when it was made.
+        self.buffers.write_into(self._eval_model, self._average_buffers)
         yield self._eval_model
 
     def metrics(self) -> dict[str, float]:

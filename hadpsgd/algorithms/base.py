@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hadpsgd.algorithms.buffers import ModelBuffers
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradCheck, GradSync
 from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.algorithms.scaler import LossScaler
@@ -42,8 +43,12 @@ class StepResult:
 class Algorithm:
     """Wraps a model and a ``torch.optim`` optimizer and keeps the replicas in agreement.
 
-    Subclasses implement :meth:`step`; the constructor broadcasts rank 0's parameters so
-    every replica starts identical, and puts the gradients into one flat buffer per dtype.
+    Subclasses implement :meth:`step`; the constructor broadcasts rank 0's parameters and
+    buffers so every replica starts identical, and puts the gradients into one flat buffer
+    per dtype. The model's buffers (BatchNorm's running statistics) live in one memory per
+    device (:class:`~hadpsgd.algorithms.buffers.ModelBuffers`), kept in agreement as each
+    algorithm says unless the options' ``sync_buffers`` is False: by default (SSGD) every
+    learner takes rank 0's after each step, as DDP's ``broadcast_buffers``.
 
     Args:
         model: The local replica.
@@ -119,6 +124,12 @@ class Algorithm:
         self.grads = self.gradsync.flat
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
+        self.buffers = ModelBuffers(model, topo)
+        """The model's buffers in one memory per device (none: every agreement is free)."""
+        self.buffers.broadcast()  # the replicas start from rank 0's buffers too, as DDP's
+        wanted = bool(getattr(self.options, "sync_buffers", True))  # an Options without it
+        self.syncs_buffers = bool(self.buffers) and wanted
+        """Whether the buffers are kept in agreement (the model has some, and the option)."""
 
     def flat_layout(self) -> list[list[Any]]:
         """Where each parameter lies in the flat buffer: ``[name, dtype, offset, numel]`` each.
@@ -191,8 +202,15 @@ class Algorithm:
         """Finish averaging the gradient buffers over :meth:`grad_scope`'s learners."""
         self.gradsync.finish()
 
-    def after_step(self) -> None:  # noqa: B027 - SSGD has nothing to do between steps
-        """The algorithm's work after a counted step (block sync, gossip); none by default."""
+    def after_step(self) -> None:
+        """The algorithm's work after a counted step (block sync, gossip).
+
+        By default (every learner applies the world's gradient: SSGD) the buffers become rank
+        0's, as DDP's ``broadcast_buffers`` makes them before each forward: one message of
+        every buffer, and nothing for a model without buffers.
+        """
+        if self.syncs_buffers:
+            self.buffers.broadcast()
 
     def apply_update(self, check: GradCheck) -> bool:
         """Clip and take the optimizer step, unless the (synchronised) gradient is non-finite.

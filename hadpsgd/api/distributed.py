@@ -38,8 +38,10 @@ from hadpsgd.precision import autocast
 class Distributed:
     """Trains ``model`` with ``optimizer`` under the algorithm ``algo`` (see docs/api.md).
 
-    Every learner (MPI rank) makes one, with the same arguments. Rank 0's parameters are
-    broadcast, so the replicas start identical whatever each rank initialised.
+    Every learner (MPI rank) makes one, with the same arguments. Rank 0's parameters and
+    buffers are broadcast, so the replicas start identical whatever each rank initialised;
+    the buffers (BatchNorm's statistics) then stay in agreement as the algorithm says
+    (``sync_buffers``, docs/api.md, *Buffers*).
 
     Args:
         model: The local replica, already on ``topology.device``.
@@ -59,7 +61,8 @@ class Distributed:
             a run configuration's), instead of keywords.
         **option_values: The algorithm's own options by name (``sync_period=8`` for BMUF:
             the fields of its ``Options`` dataclass, :class:`hadpsgd.algorithms.BMUFOptions`,
-            :class:`hadpsgd.algorithms.ADPSGDOptions`).
+            :class:`hadpsgd.algorithms.ADPSGDOptions`); every algorithm has
+            ``sync_buffers`` (True: keep the model's buffers in agreement).
 
     Raises:
         OptionError: For an unknown algorithm or option, or a value of the wrong type or out
@@ -197,9 +200,10 @@ class Distributed:
     def evaluation_model(self) -> Iterator[nn.Module]:
         """The model to evaluate and deploy, inside a ``with`` block (collective).
 
-        SSGD: the replica. BMUF: the global model theta_n swapped in (the local model comes
-        back after the block). ADPSGD: a copy holding the replicas' average (the replicas are
-        not changed). Every learner enters it at the same point (after an epoch).
+        SSGD: the replica. BMUF: the global model theta_n swapped in, with the buffers of its
+        last block sync (the local model comes back after the block). ADPSGD: a copy holding
+        the replicas' average, their buffers' too (the replicas are not changed). Every
+        learner enters it at the same point (after an epoch).
         """
         with self._doing("averaging for evaluation"):
             self.algorithm.sync()

@@ -56,6 +56,15 @@ class BMUF(Algorithm):
     models (and, for ``corrected``/``average``, the optimizer's moment buffers) are averaged
     in one message per dtype and filtered with block momentum; see the module docstring.
 
+    The model's buffers (BatchNorm's statistics; ``sync_buffers``): their floating-point
+    ones are averaged inside the super-learner after every step (its learners see different
+    batches, as they do gradients), and across the super-learners at every block sync of
+    the last fragment (every ``sync_period`` steps, and the closing one of :meth:`finish`),
+    blocking and unfiltered: the plain mean of every learner's, written back as the start
+    of the next block and kept with theta_n as the global model's buffers. Integer buffers
+    (``num_batches_tracked``) are rank 0's at those syncs. During the warm-up they are rank
+    0's after every step, as under SSGD.
+
     Args:
         model: The local replica.
         optimizer: Any ``torch.optim`` optimizer over ``model``'s parameters (SGD with or
@@ -93,6 +102,8 @@ class BMUF(Algorithm):
         """The block momentum in use: ``block_momentum``, or its default for ``worker_lr``."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
+        self._agreed: list[torch.Tensor] | None = None
+        """The buffers' mean at the last block sync: the global model's (``sync_buffers``)."""
         self._saved_layout: list[list[Any]] | None = None
         """The flat order of the state loaded last, where it is not this process's."""
         self.moments = BlockMoments(optimizer, opts.adam_moments, self._layout())
@@ -159,6 +170,8 @@ class BMUF(Algorithm):
             frag.restart()
         self.moments.start()
         self.started = True
+        if self.syncs_buffers:  # every learner's are rank 0's here (construction, warm-up)
+            self._agreed = self.buffers.copy()
 
     def wait_in_flight(self) -> None:
         """Wait for every background block average in flight.
@@ -179,9 +192,12 @@ class BMUF(Algorithm):
     def after_step(self) -> None:
         """End the warm-up when due; a fragment's block sync when its block ends."""
         if not self.started:
+            super().after_step()  # warm-up is SSGD: the buffers become rank 0's
             if self.steps >= self.options.warmup_steps:
                 self._start(reset_moments=self.options.warmup_moments == "reset")
             return
+        if self.syncs_buffers:  # the super-learner's learners agree, as on their gradient
+            self.buffers.mean("node")
         for frag in self.fragments:
             frag.count_step()
             if frag.due(self.options.sync_period):
@@ -227,6 +243,10 @@ class BMUF(Algorithm):
         self.exchange.send(frag, self.filter.launch(frag, overlap), background=overlap)
         if not overlap:
             self._apply(frag)
+        if self.syncs_buffers and frag is self.fragments[-1]:
+            # A few kilobytes, blocking: a mean of node-identical buffers (see the class).
+            self.buffers.mean("nodes")
+            self._agreed = self.buffers.copy()
 
     def _apply(self, frag: Fragment) -> None:
         """Filter ``frag``'s average once it has arrived."""
@@ -256,15 +276,22 @@ class BMUF(Algorithm):
 
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:
-        """The model holds the global model theta_n inside; local parameters come back after."""
+        """The model holds the global model theta_n inside; local parameters come back after.
+
+        With ``sync_buffers`` its buffers are the mean of the last block sync (the local ones
+        come back after, too).
+        """
         if not self.started:  # warm-up: the replicas are the (synchronous) global model
             yield self.model
             return
         saved = {dtype: buf.clone() for dtype, buf in self.params.buffers.items()}
+        agreed = (self.buffers.swapped(self._agreed) if self._agreed is not None
+                  else contextlib.nullcontext())
         try:
             for dtype, buf in self.params.buffers.items():
                 buf.copy_(self.filter.global_model[dtype])
-            yield self.model
+            with agreed:
+                yield self.model
         finally:
             for dtype, buf in self.params.buffers.items():
                 buf.copy_(saved[dtype])
@@ -296,6 +323,8 @@ class BMUF(Algorithm):
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
+        if self._agreed is not None:  # the global model's buffers, the same on every learner
+            state["bmuf"]["buffers"] = self.buffers.state(self._agreed)
         return state
 
     def node_state(self) -> dict[str, Any] | None:
@@ -314,9 +343,12 @@ class BMUF(Algorithm):
         mid_block = any(f.block_steps for f in self.fragments)
         if not (mid_block or snaps or self.exchange.side is not None):
             return shared
+        # The buffers too: mid-block each super-learner's differ (the checkpoint's model
+        # state holds rank 0's).
+        own = {"buffers": self.buffers.state()} if self.syncs_buffers else {}
         return {"params": {str(d): b.clone() for d, b in self.params.buffers.items()},
                 "optimizer": self.optimizer.state_dict(), "snaps": snaps,
-                "wire": self.exchange.state_dict(), **(shared or {})}
+                "wire": self.exchange.state_dict(), **own, **(shared or {})}
 
     def load_node_state(self, state: dict[str, Any]) -> None:
         """This super-learner's local model, optimizer state and overlapped/wire state."""
@@ -327,6 +359,8 @@ class BMUF(Algorithm):
             state = relayout_node(state, self._saved_layout, self.flat_layout())
         for dtype, buf in self.params.buffers.items():
             buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
+        if self.syncs_buffers:
+            self.buffers.load_state(state.get("buffers", {}))
         self.optimizer.load_state_dict(state["optimizer"])
         self.filter.load_node_snaps(state.get("snaps", {}), self.fragments)
         self.exchange.load_state_dict(state.get("wire", {}), self.fragments, self.params.buffers)
@@ -351,6 +385,10 @@ class BMUF(Algorithm):
                 raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
                                  f"(now {now}); resume with {flag} {then}")
         self.started = bool(b["started"])
+        if self.syncs_buffers:  # a state without them: the loaded model's are the global ones
+            self._agreed = self.buffers.copy() if self.started else None
+            if self._agreed is not None:
+                self.buffers.load_state(b.get("buffers", {}), self._agreed)
         self.filter.load_state_dict(b, self.fragments)
         self.exchange.bytes_sent = int(b.get("wire_bytes", 0))
         self.moments.load_state_dict(b["moments"])

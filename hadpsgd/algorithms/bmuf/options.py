@@ -70,6 +70,11 @@ class BMUFOptions(AlgoOptions):
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
     the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
     leaves this open)."""
+    sync_buffers: bool = True
+    """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
+    rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
+    floating-point ones (integer ones: rank 0's); --no-sync-buffers leaves each learner its
+    own (docs/api.md, Buffers)."""
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
