@@ -288,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FeatureFileError as err:  # a frame changed after its file was stamped
         return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
+        if _ELASTIC and ulfm.is_peer_failure(err):  # no state to go on from: name the lost
+            return _fail(ulfm.LostOutsideTraining(topo), topo, EXIT_FAILED, traceback_too=False)
         return _fail(err, topo, EXIT_FAILED, traceback_too=True)
     finally:
         FLAG.uninstall()

@@ -283,6 +283,31 @@ def farewell(topo: Any) -> None:
             raise
 
 
+class LostOutsideTraining(RuntimeError):
+    """Learners failed where no agreed state exists to go on from (start-up, a recovery)."""
+
+    def __init__(self, topo: Any) -> None:
+        lost = ", ".join(f"rank {topo.launch_ranks[r]} ({topo.hosts[r]})"
+                         for r in failed_ranks(topo.comm)) or "a learner"
+        super().__init__(
+            f"{lost} failed (dead, or frozen and found by MPI's failure detector) outside "
+            "training, while setting up or recovering: there is no agreed state to go on "
+            "from, so the job ends as without --on-failure continue")
+
+
+def failed_ranks(comm: Any) -> list[int]:
+    """The ranks of ``comm`` that this process knows to have failed (a local query)."""
+    MPI = mpi()  # noqa: N806
+    try:
+        failed, group = comm.Get_failed(), comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), group)
+        failed.Free()
+        group.Free()
+    except Exception:  # noqa: BLE001 - no ULFM query in this MPI: the failure is unnamed
+        return []
+    return sorted(int(r) for r in ranks if r != MPI.UNDEFINED)
+
+
 def hold_if_ending() -> None:
     """Wait for the exit where another thread of this process ends it (:func:`end_with_error`).
 

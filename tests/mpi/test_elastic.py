@@ -170,6 +170,26 @@ def test_a_frozen_learner_is_found_by_the_heartbeat_detector_well_before_the_dea
     assert failure["lost"] == [2] and _final_world(out) == 3
 
 
+def test_a_learner_frozen_in_start_up_ends_the_job_within_seconds_naming_it(tiny_data,
+                                                                           tmp_path):
+    """Rank 1 of 2 SIGSTOPs itself in start-up's data checks: there is no agreed state to go
+    on from, so the detector's finding ends the job (exit 1), well before the 60 s
+    deadline, with a line naming the frozen learner instead of a bare MPI_ERR_PROC_FAILED
+    traceback."""
+    res = _launch(2, tiny_data, tmp_path / "run", "--max-steps", "3",
+                  fault="kind=stop,rank=1,at=startup-data", timeout="60")
+    ended = time.time()
+    from tests.mpi.test_faults import fault_time
+
+    took = ended - fault_time(res.output)
+    assert res.returncode == 1, res.output[-4000:]
+    assert took < 30, f"the job took {took:.1f} s to end\n{res.output[-4000:]}"
+    assert re.search(r"hadpsgd: rank 0: error: rank 1 \(\S+\) failed \(dead, or frozen and "
+                     r"found by MPI's failure detector\) outside training", res.stderr), \
+        res.output[-4000:]
+    assert "Traceback" not in res.output
+
+
 def test_without_the_detector_a_frozen_learner_is_found_at_the_deadline_and_killed(
         tiny_data, tmp_path):
     """The fallback where the detector is off (a plain mpirun --with-ft ulfm, or the user's
