@@ -162,7 +162,10 @@ def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: boo
               if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
               else "hadpsgd: error: ")
     print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
-    if topo.size > 1 and _ELASTIC and ulfm.end_with_error(str(err) or type(err).__name__):
+    # A peer's deadline is no error of this learner's own: the hung peer would never join
+    # the shrink that telling the others takes, so that ends the job as before.
+    own = not isinstance(err, comm.CommTimeoutError)
+    if topo.size > 1 and _ELASTIC and own and ulfm.end_with_error(str(err) or type(err).__name__):
         _SURVIVED = True  # under ULFM an abort ends no peer: they were told, each ends itself
         return code
     if topo.size > 1:
