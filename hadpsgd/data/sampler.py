@@ -160,7 +160,9 @@ class ChunkBatchSampler(Sampler[list[int]]):
         """Chunks of this epoch's order trained before its step 0 (see :meth:`set_trained`)."""
         self.trained: Ranges = []
         """Which positions of this epoch's order those are (see :meth:`set_trained`)."""
-        self._rest: np.ndarray | None = None  # the untrained positions, unless a prefix is
+        # The untrained positions, ascending; None where the trained ones are a prefix (the
+        # rest is then offset, offset + 1, ...: no array of the epoch's size to keep).
+        self._rest: np.ndarray | None = None
         self.epoch = 0
         self._fresh = True  # no set_epoch() yet: the constructor's start_step still applies
         self.start_step = self._check_start_step(start_step)
