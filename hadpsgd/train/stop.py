@@ -34,6 +34,7 @@ class StopFlag:
         self._previous: dict[int, object] = {}
         self._ending = False
         self._ack: threading.Timer | None = None
+        self._said = False  # the stop's line was printed
 
     def ending(self) -> None:
         """This process is ending on a failure: a stop signal from now on says nothing.
@@ -61,9 +62,15 @@ class StopFlag:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
-        """Restore the handlers that were there before :meth:`install`."""
+        """Restore the handlers that were there before :meth:`install`.
+
+        A stop's line not said yet is said now: the run honoured it (it stopped at its
+        control point, or ended first) sooner than the line's delay.
+        """
         if self._ack is not None:
-            self._ack.cancel()  # the run is over: nothing left to promise
+            self._ack.cancel()
+            if self.signame is not None:
+                self._acknowledge(self.signame)  # nothing if said, or if failing
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
@@ -85,8 +92,9 @@ class StopFlag:
         self._ack.start()
 
     def _acknowledge(self, name: str) -> None:
-        if self._ending:
+        if self._ending or self._said:
             return
+        self._said = True
         print(f"[hadpsgd] {name} received: stopping with a checkpoint at the next control "
               "point (send it again to stop at once)", file=sys.stderr, flush=True)
 

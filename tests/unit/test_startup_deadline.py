@@ -113,3 +113,17 @@ def test_a_failing_rank_promises_no_checkpoint(capsys, monkeypatch) -> None:
     finally:
         flag.uninstall()
     assert "received" not in capsys.readouterr().err
+
+
+def test_a_stop_honoured_before_its_line_is_due_is_still_said(capsys, monkeypatch) -> None:
+    """A run that stops at its control point sooner than the line's delay says it once, when
+    the handlers go (tests/mpi/test_resume.py's signalled run ends within a second)."""
+    monkeypatch.setattr(stop, "ACK_DELAY_S", 30.0)
+    flag = stop.StopFlag()
+    flag.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    finally:
+        flag.uninstall()
+    err = capsys.readouterr().err
+    assert err.count("[hadpsgd] SIGUSR1 received: stopping with a checkpoint") == 1
