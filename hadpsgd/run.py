@@ -333,6 +333,7 @@ def script_main() -> int:
             # MPI_Finalize as an exit with this code.
             sys.stdout.flush()
             sys.stderr.flush()
+            ulfm.note_exit(code)
             os._exit(code)
         return code
     except SystemExit:
@@ -351,6 +352,7 @@ def _abort_world(code: int, message: str) -> None:
         if _ELASTIC and ulfm.end_with_error(message):  # under ULFM an abort ends no peer
             sys.stdout.flush()
             sys.stderr.flush()
+            ulfm.note_exit(code)
             os._exit(code)
         abort_job(MPI.COMM_WORLD, code)
 

@@ -1,33 +1,73 @@
-"""Elastic soak through ``python -m hadpsgd.launch -- --on-failure continue``: random kills.
+"""Elastic soak through ``python -m hadpsgd.launch -- --on-failure continue``: every phase.
 
-Every round picks an algorithm (SSGD, BMUF on super-learners of 2, flat ADPSGD, H-ADPSGD on
-super-learners of 2), a world of 4 to 8 learners (even where super-learners are of 2), and a
-learner to SIGKILL (rank 0 included: it writes the run directory and hosts ADPSGD's pool) at a
-random step of a one-epoch run. The survivors must go on and finish with exit 0 within the
-deadline, with one ``failure`` record naming the dead learner, a last checkpoint that
-verifies and records the survivors' world, and the epoch's chunks counted from the chunk
-trace: every chunk of the epoch's final trajectory trained exactly once (ADPSGD: by the
-survivors, the dead learner's chunks again), but for less than a global batch at its end.
+Failures at every phase of a run, and resumes at another size.
 
-    python scripts/soak_elastic.py --kills 50 [--seed 0] [--out DIR] [--json soak.json]
+Every round picks an algorithm (SSGD, BMUF on super-learners of 2 with ``--sync-period 4``,
+flat ADPSGD, H-ADPSGD on super-learners of 2), a world of 4 to 8 learners (even where
+super-learners are of 2) and a failure, then checks the outcome the failure must have:
 
-Prints a line per round and a summary; exit 1 if any round failed. About 10 s a round on 2
-cores. Not part of the test suite (too long for CI); ``tests/mpi/test_elastic.py`` holds one
-deterministic case per algorithm.
+- ``kill``: SIGKILL of one learner (``HADPSGD_FAULT`` kind=kill; rank 0 included: it writes
+  the run directory and hosts ADPSGD's pool) at a random step;
+- ``kill-sync``: the same at a BMUF block sync (a step that is a multiple of
+  ``--sync-period``);
+- ``kill-control``: at a control point (a multiple of ``--control-every``: SSGD's and BMUF's
+  snapshots, ADPSGD's pool meetings);
+- ``kill-ckpt``: inside a checkpoint write (``at=ckpt-data|ckpt-manifest|ckpt-rename`` on
+  rank 0, the writer; ``at=ckpt-wait`` on another rank while rank 0 writes; ``at=ckpt-part``
+  on a BMUF node leader writing its node's part);
+- ``kill-eval``: a real ``os.kill(SIGKILL)`` of a rank's process as the first epoch of a
+  two-epoch run ends (its last step, the held-out evaluation, the epoch's checkpoint);
+- ``recovery``: a second learner SIGKILLed (its process, ``os.kill``) 0 to 0.4 s after the
+  first one's fault fired, while the survivors recover;
+- ``stop``: a real ``os.kill(SIGSTOP)`` of a rank's process at a random moment of training
+  (the heartbeat detector must drop it);
+- ``raise``: a learner's own exception (kind=raise): every rank must end within seconds with
+  exit 1 and one line naming it, no ``failure`` record;
+- ``startup``: a learner frozen, hung or killed in start-up (``at=startup-mpi|startup-data|
+  startup-model``): exit 1 or 3 within the deadline, naming the rank;
+- ``min-learners``: two learners killed at one step under ``--min-learners`` above what
+  survives: exit 1, a ``failure`` record that says it stopped, and a checkpoint of the
+  survivors' world at that record's step.
+
+Expected for the kills and the stop: exit 0, ``failure`` records naming exactly the lost
+learners, each at the right step (SSGD, BMUF: the control point the survivors went on from,
+the last one before the fault's step; ADPSGD: the step the log line names), a last
+checkpoint that verifies and records the survivors' world, and every chunk of the epoch
+trained exactly once (the chunk trace; ADPSGD: the dead learner's chunks again by the
+survivors) but for less than a global batch at its end.
+
+Some rounds (``--resume-every``) are first stopped mid-epoch (``--max-steps``, or the
+min-learners stop) and then resumed at another ``-np`` with ``--resume auto
+--allow-resume-change np``: over both runs each chunk of the interrupted epoch is trained
+once, and every learner's steps after the resume go on past the checkpoint's, forward only.
+
+Every job runs under an outer timeout (``HADPSGD_TIMEOUT`` plus a margin): a job still there
+then is killed and counted as a hang.
+
+    python scripts/soak_elastic.py --rounds 100 [--seed 0] [--until HH:MM] [--json soak.json]
+    python scripts/soak_elastic.py --recheck --json soak.json   # count a saved soak again
+
+Prints a line per round and a summary (rounds, hangs, wrong exit codes, chunks twice or
+lost, failure records at a wrong step, jobs that crashed); exit 1 if any round failed. Not
+part of the test suite (too long for CI); ``tests/mpi/test_elastic.py`` holds one
+deterministic case per algorithm and failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,149 +78,622 @@ from hadpsgd.data import ChunkDataset  # noqa: E402
 from hadpsgd.data.synth import SynthSpec, generate  # noqa: E402
 from hadpsgd.launch import launch_env  # noqa: E402
 from hadpsgd.train import latest_checkpoint  # noqa: E402
-from hadpsgd.train.checkpoint import CheckpointError, verify_checkpoint  # noqa: E402
+from hadpsgd.train.checkpoint import CheckpointError, read_manifest, verify_checkpoint  # noqa: E402
 
 BATCH = 2
+CONTROL = 5
+SYNC = 4
+DEADLINE = 20  # HADPSGD_TIMEOUT
 ALGOS: dict[str, list[str]] = {
     "ssgd": ["--algo", "ssgd"],
-    "bmuf": ["--algo", "bmuf", "--ranks-per-node", "2"],
+    "bmuf": ["--algo", "bmuf", "--ranks-per-node", "2", "--sync-period", str(SYNC)],
     "adpsgd": ["--algo", "adpsgd", "--super-learner-size", "1"],
     "h-adpsgd": ["--algo", "adpsgd", "--super-learner-size", "2"],
 }
+PAIRS = ("bmuf", "h-adpsgd")
+POOLED = ("adpsgd", "h-adpsgd")
+KINDS = {"kill": 3, "kill-sync": 1, "kill-control": 2, "kill-ckpt": 2, "kill-eval": 1,
+         "recovery": 2, "stop": 2, "raise": 1, "startup": 1, "min-learners": 1}
+
+
+@dataclass
+class Job:
+    """One launch's outcome."""
+
+    code: int | None  # None: still running at its timeout (a hang)
+    output: str
+    wall_s: float
+    fault_t: float | None = None  # when the first injected fault fired (unix time)
+    killed: list[int] = field(default_factory=list)  # launch ranks the soak killed itself
+    signal_t: float | None = None  # when the soak's own signal went
+    landed: str = ""  # recovery rounds: where the second kill landed
+    start_retries: int = 0  # launches retried: mpirun's own start-up failure, no rank ran
+
+
+def rank_pids(session: int) -> dict[int, int]:
+    """Launch rank -> pid of the job's rank processes (its session's, found in ``/proc``)."""
+    pids: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rpartition(")")[2].split()[3]) != session:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        for item in environ:
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                pids[int(item.split(b"=", 1)[1])] = int(entry.name)
+    return pids
+
+
+def trace_chunks(out: Path, epoch: int) -> int:
+    """How many chunks of ``epoch`` the trace holds so far (every rank's lines)."""
+    n = 0
+    for path in (out / "trace").glob("chunks-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            n += len(rec["chunks"]) if rec["epoch"] == epoch else 0
+    return n
+
+
+LAUNCHER_START_FAILURE = "PMIx server's listener thread failed to start"
 
 
 def launch(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path], fault: str,
-           timeout: float) -> tuple[int | None, str, float]:
-    """One job; its exit code (None: killed at ``timeout``), output and wall time."""
+           timeout: float, act: Any = None) -> Job:
+    """One job through the launcher, started again where mpirun itself failed to start.
+
+    Open MPI's launcher now and then fails to bring up its PMIx server before any rank
+    exists (exit 213; ``tests/_mpi.py`` retries it too): nothing of the round ran.
+    """
+    for tries in range(3):
+        job = launch_once(nprocs, args, out, data, fault, timeout, act)
+        job.start_retries = tries
+        if LAUNCHER_START_FAILURE not in job.output:
+            break
+    return job
+
+
+def launch_once(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path], fault: str,
+                timeout: float, act: Any = None) -> Job:
+    """One job through the launcher.
+
+    ``act(job, proc, out, log)`` is polled while it runs: it sends the soak's own signals
+    and returns True once it is done.
+    """
     env = launch_env(nprocs=nprocs)
-    env.update({"HADPSGD_TIMEOUT": "60", "HADPSGD_FAULT": fault,
+    env.update({"HADPSGD_TIMEOUT": str(DEADLINE), "HADPSGD_FAULT": fault,
                 "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
     cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), "--",
            "--train", str(data[0]), "--heldout", str(data[1]), "--preset", "tiny",
-           "--out-dir", str(out), "--no-progress", "--batch-size", str(BATCH), "--epochs", "1",
-           "--on-failure", "continue", "--control-every", "5", *args]
+           "--out-dir", str(out), "--no-progress", "--batch-size", str(BATCH),
+           "--on-failure", "continue", "--control-every", str(CONTROL), *args]
+    out.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
+    job = Job(None, "", 0.0)
+    offset = log.stat().st_size if log.exists() else 0  # this launch's output only
+    with open(log, "a") as sink:
+        sink.write(f"$ HADPSGD_FAULT='{fault}' {' '.join(cmd)}\n")
+        sink.flush()
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=ROOT, start_new_session=True)
+        done = act is None
+        while proc.poll() is None and time.monotonic() - start < timeout:
+            if not done:
+                done = act(job, proc, out, log)
+            time.sleep(0.05)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # a hang: mpirun and every rank under it
+            proc.wait()
+        else:
+            job.code = proc.returncode
+        # A rank left over (a SIGSTOPped one nobody killed) would keep its session.
+        for pid in rank_pids(proc.pid).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    job.wall_s = time.monotonic() - start
+    with open(log, "rb") as written:
+        written.seek(offset)
+        job.output = written.read().decode(errors="replace").replace("\0", "")
+    job.fault_t = fault_time(job.output)
+    return job
+
+
+def fault_time(output: str) -> float | None:
+    """When the first injected fault fired (its line's ``t=``), or None."""
+    found = re.search(r"fault injection: .* t=([\d.]+)", output)
+    return float(found[1]) if found else None
+
+
+CRASH = "Segmentation fault"
+
+
+def crash_line(output: str) -> str:
+    """Where the first rank that crashed was (Open MPI's backtrace, its first frames)."""
+    lines = [ln for ln in output.replace("\0", "").splitlines() if "NBC_Progress" not in ln]
+    at = next(i for i, ln in enumerate(lines) if CRASH in ln)
+    frames = [ln.split("] ", 1)[-1] for ln in lines[at:at + 40] if re.search(r"\] \[ ?\d+\]", ln)]
+    return f"a rank crashed (SIGSEGV) at {'; '.join(frames[:6]) or 'an unmapped address'}"
+
+
+def signal_rank(job: Job, proc: subprocess.Popen, rank: int, sig: int) -> bool:
+    """Send ``sig`` to launch rank ``rank`` of the job; whether it went."""
+    pid = rank_pids(proc.pid).get(rank)
+    if pid is None:
+        return False
     try:
-        output, _ = proc.communicate(timeout=timeout)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        code = None
-    return code, output, time.monotonic() - start
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    job.killed.append(rank)
+    job.signal_t = time.time()
+    return True
 
 
-def chunk_problem(out: Path, algo: str, gone_ranks: set[int], kept_step: int, survivors: int,
-                  total: int) -> str | None:
-    """What is wrong with the epoch's chunk counts, or None.
+def records(out: Path, kind: str) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` records of ``kind``."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
 
-    ``gone_ranks``: the dead learner and the members of its super-learner, which left.
+
+def trace_lines(out: Path) -> dict[int, list[dict[str, Any]]]:
+    """Launch rank -> its chunk-trace records, in order."""
+    return {int(p.stem.removeprefix("chunks-rank")): list(map(json.loads,
+                                                             p.read_text().splitlines()))
+            for p in (out / "trace").glob("chunks-rank*.jsonl")}
+
+
+def chunks_kept(algo: str, lines: dict[int, list[dict[str, Any]]], gone: dict[int, int],
+                upto: int | None = None) -> tuple[Counter, set[int]]:
+    """The epoch-0 chunks in the final model (a count each), and the leavers' chunks lost.
+
+    ``gone``: launch rank -> the step its state was kept up to: SSGD, BMUF: the control point
+    the survivors went on from, for the dead learner and the rest of its super-learner (by
+    the shards' step); ADPSGD: the last meeting of the pool before the failure (a checkpoint,
+    the epoch's end; by the global step a slot was trained at), whose slots are the
+    learners' (gossip carried them), the later ones of a leaver going back to the pool.
+    ``upto``: the checkpoint a resume went on from; a
+    step of the shards past it is in no model (SSGD, BMUF).
     """
     alive: Counter = Counter()
-    gone: set[int] = set()
-    for path in (out / "trace").glob("chunks-rank*.jsonl"):
-        rank = int(path.stem.removeprefix("chunks-rank"))
+    lost: set[int] = set()
+    for rank, recs in lines.items():
+        # A pooled learner that lived into the next epoch left its epoch-0 slots trained.
+        later = any(rec["epoch"] > 0 for rec in recs)
         steps: dict[int, list[int]] = {}
-        for rec in map(json.loads, path.read_text().splitlines()):
-            if algo in ("ssgd", "bmuf"):
-                steps[rec["step"]] = rec["chunks"]  # a step retrained replaces its record
+        for rec in recs:
+            if rec["epoch"] != 0:
+                continue
+            if algo in POOLED:  # by the global step it was trained at (a meeting's count)
+                steps[rec["global_step"] * 10**6 + len(steps)] = rec["chunks"]
             else:
-                steps[len(steps)] = rec["chunks"]
-        for step, chunks in steps.items():
-            # SSGD, BMUF: what the leavers trained up to the snapshot the survivors went on
-            # from is in the model; ADPSGD: nothing of theirs counts (their model is gone).
-            kept = algo in ("ssgd", "bmuf") and step <= kept_step
-            (gone if rank in gone_ranks and not kept else alive).update(chunks)
-    new_global = survivors * BATCH
-    if algo in ("adpsgd", "h-adpsgd"):
-        twice = [c for c, n in alive.items() if n > 1]
-        if twice:
-            return f"{len(twice)} chunks trained twice by the survivors"
-        if not gone <= set(alive):
-            return f"{len(gone - set(alive))} of the dead learner's chunks never trained again"
-    else:
-        twice = [c for c, n in alive.items() if n > 1]
-        if twice:
-            return f"{len(twice)} chunks trained twice"
-    if total - len(alive) >= new_global + survivors * BATCH:
+                steps[rec["step"]] = rec["chunks"]  # a step retrained replaces its record
+        for key, chunks in steps.items():
+            step = key // 10**6 if algo in POOLED else key
+            if algo not in POOLED and upto is not None and step > upto:
+                continue
+            if rank in gone and not later and step > gone[rank]:
+                lost.update(chunks)
+            else:
+                alive.update(chunks)
+    return alive, lost
+
+
+def kept_steps(plan: Plan, out: Path) -> dict[int, int]:
+    """Launch rank of each leaver -> the step its state was kept up to (:func:`chunks_kept`).
+
+    SSGD, BMUF: the control point of the failure that lost it. ADPSGD: the pool's last
+    meeting before that failure: a checkpoint's, or an earlier failure's recovery, where the
+    survivors pooled what each had trained (a learner lost in a second failure keeps the
+    slots it trained before the first one, as at any meeting).
+    """
+    kept: dict[int, int] = {}
+    fails = records(out, "failure")
+    for i, fail in enumerate(fails):
+        if plan.algo in POOLED:
+            step = max(plan.meeting, fails[i - 1]["step"] if i else 0)
+        else:
+            step = fail["step"]
+        for rank in leavers(plan.algo, fail["lost"]):
+            kept.setdefault(rank, step)
+    return kept
+
+
+def chunk_problem(alive: Counter, lost: set[int], total: int, global_batch: int) -> str | None:
+    """What is wrong with the epoch's chunk counts, or None."""
+    twice = [c for c, n in alive.items() if n > 1]
+    if twice:
+        return f"{len(twice)} chunks trained twice"
+    if not lost <= set(alive) and total - len(alive) >= global_batch:
+        return f"{len(lost - set(alive))} of the lost learners' chunks never trained again"
+    if total - len(alive) >= 2 * global_batch:
         return f"{total - len(alive)} of {total} chunks never trained"
     return None
 
 
-def one_round(rng: random.Random, data: tuple[Path, Path], out: Path,
-              total: int) -> dict[str, Any]:
-    """Pick, run and check one kill; its record."""
-    algo = rng.choice(list(ALGOS))
-    pairs = algo in ("bmuf", "h-adpsgd")
-    nprocs = rng.choice([4, 6, 8] if pairs else [4, 5, 6, 7, 8])
-    dead = rng.randrange(nprocs)
+def leavers(algo: str, dead: list[int]) -> set[int]:
+    """The learners that leave when ``dead`` die (their super-learners, for pairs)."""
+    return {r ^ 1 for r in dead} | set(dead) if algo in PAIRS else set(dead)
+
+
+def failure_problem(algo: str, out: Path, job: Job, dead: list[int],
+                    fault_step: int | None) -> str | None:
+    """What is wrong with the ``failure`` records, or None."""
+    fails = records(out, "failure")
+    lost = sorted(r for f in fails for r in f["lost"])
+    if lost != sorted(dead):
+        return f"failure records name {lost}, not {sorted(dead)}: {fails}"
+    said = [int(s) for s in re.findall(r"gone at step (\d+)", job.output)]
+    if len(said) != len(fails) and not any("stopped" in f for f in fails):
+        return f"{len(fails)} failure records, {len(said)} lines: {fails}"
+    for i, fail in enumerate(fails):
+        step = fail["step"]
+        if algo in POOLED:
+            if i < len(said) and step != said[i]:
+                return f"failure record at step {step}, the line says {said[i]}"
+        elif i < len(said) and not (said[i] - CONTROL <= step <= said[i]):
+            return f"failure record at step {step}, not the control point before {said[i]}"
+    if fault_step is not None and fails and algo not in POOLED:
+        want = CONTROL * ((fault_step - 1) // CONTROL)
+        if fails[0]["step"] != want:
+            return (f"failure record at step {fails[0]['step']}, not {want} (the control "
+                    f"point before the fault's step {fault_step})")
+    return None
+
+
+def end_problem(out: Path, world: int) -> str | None:
+    """Whether the last checkpoint verifies and records ``world`` learners."""
+    last = latest_checkpoint(out / "checkpoints")
+    if last is None:
+        return "no checkpoint"
+    try:
+        got = verify_checkpoint(last)["world_size"]
+    except CheckpointError as err:
+        return str(err)
+    return None if got == world else f"last checkpoint records {got} learners, not {world}"
+
+
+@dataclass
+class Plan:
+    """One round's choices."""
+
+    kind: str
+    algo: str
+    np: int
+    dead: list[int]
+    fault: str = ""
+    fault_step: int | None = None  # the step of an exact step fault (the record's check)
+    args: list[str] = field(default_factory=list)
+    resume_np: int | None = None
+    meeting: int = 0  # ADPSGD: the pool's last meeting before the failure (a checkpoint's)
+
+
+def pick(rng: random.Random, total: int, resume_every: int, index: int) -> Plan:
+    """Choose a round."""
+    kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+    algo = "bmuf" if kind == "kill-sync" else rng.choice(list(ALGOS))
+    pairs = algo in PAIRS
+    nprocs = rng.choice([4, 6, 8, 8] if pairs else [4, 5, 6, 8, 8])
     steps = total // (BATCH * nprocs)
-    step = rng.randint(2, max(3, steps - 3)) if algo in ("ssgd", "bmuf") else rng.randint(2, 12)
-    fault = f"kind=kill,rank={dead},step={step}"
-    code, output, wall = launch(nprocs, ALGOS[algo], out, data, fault, timeout=240)
-    rec: dict[str, Any] = {"algo": algo, "np": nprocs, "dead": dead, "step": step,
-                           "exit": code, "wall_s": round(wall, 1)}
-    leave = 2 if pairs else 1
-    problem = None
-    if code != 0:
-        problem = f"exit {code}: {output[-1500:]}"
-    else:
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        failures = [r for r in map(json.loads, lines) if r["kind"] == "failure"]
-        if len(failures) != 1 or failures[0]["lost"] != [dead]:
-            problem = f"failure records {failures}"
+    dead = rng.randrange(nprocs)
+    plan = Plan(kind, algo, nprocs, [dead], args=["--epochs", "1"])
+    step = rng.randint(2, max(3, steps - 3)) if algo not in POOLED else rng.randint(2, 12)
+    if kind == "kill-sync":
+        step = SYNC * rng.randint(1, max(1, (steps - 2) // SYNC))
+    elif kind == "kill-control":
+        step = CONTROL * rng.randint(1, max(1, (steps - 2) // CONTROL))
+    if kind in ("kill", "kill-sync", "kill-control", "recovery"):
+        plan.fault, plan.fault_step = f"kind=kill,rank={dead},step={step}", step
+    elif kind == "kill-ckpt":
+        step = CONTROL * rng.randint(1, max(1, (steps - 2) // CONTROL))
+        points = ["ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait"]
+        point = rng.choice(points + (["ckpt-part"] if algo == "bmuf" else []))
+        if point == "ckpt-wait":
+            dead = rng.randrange(1, nprocs)
+        elif point == "ckpt-part":
+            dead = 2 * rng.randrange(nprocs // 2)  # a node leader
         else:
-            rec["recovery_s"] = failures[0]["recovery_s"]
-            last = latest_checkpoint(out / "checkpoints")
-            try:
-                world = verify_checkpoint(last)["world_size"]
-            except CheckpointError as err:
-                world, problem = -1, str(err)
-            if problem:
-                pass
-            elif world != nprocs - leave:
-                problem = f"last checkpoint records {world} learners, not {nprocs - leave}"
-            else:
-                gone_ranks = {dead, dead ^ 1} if pairs else {dead}
-                problem = chunk_problem(out, algo, gone_ranks, failures[0]["step"],
-                                        nprocs - leave, total)
-    rec["problem"] = problem
-    return rec
+            dead = 0
+        plan.dead = [dead]
+        plan.fault = f"kind=kill,rank={dead},step={step},at={point}"
+        plan.args += ["--checkpoint-every", str(CONTROL)]
+        plan.meeting = step
+    elif kind == "kill-eval":
+        plan.args = ["--epochs", "2"]
+    elif kind == "raise":
+        plan.fault = f"kind=raise,rank={dead},step={step}"
+    elif kind == "startup":
+        what = rng.choice(["stop", "hang", "kill"])
+        at = rng.choice(["startup-mpi", "startup-data", "startup-model"])
+        plan.fault = f"kind={what},rank={dead},at={at}"
+        plan.args += ["--max-steps", "3"]
+    elif kind == "min-learners":
+        other = rng.choice([r for r in range(nprocs) if r not in leavers(algo, [dead])])
+        plan.dead = [dead, other]
+        plan.fault = f"kind=kill,rank={dead},step={step};kind=kill,rank={other},step={step}"
+        survive = nprocs - len(leavers(algo, plan.dead))
+        plan.args += ["--min-learners", str(survive + 1)]
+    if kind == "recovery":
+        if pairs and nprocs == 4:  # two super-learners: one must stay
+            plan.np = nprocs = rng.choice([6, 8])
+            plan.dead = [dead := rng.randrange(nprocs)]
+            plan.fault = f"kind=kill,rank={dead},step={step}"
+        second = [r for r in range(nprocs) if r not in leavers(algo, [dead])]
+        plan.dead.append(rng.choice(second))
+    resumable = kind in ("kill", "kill-control", "min-learners") and algo not in POOLED or \
+        kind in ("kill", "min-learners")
+    if resume_every and index % resume_every == resume_every - 1 and resumable:
+        if kind != "min-learners":
+            plan.args += ["--max-steps", str(min(step + 6, steps - 1))]
+        alive = nprocs - len(leavers(algo, plan.dead))
+        choices = [n for n in ([2, 4, 6, 8] if pairs else [2, 3, 4, 5, 6, 8]) if n != alive]
+        plan.resume_np = rng.choice(choices)
+    return plan
+
+
+def pid_actor(plan: Plan, rng: random.Random, total: int) -> Any:
+    """The soak's own signals for ``plan`` (None where the fault does it all)."""
+    if plan.kind == "kill-eval":
+        lag = rng.uniform(0.0, 0.3)
+        near = total - BATCH * plan.np  # the epoch's last step has begun
+
+        def act(job: Job, proc: subprocess.Popen, out: Path, log: Path) -> bool:
+            if trace_chunks(out, 0) < near:
+                return False
+            time.sleep(lag)
+            return signal_rank(job, proc, plan.dead[0], signal.SIGKILL)
+        return act
+    if plan.kind == "stop":
+        after = rng.randint(4, 40)  # chunks trained before the stop
+
+        def act(job: Job, proc: subprocess.Popen, out: Path, log: Path) -> bool:
+            if trace_chunks(out, 0) < after:
+                return False
+            return signal_rank(job, proc, plan.dead[0], signal.SIGSTOP)
+        return act
+    if plan.kind == "recovery":
+        lag = rng.uniform(0.0, 0.4)
+
+        def act(job: Job, proc: subprocess.Popen, out: Path, log: Path) -> bool:
+            if "fault injection" not in log.read_text(errors="replace"):
+                return False
+            time.sleep(lag)
+            return signal_rank(job, proc, plan.dead[1], signal.SIGKILL)
+        return act
+    return None
+
+
+def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str | None]:
+    """(what kind of problem, the problem) of a finished first job, or (None, None)."""
+    if job.code is None:
+        return "hang", f"still running after {job.wall_s:.0f} s: {job.output[-1500:]}"
+    tail = job.output[-2000:]
+    if CRASH in job.output:
+        return "crash", f"exit {job.code}: {crash_line(job.output)}"
+    if plan.kind == "raise":
+        if job.code != 1:
+            return "exit", f"exit {job.code}, not 1: {tail}"
+        if not re.search(rf"failed with their own error, not a lost learner: rank "
+                         rf"{plan.dead[0]} \(", job.output):
+            return "message", f"no line naming rank {plan.dead[0]}'s own error: {tail}"
+        took = time.time() - (job.fault_t or 0)
+        if records(out, "failure"):
+            return "record", "a failure record for a learner's own error"
+        return (None, None) if took < 30 else ("slow", f"ended {took:.0f} s after the fault")
+    if plan.kind == "startup":
+        if job.code not in (1, 3):
+            return "exit", f"exit {job.code}, not 1 or 3: {tail}"
+        if not re.search(rf"rank\(?s?\)? {plan.dead[0]}\b|rank {plan.dead[0]} ", job.output):
+            return "message", f"no line naming rank {plan.dead[0]}: {tail}"
+        return None, None
+    if plan.kind == "stop" and not job.killed:
+        return "setup", "the soak found no rank to stop"
+    if plan.kind in ("kill-eval", "recovery") and len(job.killed) < 1:
+        return "setup", "the soak's own kill did not go (the job had ended?)"
+    if plan.kind == "recovery" and job.code == 1:
+        # The second kill landed inside the survivors' recovery: no agreed state to go on
+        # from, so every learner ends with exit 1 and one line naming the lost learners.
+        said = re.search(r"error: (.*) failed \(dead, or frozen and found by MPI's failure "
+                         r"detector\) outside training, while setting up or recovering",
+                         job.output)
+        if not said or f"rank {plan.dead[1]} " not in said[1] + " ":
+            return "exit", f"exit 1 without the line naming rank {plan.dead[1]}: {tail}"
+        job.landed = "inside the recovery"
+        return None, None
+    stopping = plan.kind == "min-learners"
+    if job.code != (1 if stopping else 0):
+        return "exit", f"exit {job.code}, not {1 if stopping else 0}: {tail}"
+    if plan.kind == "recovery":
+        job.landed = "after the recovery"
+    dead = plan.dead if plan.kind not in ("kill-eval", "stop") else job.killed
+    exact = plan.fault_step if plan.kind not in ("min-learners", "recovery") else None
+    problem = failure_problem(plan.algo, out, job, dead, exact)
+    if problem:
+        return "record", problem
+    gone = leavers(plan.algo, dead)
+    survivors = plan.np - len(gone)
+    problem = end_problem(out, survivors)
+    if problem:
+        return "checkpoint", problem
+    if stopping:
+        fail = records(out, "failure")[-1]
+        if "stopped" not in fail:
+            return "record", f"the last failure record says no stop: {fail}"
+        step = read_manifest(latest_checkpoint(out / "checkpoints"))["step"]
+        # ADPSGD's survivors' steps go on past the failure's (their slots at fewer nodes).
+        if step != fail["step"] and not (plan.algo in POOLED and step >= fail["step"]):
+            return "record", f"the checkpoint is at step {step}, its failure record at " \
+                             f"{fail['step']}"
+    if plan.resume_np or stopping or "--max-steps" in plan.args:
+        return None, None  # an interrupted epoch: counted after its resume
+    alive, lost = chunks_kept(plan.algo, trace_lines(out), kept_steps(plan, out))
+    problem = chunk_problem(alive, lost, total, BATCH * survivors)
+    return ("chunks", problem) if problem else (None, None)
+
+
+def resume(plan: Plan, data: tuple[Path, Path], out: Path, total: int) -> tuple[str | None,
+                                                                                  str | None]:
+    """Resume the round's interrupted epoch at ``plan.resume_np``; its problem, or None."""
+    before = {r: len(v) for r, v in trace_lines(out).items()}
+    ckpt_step = read_manifest(latest_checkpoint(out / "checkpoints"))["step"]
+    args = list(ALGOS[plan.algo])
+    job = launch(plan.resume_np or 0, [*args, "--resume", "auto", "--allow-resume-change", "np",
+                                       "--max-steps", "0", "--epochs", "1"],
+                 out, data, "", timeout=DEADLINE + 200)
+    if job.code is None:
+        return "hang", f"resume still running after {job.wall_s:.0f} s"
+    if CRASH in job.output:
+        return "crash", f"resume exit {job.code}: {crash_line(job.output)}"
+    if job.code != 0:
+        return "exit", f"resume exit {job.code}: {job.output[-1500:]}"
+    lines = trace_lines(out)
+    first = {r: recs[:before.get(r, 0)] for r, recs in lines.items()}
+    second = {r: recs[before.get(r, 0):] for r, recs in lines.items()}
+    alive, lost = chunks_kept(plan.algo, first, kept_steps(plan, out), upto=ckpt_step)
+    more, _ = chunks_kept(plan.algo, second, {})
+    for rank, recs in second.items():
+        steps = [r["global_step"] for r in recs]
+        if steps and (steps[0] <= ckpt_step or steps != sorted(steps)):
+            return "steps", f"rank {rank}'s steps after the resume: {steps[:6]}..."
+    problem = chunk_problem(alive + more, lost, total, BATCH * (plan.resume_np or 1))
+    return ("chunks", problem) if problem else (None, None)
+
+
+def recheck(path: Path, total: int) -> int:
+    """Count again the epoch's chunks of the rounds of a soak's JSON that ``chunks`` failed.
+
+    For a soak run with an older accounting (its run directories still there): a round
+    whose counts now pass is marked ``rechecked`` with the old problem kept beside it.
+
+    Returns:
+        How many still fail.
+    """
+    saved = json.loads(path.read_text())
+    failing = 0
+    for rec in saved["rounds"]:
+        if rec["what"] != "chunks":
+            continue
+        dead = rec["killed_pid_of"] if rec["kind"] in ("kill-eval", "stop") else rec["dead"]
+        plan = Plan(rec["kind"], rec["algo"], rec["np"], dead)
+        found = re.search(r"step=(\d+),at=ckpt", rec["fault"])
+        plan.meeting = int(found[1]) if found else 0
+        out = Path(rec["dir"])
+        alive, lost = chunks_kept(plan.algo, trace_lines(out), kept_steps(plan, out))
+        problem = chunk_problem(alive, lost, total, BATCH * (plan.np - len(leavers(
+            plan.algo, dead))))
+        print(f"{out.name}: {rec['problem']} -> {problem or 'ok'}")
+        if problem is None:
+            rec.update(rechecked=f"was: {rec['problem']}", what=None, problem=None)
+        failing += problem is not None
+    rounds = saved["rounds"]
+    whats = Counter(r["what"] for r in rounds if r["what"])
+    saved["summary"].update(failed=sum(bool(r["what"]) for r in rounds),
+                            chunk_problems=whats["chunks"],
+                            rechecked=sum("rechecked" in r for r in rounds))
+    path.write_text(json.dumps(saved, indent=1) + "\n")
+    return failing
 
 
 def main() -> int:
     """Run the soak; exit 1 if any round failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None, help="comma-separated kinds to draw from")
+    parser.add_argument("--resume-every", type=int, default=3,
+                        help="every Nth round (where its kind allows) resumes at another -np")
+    parser.add_argument("--until", default=None, help="stop starting rounds at HH:MM")
     parser.add_argument("--out", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the rounds as JSON here")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run nothing: count again the chunks of --json's failed rounds")
     opts = parser.parse_args()
+    if opts.only:
+        for kind in list(KINDS):
+            if kind not in opts.only.split(","):
+                del KINDS[kind]
     scratch = Path(opts.out or tempfile.mkdtemp(prefix="hadpsgd-soak-elastic-"))
     data = generate(scratch / "data", SynthSpec(feat_dim=260, num_classes=12, train_utts=60,
                                                 heldout_utts=12, min_len=60, max_len=120,
                                                 seed=3))
     total = len(ChunkDataset(data[0], 21))
+    if opts.recheck:
+        return 1 if recheck(Path(opts.json), total) else 0
     rng = random.Random(opts.seed)
-    rounds = []
-    for i in range(opts.kills):
-        rec = one_round(rng, data, scratch / f"round-{i:03d}", total)
+    rounds: list[dict[str, Any]] = []
+    for i in range(opts.rounds):
+        if opts.until and datetime.datetime.now().strftime("%H:%M") >= opts.until:
+            break
+        plan = pick(rng, total, opts.resume_every, i)
+        out = scratch / f"round-{i:03d}"
+        margin = 200 if plan.np <= 6 else 260
+        job = launch(plan.np, ALGOS[plan.algo] + plan.args, out, data, plan.fault,
+                     timeout=DEADLINE + margin, act=pid_actor(plan, rng, total))
+        what, problem = check(plan, job, out, total)
+        resumed = None
+        if what is None and plan.resume_np:
+            what, problem = resume(plan, data, out, total)
+            resumed = plan.resume_np
+        fails = records(out, "failure")
+        rec = {"kind": plan.kind, "algo": plan.algo, "np": plan.np, "dead": plan.dead,
+               "fault": plan.fault, "killed_pid_of": job.killed, "exit": job.code,
+               "wall_s": round(job.wall_s, 1), "resumed_at_np": resumed,
+               "failure_steps": [f["step"] for f in fails],
+               "recovery_s": [f["recovery_s"] for f in fails], "what": what,
+               "second_kill_landed": job.landed or None, "start_retries": job.start_retries,
+               "problem": problem, "dir": str(out)}
         rounds.append(rec)
-        print(f"[{i + 1}/{opts.kills}] {rec['algo']:8} np {rec['np']} kill rank {rec['dead']} "
-              f"at step {rec['step']}: exit {rec['exit']} in {rec['wall_s']} s, recovery "
-              f"{rec.get('recovery_s', '-')} s: {rec['problem'] or 'ok'}", flush=True)
-    failed = [r for r in rounds if r["problem"]]
-    by_algo = Counter(r["algo"] for r in rounds)
-    rec_s = sorted(r["recovery_s"] for r in rounds if "recovery_s" in r)
-    print(f"\n{len(rounds) - len(failed)} of {len(rounds)} rounds ok "
-          f"({', '.join(f'{a} {n}' for a, n in sorted(by_algo.items()))}); recovery median "
-          f"{rec_s[len(rec_s) // 2] if rec_s else '-'} s, max {rec_s[-1] if rec_s else '-'} s")
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(rounds, indent=1) + "\n")
-    return 1 if failed else 0
+        print(f"[{i + 1}/{opts.rounds}] {plan.kind:12} {plan.algo:8} np {plan.np} "
+              f"dead {plan.dead} {plan.fault or 'os.kill'}"
+              f"{f' -> resume np {resumed}' if resumed else ''}: exit {job.code} in "
+              f"{rec['wall_s']} s, failures at {rec['failure_steps']}: "
+              f"{(what + ': ' + (problem or '')[:600]) if what else 'ok'}", flush=True)
+        if opts.json:
+            Path(opts.json).write_text(json.dumps(summary(rounds, opts), indent=1) + "\n")
+    result = summary(rounds, opts)
+    print("\n" + json.dumps(result["summary"], indent=1))
+    return 1 if result["summary"]["failed"] else 0
+
+
+def summary(rounds: list[dict[str, Any]], opts: argparse.Namespace) -> dict[str, Any]:
+    """The soak's figures and its rounds."""
+    whats = Counter(r["what"] for r in rounds if r["what"])
+    rec_s = sorted(s for r in rounds for s in r["recovery_s"])
+    return {"command": f"python scripts/soak_elastic.py --rounds {opts.rounds} --seed "
+                       f"{opts.seed} --resume-every {opts.resume_every}"
+                       f"{f' --until {opts.until}' if opts.until else ''}",
+            "summary": {
+                "rounds": len(rounds), "failed": sum(bool(r["what"]) for r in rounds),
+                "hangs": whats["hang"], "wrong_exit_codes": whats["exit"],
+                "chunk_problems": whats["chunks"], "wrong_failure_steps": whats["record"],
+                "crashed": whats["crash"],
+                "crashed_with_exit_0": sum(r["what"] == "crash" and r["exit"] == 0
+                                           for r in rounds),
+                "other_problems": {k: n for k, n in whats.items()
+                                   if k not in ("hang", "exit", "chunks", "record", "crash")},
+                "by_kind": dict(Counter(r["kind"] for r in rounds)),
+                "by_algo": dict(Counter(r["algo"] for r in rounds)),
+                "worlds_of_8": sum(r["np"] == 8 for r in rounds),
+                "resumed_at_another_np": sum(bool(r["resumed_at_np"]) for r in rounds),
+                "second_kill_inside_recovery": sum(r["second_kill_landed"] == "inside the "
+                                                   "recovery" for r in rounds),
+                "launches_retried": sum(r["start_retries"] for r in rounds),
+                "recovery_median_s": rec_s[len(rec_s) // 2] if rec_s else None,
+                "recovery_max_s": rec_s[-1] if rec_s else None,
+                "max_wall_s": max((r["wall_s"] for r in rounds), default=None)},
+            "rounds": rounds}
 
 
 if __name__ == "__main__":

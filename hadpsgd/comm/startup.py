@@ -120,6 +120,21 @@ def _merge(before: list[Sibling] | None, now: list[Sibling] | None) -> list[Sibl
     return [earlier.get(s.rank, s) for s in now]
 
 
+def _gone_from_this_host(found: list[Sibling], environ: dict[str, str] | None = None) -> list[int]:
+    """The launch's ranks with no process left, where every rank is on this host.
+
+    Open MPI says how many ranks the launch has and how many of them are on this host: where
+    they are the same, a rank neither found in ``/proc`` nor this one has died (before,
+    the line said a rank on another host never arrived). Elsewhere nothing: [].
+    """
+    environ = os.environ if environ is None else environ
+    size, local = (environ.get(f"OMPI_COMM_WORLD_{n}SIZE", "") for n in ("", "LOCAL_"))
+    me = launch_rank(environ)
+    if not size.isdigit() or size != local or me is None:
+        return []
+    return sorted(set(range(int(size))) - {s.rank for s in found} - {me})
+
+
 def who_is_missing(found: list[Sibling] | None) -> str:
     """The part of the MPI set-up error that names the ranks holding this host up."""
     if found is None:
@@ -129,6 +144,12 @@ def who_is_missing(found: list[Sibling] | None) -> str:
         ranks = ", ".join(str(s.rank) for s in late)
         why = "; ".join(f"rank {s.rank}, pid {s.pid} on this host: {s.trouble}" for s in late)
         return f"rank(s) {ranks} never arrived ({why})"
+    gone = _gone_from_this_host(found)
+    if gone:
+        waiting = ", ".join(str(s.rank) for s in found) or "none"
+        return (f"rank(s) {', '.join(map(str, gone))} never arrived (every rank of the launch "
+                f"is on this host, and no process of theirs is left: dead; rank(s) {waiting} "
+                "of this host are waiting in it too)")
     if not found:
         return "a rank on another host never arrived (this rank is alone on its host)"
     waiting = ", ".join(str(s.rank) for s in found)

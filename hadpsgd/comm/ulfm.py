@@ -50,6 +50,21 @@ def launched_with_ft() -> bool:
     return os.environ.get(FT_ENV, "").lower() in ("1", "true", "yes")
 
 
+def note_exit(code: int) -> None:
+    """Note this rank's own exit with ``code`` for ``python -m hadpsgd.launch``.
+
+    Under ``mpirun --with-ft ulfm`` a job whose every rank ended by a signal exits 0; the
+    launcher takes a job where no rank noted an exit as failed. Nothing outside its launch.
+    """
+    where = os.environ.get("_HADPSGD_LAUNCH_EXITS")  # hadpsgd.launch.mpirun.EXITS_ENV
+    if where:
+        try:
+            with open(os.path.join(where, f"pid-{os.getpid()}"), "w") as note:
+                note.write(f"{code}\n")
+        except OSError:
+            pass  # the launcher's directory is gone: it has ended
+
+
 def raise_if_revoked(comm: Any) -> None:
     """Raise MPI's ``ERR_REVOKED`` if a peer revoked ``comm`` after a failure (a local check).
 
@@ -78,7 +93,12 @@ def is_peer_failure(err: BaseException | None) -> bool:
     """Whether ``err`` (or an error it was raised from or during) is a failed or revoked peer.
 
     Collectives run in background threads and are re-raised in the main thread wrapped in
-    other errors, so the chain is followed.
+    other errors, so the chain is followed. Open MPI's non-blocking collectives (libnbc:
+    ``Ibarrier``, ``Iallreduce``) may end a schedule that met a failed peer with
+    ``MPI_ERR_OTHER`` instead (``NBC_Progress: an error 75 was found ... aborting the
+    schedule``, then "known error not in list"): that counts too where this process knows of
+    a failed process in the world, or learns of one within 3 s (the elastic soak's rank 1
+    in an ``Ibarrier`` after a checkpoint, while rank 2 had been killed).
     """
     MPI = mpi()  # noqa: N806
     classes = _classes()
@@ -90,10 +110,27 @@ def is_peer_failure(err: BaseException | None) -> bool:
             try:
                 if err.Get_error_class() in classes:
                     return True
+                if err.Get_error_class() == MPI.ERR_OTHER and classes and _failure_known():
+                    return True
             except Exception:  # noqa: BLE001 - a finalized MPI cannot be asked
                 return False
         err, seen = err.__cause__ or err.__context__, seen + 1
     return False
+
+
+def _failure_known(wait_s: float = 3.0) -> bool:
+    """Whether this process knows of a failed process in the world, within ``wait_s``.
+
+    A schedule that a peer's revocation cut may end before the runtime has told this
+    process of the death behind it: that news comes within the heartbeat detector's timeout.
+    """
+    MPI = mpi()  # noqa: N806
+    end = time.monotonic() + wait_s
+    while not failed_ranks(MPI.COMM_WORLD):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def revoke(comms: list[Any]) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
+from hadpsgd.exit_codes import EXIT_FAILED
 from hadpsgd.launch.forward import run_forwarding
-from hadpsgd.launch.mpirun import LauncherError, launch_env, mpirun_command
+from hadpsgd.launch.mpirun import EXITS_ENV, LauncherError, launch_env, mpirun_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,7 +45,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # SIGTERM / Ctrl-C become a graceful stop (checkpoint, exit 75); see launch.forward.
     # Whether our stdout is a terminal: the ranks' is mpirun's pty even under `> log`.
-    return run_forwarding(cmd, launch_env(nprocs=opts.nprocs, stdout_tty=sys.stdout.isatty()))
+    env = launch_env(nprocs=opts.nprocs, stdout_tty=sys.stdout.isatty())
+    if "--with-ft" not in cmd or opts.module != "hadpsgd.run":
+        return run_forwarding(cmd, env)
+    # Under --with-ft ulfm, mpirun exits 0 when every rank ended by a signal (a crash, a
+    # kill): hadpsgd.run's ranks note their own exits, and a job without one failed.
+    with tempfile.TemporaryDirectory(prefix="hadpsgd-exits-") as exits:
+        env[EXITS_ENV] = exits
+        code = run_forwarding(cmd, env)
+        if code == 0 and not any(Path(exits).iterdir()):
+            print(f"hadpsgd.launch: error: every rank of the {opts.nprocs} ended by a signal "
+                  "(killed or crashed: see above), none by an exit of its own; mpirun "
+                  "--with-ft ulfm reports 0 for that", file=sys.stderr, flush=True)
+            code = EXIT_FAILED
+    return code
 
 
 if __name__ == "__main__":

@@ -147,6 +147,10 @@ def continues_on_failure(argv: list[str]) -> bool:
         return False  # no readable run there: hadpsgd.run says what is wrong
 
 
+EXITS_ENV = "_HADPSGD_LAUNCH_EXITS"
+"""Where ``python -m hadpsgd.launch`` under ``--with-ft ulfm`` has every rank note its own
+exit (internal: :func:`hadpsgd.comm.ulfm.note_exit`); a job without one ended by signals."""
+
 DETECTOR_PERIOD_S = 0.5
 """Seconds between two heartbeats of Open MPI's failure detector (``mpi_ft_detector``)."""
 DETECTOR_TIMEOUT_S = 2.0

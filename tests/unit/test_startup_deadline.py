@@ -60,6 +60,20 @@ def test_who_is_missing_says_what_this_host_can_tell(found, expected) -> None:
     assert expected in startup.who_is_missing(found)
 
 
+def test_a_dead_rank_of_a_one_host_launch_is_named(monkeypatch) -> None:
+    """The elastic soak's round 41: rank 0 of 4 killed before MPI_Init. Every line said that
+    a rank on another host never arrived; all 4 are on this host, so rank 0 is named."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    said = startup.who_is_missing([Sibling(1, 9, "S", True), Sibling(3, 8, "S", True)])
+    assert said.startswith("rank(s) 0 never arrived (every rank of the launch is on this "
+                           "host, and no process of theirs is left: dead; rank(s) 1, 3 of "
+                           "this host are waiting in it too)"), said
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3")  # one on another host: unknown
+    assert "another host" in startup.who_is_missing([Sibling(1, 9, "S", True)])
+
+
 def test_a_rank_stopped_at_the_first_look_keeps_its_state_once_woken() -> None:
     """The launcher wakes a frozen rank (SIGCONT) as soon as another rank gives up."""
     before = [Sibling(1, 9, "T", True), Sibling(2, 8, "S", True)]
