@@ -27,6 +27,12 @@ HADPSGD_EMULATE_STEP    step spec   none              a fixed wait before every 
                                                       e.g. ``ms=40,rank=1,factor=2`` (rank 1 twice
                                                       as slow): an emulated device step for
                                                       benchmarks on shared cores
+HADPSGD_FT_DETECTOR     bool        off               under ``--on-failure continue``, have
+                                                      ``python -m hadpsgd.launch`` turn on Open
+                                                      MPI's heartbeat detector (a frozen learner
+                                                      is dropped in ~2 s, not at the deadline;
+                                                      crashes ~1 in 7 launches in MPI_Init on a
+                                                      loaded machine: docs/failures.md)
 HADPSGD_STDOUT_TTY      0 or 1      ask stdout        whether the console the run's output goes to
                                                       is a terminal (progress bar) or not (plain
                                                       lines); set by ``python -m hadpsgd.launch``,
@@ -59,9 +65,10 @@ FAULT = "HADPSGD_FAULT"
 TRACE_CHUNKS = "HADPSGD_TRACE_CHUNKS"
 EMULATE_STEP = "HADPSGD_EMULATE_STEP"
 STDOUT_TTY = "HADPSGD_STDOUT_TTY"
+FT_DETECTOR = "HADPSGD_FT_DETECTOR"
 
 NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, CUDA_AWARE, CACHE,
-                          DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP, STDOUT_TTY)
+                          DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP, STDOUT_TTY, FT_DETECTOR)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -247,15 +254,33 @@ def debug() -> bool:
             ``yes``, ``on`` / ``0``, ``false``, ``no``, ``off``, any case): ``0`` must not
             mean "on", as any non-empty value once did.
     """
-    value = raw(DEBUG)
+    return _on_off(DEBUG, "set it to 1 for full tracebacks, 0 or unset it for one-line errors")
+
+
+def ft_detector() -> bool:
+    """``HADPSGD_FT_DETECTOR``: Open MPI's heartbeat detector under ``--on-failure continue``.
+
+    Returns:
+        Whether ``python -m hadpsgd.launch`` turns it on (default off: with it, about one
+        launch in seven crashed in ``MPI_Init`` on a loaded machine, docs/failures.md).
+
+    Raises:
+        EnvError: If it is set to something that is neither a yes nor a no.
+    """
+    return _on_off(FT_DETECTOR, "set it to 1 for the heartbeat detector, 0 or unset it for "
+                                "none (a frozen learner is then found at HADPSGD_TIMEOUT)")
+
+
+def _on_off(name: str, fix: str) -> bool:
+    """A yes / no variable (default no); anything else is an :class:`EnvError` with ``fix``."""
+    value = raw(name)
     if value is None:
         return False
     if value.lower() in _TRUE:
         return True
     if value.lower() in _FALSE:
         return False
-    raise EnvError(f"{DEBUG}={value!r} is neither on nor off; set it to 1 for full tracebacks, "
-                   "0 or unset it for one-line errors")
+    raise EnvError(f"{name}={value!r} is neither on nor off; {fix}")
 
 
 def fault_spec() -> str:
@@ -363,3 +388,4 @@ def check() -> None:
     trace_chunks_dir()
     emulated_step_s(0)
     stdout_tty()
+    ft_detector()

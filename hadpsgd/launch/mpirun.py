@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hadpsgd.env import FT_DETECTOR, ft_detector
 from hadpsgd.env.cpus import usable_cpus
 
 
@@ -171,12 +172,20 @@ def failure_flags(launcher: Launcher, argv: list[str],
     wheel's ``MPI_Finalize`` never returns, so a run that continues on failure ends
     without it (``hadpsgd.run``). An ``OMPI_MCA_mpi_ft_detector*`` setting in ``env``
     (default: this process's) is the user's and kept: no flag overrides it.
+
+    The detector is off unless ``HADPSGD_FT_DETECTOR=1``: with its thread about one launch in
+    seven (4 to 8 ranks on a loaded 2-core machine) crashed inside ``MPI_Init`` (a segfault,
+    then ``MPI_ERR_INTERN`` in the others), before any training (docs/failures.md, the
+    soak). A frozen learner is then found at ``HADPSGD_TIMEOUT``, as before.
     """
     if launcher.flavour != "openmpi" or not continues_on_failure(argv):
         return []
     flags = ["--with-ft", "ulfm"]
     given = os.environ if env is None else env
     if any(name.startswith("OMPI_MCA_mpi_ft_detector") for name in given):
+        return flags
+    if not (ft_detector() if env is None else given.get(FT_DETECTOR, "").strip().lower()
+            in ("1", "true", "yes", "on")):
         return flags
     return [*flags, "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread",
             "true", "--mca", "mpi_ft_detector_period", f"{DETECTOR_PERIOD_S:g}", "--mca",

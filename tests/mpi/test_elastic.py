@@ -1,6 +1,7 @@
 """``--on-failure continue`` under ``mpirun --with-ft ulfm``: the survivors go on.
 
-Launched through ``python -m hadpsgd.launch``, which adds ULFM and the heartbeat detector.
+Launched through ``python -m hadpsgd.launch``, which adds ULFM (and the heartbeat detector
+where a test sets ``HADPSGD_FT_DETECTOR=1``).
 Every launch ends within its wall-clock limit (a hang is a failure).
 """
 
@@ -48,9 +49,19 @@ def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
             pytest.fail(f"{' '.join(cmd)} did not finish (hang?)\n{stdout}\n{stderr}")
-        if proc.returncode == 0 or not launcher_failed_to_start(stdout + stderr):
+        if proc.returncode == 0 or not (launcher_failed_to_start(stdout + stderr)
+                                        or _crashed_in_mpi_init(env, stdout + stderr)):
             break
     return MPIResult(proc.returncode, stdout, stderr)
+
+
+def _crashed_in_mpi_init(env: dict[str, str], output: str) -> bool:
+    """Open MPI's heartbeat detector (``HADPSGD_FT_DETECTOR=1``) crashed the job inside
+    ``MPI_Init``, before any rank reached hadpsgd's first line (docs/failures.md: about one
+    launch in seven on a loaded machine; no rank ran the test's code, so it is launched
+    again, as a launcher that failed to start is)."""
+    return (env.get("HADPSGD_FT_DETECTOR") == "1" and "[hadpsgd] comm:" not in output
+            and ("Segmentation fault" in output or "MPI_ERR_INTERN" in output))
 
 
 def _records(out: Path, kind: str) -> list[dict]:
@@ -159,7 +170,8 @@ def test_a_frozen_learner_is_found_by_the_heartbeat_detector_well_before_the_dea
     for the frozen process). Before, it was found at the deadline only."""
     out = tmp_path / "run"
     res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
-                  fault="kind=stop,rank=2,step=10", timeout="60")
+                  fault="kind=stop,rank=2,step=10", timeout="60",
+                  env_extra={"HADPSGD_FT_DETECTOR": "1"})
     assert res.returncode == 0, res.output[-4000:]
     took = _detected_after(out, res.output)
     print(f"FROZEN: dropped {took:.2f} s after the fault")
@@ -177,7 +189,8 @@ def test_a_learner_frozen_in_start_up_ends_the_job_within_seconds_naming_it(tiny
     deadline, with a line naming the frozen learner instead of a bare MPI_ERR_PROC_FAILED
     traceback."""
     res = _launch(2, tiny_data, tmp_path / "run", "--max-steps", "3",
-                  fault="kind=stop,rank=1,at=startup-data", timeout="60")
+                  fault="kind=stop,rank=1,at=startup-data", timeout="60",
+                  env_extra={"HADPSGD_FT_DETECTOR": "1"})
     ended = time.time()
     from tests.mpi.test_faults import fault_time
 
@@ -192,7 +205,7 @@ def test_a_learner_frozen_in_start_up_ends_the_job_within_seconds_naming_it(tiny
 
 def test_without_the_detector_a_frozen_learner_is_found_at_the_deadline_and_killed(
         tiny_data, tmp_path):
-    """The fallback where the detector is off (a plain mpirun --with-ft ulfm, or the user's
+    """Where the detector is off (the default; a plain mpirun --with-ft ulfm; the user's
     OMPI_MCA_mpi_ft_detector=false, which the launcher keeps): rank 2 of 4 SIGSTOPs itself
     at step 10, its peers' deadline (4 s) names it, a learner on its host kills it, and the
     3 others go on to the end of the epoch."""

@@ -43,6 +43,7 @@ CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
     ("HADPSGD_EMULATE_STEP", lambda: env.emulated_step_s(0), 0.0, "ms=40", 0.04,
      ["40", "ms=x", "ms=-1"]),
     ("HADPSGD_STDOUT_TTY", env.stdout_tty, None, "0", False, ["yes", "2"]),
+    ("HADPSGD_FT_DETECTOR", env.ft_detector, False, "1", True, ["maybe", "2"]),
 ]
 IDS = [c[0] for c in CASES]
 

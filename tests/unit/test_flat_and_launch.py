@@ -134,14 +134,18 @@ def test_a_resumed_elastic_run_gets_ulfm_without_repeating_the_flag(tmp_path):
     assert "ulfm" not in mpirun_command(2, resume, launcher=launcher, python="p")
 
 
-def test_an_elastic_run_gets_the_heartbeat_detector_unless_the_user_set_it(monkeypatch):
-    """--on-failure continue: ULFM and Open MPI's heartbeat detector with its own thread (a
-    frozen learner is found in seconds, not at HADPSGD_TIMEOUT); a user's own
+def test_an_elastic_run_gets_the_heartbeat_detector_when_asked_unless_the_user_set_it(
+        monkeypatch):
+    """--on-failure continue: ULFM, and with HADPSGD_FT_DETECTOR=1 Open MPI's heartbeat
+    detector with its own thread (a frozen learner is found in seconds, not at
+    HADPSGD_TIMEOUT; off by default: it crashed launches in MPI_Init); a user's own
     OMPI_MCA_mpi_ft_detector* setting is kept (no flag overrides it); MPICH gets neither."""
     from hadpsgd.launch.mpirun import failure_flags
 
     openmpi = Launcher("/x/mpirun", "openmpi")
-    flags = failure_flags(openmpi, ["--on-failure", "continue"], env={})
+    assert failure_flags(openmpi, ["--on-failure", "continue"], env={}) == ["--with-ft", "ulfm"]
+    flags = failure_flags(openmpi, ["--on-failure", "continue"],
+                          env={"HADPSGD_FT_DETECTOR": "1"})
     assert flags[:2] == ["--with-ft", "ulfm"]
     pairs = dict(zip(flags[3::3], flags[4::3], strict=True))
     assert pairs == {"mpi_ft_detector": "true", "mpi_ft_detector_thread": "true",
@@ -152,5 +156,9 @@ def test_an_elastic_run_gets_the_heartbeat_detector_unless_the_user_set_it(monke
     assert failure_flags(Launcher("/m/mpiexec", "mpich"), ["--on-failure", "continue"],
                          env={}) == []
     monkeypatch.delenv("OMPI_MCA_mpi_ft_detector", raising=False)
+    monkeypatch.setenv("HADPSGD_FT_DETECTOR", "1")
     assert "mpi_ft_detector_thread" in mpirun_command(2, ["--on-failure", "continue"],
                                                       launcher=openmpi, python="p")
+    monkeypatch.delenv("HADPSGD_FT_DETECTOR")
+    assert "mpi_ft_detector_thread" not in mpirun_command(2, ["--on-failure", "continue"],
+                                                          launcher=openmpi, python="p")

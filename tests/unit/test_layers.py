@@ -12,7 +12,7 @@ ALLOWED = {
     "cli": set(),
     "models": set(),
     "precision": set(),
-    "launch": {"env"},
+    "launch": {"env", "exit_codes"},
     "comm": {"env", "exit_codes"},
     "data": {"env"},
     "faults": {"cli", "env"},
