@@ -140,11 +140,16 @@ class Algorithm:
         ``bmuf/relayout.py``).
         """
         names = {id(p): n for n, p in self.model.state_dict(keep_vars=True).items()}
-        out: list[list[Any]] = []
+        return [[names.get(id(p), f"#{i}"), str(p.dtype), off, p.numel()]
+                for i, (p, off) in enumerate(self.param_offsets())]
+
+    def param_offsets(self) -> list[tuple[nn.Parameter, int]]:
+        """Each parameter with its offset in its dtype's flat buffer, in the buffer's order."""
+        out: list[tuple[nn.Parameter, int]] = []
         offsets: dict[torch.dtype, int] = {}
         for p in self.params.params:
             off = offsets.get(p.dtype, 0)
-            out.append([names.get(id(p), f"#{len(out)}"), str(p.dtype), off, p.numel()])
+            out.append((p, off))
             offsets[p.dtype] = off + p.numel()
         return out
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 TIMEOUT = "HADPSGD_TIMEOUT"
@@ -90,13 +91,17 @@ class EnvError(ValueError):
     """
 
 
-def raw(name: str) -> str | None:
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of variable ``name`` without surrounding blanks; ``None`` when unset or blank.
 
     Blank counts as unset so that ``VAR= cmd`` in a shell (or a launcher forwarding an empty
     value) means the default rather than an error.
+
+    Args:
+        name: The variable.
+        environ: The environment to read (default this process's).
     """
-    value = os.environ.get(name, "").strip()
+    value = (os.environ if environ is None else environ).get(name, "").strip()
     return value or None
 
 
@@ -257,8 +262,11 @@ def debug() -> bool:
     return _on_off(DEBUG, "set it to 1 for full tracebacks, 0 or unset it for one-line errors")
 
 
-def ft_detector() -> bool:
+def ft_detector(environ: Mapping[str, str] | None = None) -> bool:
     """``HADPSGD_FT_DETECTOR``: Open MPI's heartbeat detector under ``--on-failure continue``.
+
+    Args:
+        environ: The environment to read (default this process's; the launcher's children's).
 
     Returns:
         Whether ``python -m hadpsgd.launch`` turns it on (default off: with it, about one
@@ -268,12 +276,13 @@ def ft_detector() -> bool:
         EnvError: If it is set to something that is neither a yes nor a no.
     """
     return _on_off(FT_DETECTOR, "set it to 1 for the heartbeat detector, 0 or unset it for "
-                                "none (a frozen learner is then found at HADPSGD_TIMEOUT)")
+                                "none (a frozen learner is then found at HADPSGD_TIMEOUT)",
+                   environ)
 
 
-def _on_off(name: str, fix: str) -> bool:
+def _on_off(name: str, fix: str, environ: Mapping[str, str] | None = None) -> bool:
     """A yes / no variable (default no); anything else is an :class:`EnvError` with ``fix``."""
-    value = raw(name)
+    value = raw(name, environ)
     if value is None:
         return False
     if value.lower() in _TRUE:

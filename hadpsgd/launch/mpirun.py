@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hadpsgd.env import FT_DETECTOR, ft_detector
+from hadpsgd.env import ft_detector
 from hadpsgd.env.cpus import usable_cpus
 
 
@@ -184,8 +184,7 @@ def failure_flags(launcher: Launcher, argv: list[str],
     given = os.environ if env is None else env
     if any(name.startswith("OMPI_MCA_mpi_ft_detector") for name in given):
         return flags
-    if not (ft_detector() if env is None else given.get(FT_DETECTOR, "").strip().lower()
-            in ("1", "true", "yes", "on")):
+    if not ft_detector(given):
         return flags
     return [*flags, "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread",
             "true", "--mca", "mpi_ft_detector_period", f"{DETECTOR_PERIOD_S:g}", "--mca",

@@ -148,11 +148,8 @@ class BMUF(Algorithm):
     # ------------------------------------------------------------------ helpers
     def _layout(self) -> Layout:
         layout: Layout = {}
-        offsets: dict[torch.dtype, int] = {}
-        for p in self.params.params:
-            off = offsets.get(p.dtype, 0)
+        for p, off in self.param_offsets():
             layout.setdefault(p.dtype, []).append((p, off))
-            offsets[p.dtype] = off + p.numel()
         return layout
 
     def _start(self, reset_moments: bool = False) -> None:
