@@ -353,6 +353,31 @@ def failure_problem(algo: str, out: Path, job: Job, dead: list[int],
     return None
 
 
+END_WORLD = re.compile(r"memory per rank at the end: .* over (\d+) ranks")
+
+
+def missed_kill(plan: Plan, job: Job, out: Path) -> str | None:
+    """Whether the soak's own kill landed after the job's last collective (nothing tested).
+
+    The end-of-run memory report is a gather over the world the job ended with, after the
+    last checkpoint. Where no ``failure`` record names the learner the soak killed and that
+    gather counted it (the world it ended with is the one before the soak's kill), the
+    process was killed on its way out, after every collective: the job's exit 0 is right,
+    and the round tested nothing. Counted apart (``missed``), neither passed nor failed.
+    """
+    if not job.killed or job.code != 0:
+        return None
+    named = {r for f in records(out, "failure") for r in f["lost"]}
+    if set(job.killed) & named:
+        return None
+    before = [r for r in plan.dead if r not in job.killed] if plan.kind == "recovery" else []
+    ended = END_WORLD.findall(job.output)
+    if not ended or int(ended[-1]) != plan.np - len(leavers(plan.algo, before)):
+        return None
+    return (f"the soak's kill of rank(s) {job.killed} landed after the job's last collective: "
+            f"the end-of-run gather counted {ended[-1]} ranks, the killed one among them")
+
+
 def end_problem(out: Path, world: int) -> str | None:
     """Whether the last checkpoint verifies and records ``world`` learners."""
     last = latest_checkpoint(out / "checkpoints")
@@ -411,7 +436,10 @@ def pick(rng: random.Random, total: int, resume_every: int, index: int) -> Plan:
         plan.args += ["--checkpoint-every", str(CONTROL)]
         plan.meeting = step
     elif kind == "kill-eval":
-        plan.args = ["--epochs", "2"]
+        # Three epochs, so that the kill as the first one ends lands while the job still
+        # trains: a two-epoch run of the tiny model could end before the soak's poll saw the
+        # first epoch's end (soak-elastic-default.json, rounds 22 and 53: missed kills).
+        plan.args = ["--epochs", "3"]
     elif kind == "raise":
         plan.fault = f"kind=raise,rank={dead},step={step}"
     elif kind == "startup":
@@ -432,6 +460,9 @@ def pick(rng: random.Random, total: int, resume_every: int, index: int) -> Plan:
             plan.fault = f"kind=kill,rank={dead},step={step}"
         second = [r for r in range(nprocs) if r not in leavers(algo, [dead])]
         plan.dead.append(rng.choice(second))
+        # A second epoch keeps the job training after the recovery for longer than the
+        # second kill's lag (round 47 of soak-elastic-default.json ended 0.05 s after it).
+        plan.args = ["--epochs", "2"]
     resumable = kind in ("kill", "kill-control", "min-learners") and algo not in POOLED or \
         kind in ("kill", "min-learners")
     if resume_every and index % resume_every == resume_every - 1 and resumable:
@@ -502,6 +533,9 @@ def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str 
         return "setup", "the soak found no rank to stop"
     if plan.kind in ("kill-eval", "recovery") and len(job.killed) < 1:
         return "setup", "the soak's own kill did not go (the job had ended?)"
+    missed = missed_kill(plan, job, out)
+    if missed:
+        return "missed", missed
     if plan.kind == "recovery" and job.code == 1:
         # The second kill landed inside the survivors' recovery: no agreed state to go on
         # from, so every learner ends with exit 1 and one line naming the lost learners.
@@ -599,7 +633,7 @@ def recheck(path: Path, total: int) -> int:
         failing += problem is not None
     rounds = saved["rounds"]
     whats = Counter(r["what"] for r in rounds if r["what"])
-    saved["summary"].update(failed=sum(bool(r["what"]) for r in rounds),
+    saved["summary"].update(failed=sum(bool(r["what"]) and r["what"] != "missed" for r in rounds),
                             chunk_problems=whats["chunks"],
                             rechecked=sum("rechecked" in r for r in rounds))
     path.write_text(json.dumps(saved, indent=1) + "\n")
@@ -675,14 +709,17 @@ def summary(rounds: list[dict[str, Any]], opts: argparse.Namespace) -> dict[str,
                        f"{opts.seed} --resume-every {opts.resume_every}"
                        f"{f' --until {opts.until}' if opts.until else ''}",
             "summary": {
-                "rounds": len(rounds), "failed": sum(bool(r["what"]) for r in rounds),
+                "rounds": len(rounds),
+                "failed": sum(bool(r["what"]) and r["what"] != "missed" for r in rounds),
+                "missed": whats["missed"],
                 "hangs": whats["hang"], "wrong_exit_codes": whats["exit"],
                 "chunk_problems": whats["chunks"], "wrong_failure_steps": whats["record"],
                 "crashed": whats["crash"],
                 "crashed_with_exit_0": sum(r["what"] == "crash" and r["exit"] == 0
                                            for r in rounds),
                 "other_problems": {k: n for k, n in whats.items()
-                                   if k not in ("hang", "exit", "chunks", "record", "crash")},
+                                   if k not in ("hang", "exit", "chunks", "record", "crash",
+                                                "missed")},
                 "by_kind": dict(Counter(r["kind"] for r in rounds)),
                 "by_algo": dict(Counter(r["algo"] for r in rounds)),
                 "worlds_of_8": sum(r["np"] == 8 for r in rounds),
