@@ -10,6 +10,7 @@ Each measures hadpsgd against a baseline measured in the same run. The sweeps, t
 and the paper studies are the lab (:mod:`lab`), which imports this package, never the reverse.
 
 The top-level modules ``train_throughput``, ``straggler`` and ``bmuf`` are entry points only:
-each runs the ``main`` of its subpackage. ``plots``, ``project``, ``sweep`` and ``studies`` only
-forward the old commands to :mod:`lab` (``python -m benchmarks.sweep`` runs ``lab.sweep``).
+each runs the ``main`` of its subpackage. Nothing here imports :mod:`lab`: the sweeps, plots,
+projection and studies are ``python -m lab.sweep``, ``lab.plots``, ``lab.project`` and
+``lab.studies``.
 """

@@ -3,7 +3,7 @@
 Nothing here measures hadpsgd against a baseline in the same run (that is :mod:`benchmarks`);
 the lab runs grids of trainings, models and projects their cost, and reproduces the papers'
 tables. It sits on top of the rest: it may import :mod:`hadpsgd` and :mod:`benchmarks`, and
-neither of them imports it (but for the forwarding shims at the benchmarks' old entry points).
+neither of them imports it.
 It is not part of the hadpsgd wheel.
 
 - :mod:`lab.sweep`: grids of real training runs, their results and plots

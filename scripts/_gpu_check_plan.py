@@ -32,10 +32,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gpu_check import Runner
+from typing import Protocol
 
 SINGLE_NCCL = """
 import torch
@@ -88,6 +85,32 @@ estimates were measured."""
 PARTS = ("1", "2", "all")
 """Values of ``--part``: ``all`` is both parts in one command (about 685 s on one H100: past
 the default budget, so give it ``--budget``)."""
+
+
+class Runner(Protocol):
+    """What the plan calls to run a check: ``gpu_check.Runner`` is one, the tests' fake another.
+
+    Named here, not imported from ``gpu_check`` (which imports this module): a circle, even
+    under ``TYPE_CHECKING``, ties the two files into one.
+    """
+
+    def machine(self) -> None:
+        """``python -m hadpsgd.comm`` on one rank."""
+
+    def pytest(self, limit: float) -> None:
+        """``pytest tests/gpu`` within ``limit`` seconds."""
+
+    def train(self, name: str, nprocs: int, args: list[str], steps: int,
+              resume: bool = True, preset: str = "small", timeout: float = 150,
+              log_every: int = 20) -> None:
+        """One training through ``python -m hadpsgd.run --device cuda``."""
+
+    def python(self, name: str, code_text: str, timeout: float = 120) -> None:
+        """A single-process check written in Python."""
+
+    def bench(self, name: str, cmd: list[str], json_out: Path, timeout: float,
+              settings: tuple[str, str, str] = ("-", "-", "-")) -> None:
+        """A benchmark command, its table kept."""
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,0 @@
-"""Forwards to :mod:`lab.studies`: the paper studies moved there (their old paths still run)."""

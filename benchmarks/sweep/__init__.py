@@ -1,1 +1,0 @@
-"""Forwards ``python -m benchmarks.sweep`` to ``python -m lab.sweep`` (moved to :mod:`lab`)."""
