@@ -39,6 +39,7 @@ from hadpsgd.forward.model import ForwardError, LoadedModel, describe
 from hadpsgd.forward.output import parse_output
 from hadpsgd.forward.pipeline import add_arguments as add_cmvn_arguments
 from hadpsgd.precision import set_tf32
+from hadpsgd.train.progress import on_terminal
 
 DEFAULT_CONTEXT = "whole"
 """The default ``--context`` (docs/forward.md, *Whole utterances or windows*)."""
@@ -90,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
                    help="let fp32 matmuls and cuDNN's LSTM use TF32 on CUDA (off: fp32 is IEEE "
                         "fp32, as in training without --tf32)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (it shows on rank 0 when stdout is a terminal)")
+                   help="no progress bar (it shows on rank 0 when stdout and stderr reach a "
+                        "terminal: under mpirun, the launcher's)")
     add_average_arguments(p)  # --avg N, --avg-best N
     add_cmvn_arguments(p)  # --utt2spk, --cmvn: Kaldi input's CMVN
     return p
@@ -134,7 +136,7 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
         chunk_len = args.chunk_len if args.chunk_len is not None else loaded.chunk_len
         opts = Options(args.context, chunk_len, args.chunk_overlap,
                        _precision(args.precision, loaded),
-                       progress=not args.no_progress and sys.stdout.isatty())
+                       progress=not args.no_progress and on_terminal())
         features, norm_line = open_features(args.features, args.norm, loaded.train_file,
                                             args.utt2spk, args.cmvn)
         return Job(loaded, features, out, priors, opts), priors_line, norm_line

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from hadpsgd import env
 from hadpsgd.algorithms import Algorithm
+from hadpsgd.train.console import reaches_terminal
 from hadpsgd.train.metrics import MetricsWriter
 
 LINE_EVERY_S = 10.0
@@ -18,10 +18,12 @@ def on_terminal() -> bool:
     """Whether the run's console is a terminal (a progress bar) or a file (plain lines).
 
     ``HADPSGD_STDOUT_TTY`` decides where the launcher set it (Open MPI gives every rank a pty,
-    so a rank's own stdout says "terminal" even under ``> log``); else this process's stdout.
+    so a rank's own stdout says "terminal" even under ``> log``); else both stdout and stderr
+    must reach a terminal: the process's own, or under a plain ``mpirun`` the launcher's
+    (:func:`hadpsgd.train.console.reaches_terminal`).
     """
     told = env.stdout_tty()
-    return sys.stdout.isatty() if told is None else told
+    return reaches_terminal() if told is None else told
 
 
 class Progress:

@@ -108,13 +108,15 @@ def test_launcher_tells_the_ranks_whether_its_stdout_is_a_terminal(monkeypatch):
     monkeypatch.setattr(launcher.sys.stdout, "isatty", lambda: False, raising=False)
     monkeypatch.delenv(STDOUT_TTY, raising=False)
     assert launcher.main(["-n", "2", "--epochs", "1"]) == 0 and seen[STDOUT_TTY] == "0"
-    # The ranks' progress follows it, and their own stdout where it is unset (plain mpirun).
+    # The ranks' progress follows it, and their own stdout and stderr where it is unset
+    # (tests/unit/test_console.py: plain mpirun).
     monkeypatch.setenv(STDOUT_TTY, "0")
     assert on_terminal() is False
     monkeypatch.setenv(STDOUT_TTY, "1")
     assert on_terminal() is True
     monkeypatch.delenv(STDOUT_TTY)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     assert on_terminal() is True
 
 
