@@ -2,7 +2,7 @@
 
 usage: python -m hadpsgd.decode LOGLIKES [--refs utt-id|none|FILE] [--acoustic-scale A]
            [--beam B] [--self-loop-prob P | --durations-from TRAIN.h5] [--word-penalty W]
-           [--graph HCLG.fst --words words.txt] [--hyps OUT.txt] [--json OUT.json]
+           [--graph HCLG.fst --words words.txt] [--hyps OUT.txt|-] [--json OUT.json|-]
            [--overwrite]
 
 Through the digit-loop graph of the digit set by default, or a user's graph (``--graph``,
@@ -36,6 +36,8 @@ NUM_CLASSES, STATES_PER_WORD, SILENCE_CLASS = 31, 3, 30
 FRAME_SHIFT_S = 0.010
 """Seconds per frame (10 ms), for the real-time factor."""
 _PROG = "python -m hadpsgd.decode"
+STDOUT = "-"
+"""``--hyps`` / ``--json`` value that writes to stdout (as Kaldi's tools read ``-``)."""
 # Import name and PyPI name of each package the decoder needs (the "decode" extra).
 _NEEDED = (("kaldifst", "kaldifst"), ("kaldi_decoder", "kaldi-decoder"),
            ("kaldialign", "kaldialign"), ("kaldiio", "kaldiio"))
@@ -125,9 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--words", metavar="words.txt",
                         help="the graph's word symbol table ('word id' per line); with --graph")
     parser.add_argument("--hyps", metavar="OUT.txt",
-                        help="write the hypotheses here as a Kaldi text file")
+                        help="write the hypotheses here as a Kaldi text file ('-': stdout, "
+                             "and the score summary goes to stderr)")
     parser.add_argument("--json", metavar="OUT.json",
-                        help="write the settings, scores (per utterance too) and timing here")
+                        help="write the settings, scores (per utterance too) and timing here "
+                             "('-': stdout, and the score summary goes to stderr)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --hyps / --json (refused otherwise)")
     return parser
@@ -245,9 +249,20 @@ def _run(args: argparse.Namespace) -> int:
     from hadpsgd.decode.graph import DEFAULT_SILENCE_PROB, DEFAULT_WORD_PENALTY, build_graph
     from hadpsgd.decode.loglikes import LoglikesReader
     from hadpsgd.decode.search import Decoder
-    from hadpsgd.decode.wer import read_text, reference_from_utt_id, score, write_text
+    from hadpsgd.decode.wer import (
+        format_text,
+        read_text,
+        reference_from_utt_id,
+        score,
+        write_text,
+    )
 
+    if args.hyps == STDOUT and args.json == STDOUT:
+        raise UsageError("--hyps - and --json - would both write to stdout; send one of "
+                         "them to a file")
     for path, flag in ((args.hyps, "--hyps"), (args.json, "--json")):
+        if path == STDOUT:
+            continue
         # Found before decoding, not after it.
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: its directory does not exist; create it first")
@@ -296,12 +311,17 @@ def _run(args: argparse.Namespace) -> int:
             bar.update()
     if not hyps:
         raise UsageError(f"{args.loglikes} holds no utterance; check the forward pass's output")
-    if args.hyps:
+    if args.hyps == STDOUT:
+        sys.stdout.write(format_text(hyps))
+        sys.stdout.flush()
+    elif args.hyps:
         with _writing(args.hyps, "hypotheses") as tmp:
             write_text(tmp, hyps)
     result = score(refs, hyps) if refs_mode != "none" else None
     if result is not None:
-        print(result.summary())
+        # stdout carries a file's contents when one of them is '-': keep it that file alone.
+        to_stdout = STDOUT in (args.hyps, args.json)
+        print(result.summary(), file=sys.stderr if to_stdout else sys.stdout)
     per_utt_ms = 1000.0 * seconds / len(hyps)
     rtf = seconds / (frames * FRAME_SHIFT_S) if frames else 0.0
     print(f"decoded {len(hyps)} utterances ({frames} frames) in {seconds:.2f} s: "
@@ -326,8 +346,13 @@ def _run(args: argparse.Namespace) -> int:
                   "ms_per_utterance": per_utt_ms, "real_time_factor": rtf,
                   "not_final": not_final,
                   "score": result.to_dict() if result is not None else None}
-        with _writing(args.json, "report") as tmp:
-            tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        text = json.dumps(report, indent=1) + "\n"
+        if args.json == STDOUT:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            with _writing(args.json, "report") as tmp:
+                tmp.write_text(text, encoding="utf-8")
     return EXIT_OK
 
 

@@ -73,10 +73,14 @@ def read_text(path: str | os.PathLike[str]) -> Transcripts:
     return out
 
 
+def format_text(transcripts: Mapping[str, Sequence[str]]) -> str:
+    """``transcripts`` as the contents of a Kaldi text file (``utt word ...`` per line)."""
+    return "".join(" ".join([utt, *words]) + "\n" for utt, words in transcripts.items())
+
+
 def write_text(path: str | os.PathLike[str], transcripts: Mapping[str, Sequence[str]]) -> None:
     """Write ``transcripts`` as a Kaldi text file, in the mapping's order."""
-    lines = [" ".join([utt, *words]) for utt, words in transcripts.items()]
-    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    Path(path).write_text(format_text(transcripts), encoding="utf-8")
 
 
 @dataclass(frozen=True)

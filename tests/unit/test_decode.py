@@ -325,6 +325,22 @@ def test_wrong_number_of_classes_is_a_user_error(tmp_path, capsys):
     assert main([str(path)]) == 2
 
 
+def test_dash_writes_to_stdout_and_the_summary_moves_to_stderr(tmp_path, monkeypatch, capsys):
+    """``--hyps -`` (or ``--json -``) is stdout, as Kaldi's tools read it: no file named ``-``."""
+    ark, _ = write_ark(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main([f"ark:{ark}", "--acoustic-scale", "1", "--hyps", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["spk1-000-42 4 2", "spk1-001-707 7 0 7", "spk2-000-19 1 9"]
+    assert "%WER 0.00" in err and not (tmp_path / "-").exists()
+    assert main([f"ark:{ark}", "--acoustic-scale", "1", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["utterances"] == 3 and "%WER 0.00" in err
+    assert not (tmp_path / "-").exists()
+    assert main([f"ark:{ark}", "--hyps", "-", "--json", "-"]) == 2
+    assert "both write to stdout" in capsys.readouterr().err
+
+
 def test_other_user_errors(tmp_path, capsys):
     ark, _ = write_ark(tmp_path, {"no-digits": frames(*digit(1))})
     assert main([str(ark)]) == 2
