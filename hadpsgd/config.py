@@ -420,6 +420,20 @@ class RunConfig:
         """
         return dict(getattr(self, "_given", {}))
 
+    def recipe_note(self) -> str | None:
+        """The line that says what ``--algo``'s recipe filled in, or None.
+
+        None where nothing was filled: a resume (its options are the run's it continues), a
+        configuration built in code (no recipe ran), or every option given. The API says
+        its recipe in the same words (:mod:`hadpsgd.api.recipe`).
+        """
+        if self.train.resume or not hasattr(self, "_given"):
+            return None
+        options = algorithms.spec(self.train.algo).options
+        return options.recipe_line(self.train.algo, self.optim.optimizer,
+                                   options.recipe(self.given()),
+                                   lambda name, value: f"{flag(name)} {value}")
+
     def algo_options(self) -> algorithms.AlgoOptions:
         """The options of ``--algo``'s algorithm, picked from :attr:`algo` and validated.
 

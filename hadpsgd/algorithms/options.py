@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -93,3 +93,25 @@ class AlgoOptions:
             (``optimizer``, ``beta1``) as well as the algorithm's own.
         """
         return {}
+
+    @classmethod
+    def recipe_line(cls, algo: str, optimizer: str, filled: Mapping[str, Any],
+                    spell: Callable[[str, Any], str]) -> str | None:
+        """The one line that says what :meth:`recipe` filled in, or None if nothing.
+
+        ``python -m hadpsgd.run`` and :class:`hadpsgd.Distributed` resolve the recipe alike
+        (from the optimizer's kind) and say it alike, each in its own words.
+
+        Args:
+            algo: The algorithm's registered name.
+            optimizer: The optimizer's kind (``sgd``, ``adam``, ...).
+            filled: Option name (the run's, as :meth:`recipe` returns it) -> value filled.
+            spell: How the caller writes an option and its value (``--bmuf-worker-lr
+                global`` for the CLI, ``worker_lr='global'`` for the API).
+        """
+        shown = {k: v for k, v in filled.items() if k != "optimizer"}
+        if not shown:
+            return None
+        return (f"{algo} with {optimizer}: {', '.join(spell(k, v) for k, v in shown.items())} "
+                f"(the recipe for {optimizer}, for what was not given; give any of them to "
+                f"choose otherwise)")

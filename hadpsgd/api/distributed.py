@@ -12,6 +12,7 @@ exactly (each super-learner's own part included).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
@@ -28,6 +29,7 @@ from hadpsgd.api.options import (
     check_layout,
     check_shared,
 )
+from hadpsgd.api.recipe import resolve_recipe
 from hadpsgd.api.samplers import Sampler, make_sampler
 from hadpsgd.api.setup import init
 from hadpsgd.api.state import collect, node_part, option_changes
@@ -53,7 +55,8 @@ class Distributed:
         precision: ``fp32``, ``bf16`` or ``fp16``: the forward under :meth:`autocast`; fp16
             adds a dynamic loss scale (:meth:`scale`), the same on every learner that shares
             a gradient.
-        max_grad_norm: Clip the averaged gradient to this L2 norm (0: no clipping).
+        max_grad_norm: Clip the averaged gradient to this L2 norm (0: no clipping; None: the
+            algorithm's recipe for the optimizer's kind, else 0: BMUF with SGD clips to 1).
         overlap: Average gradient buckets during backward: True, False or ``auto`` (on GPUs).
         grad_bucket_mb: Gradient bucket size in MiB.
         grad_wire: ``fp32`` or ``bf16``: what a gradient bucket is on the wire.
@@ -62,7 +65,10 @@ class Distributed:
         **option_values: The algorithm's own options by name (``sync_period=8`` for BMUF:
             the fields of its ``Options`` dataclass, :class:`hadpsgd.algorithms.BMUFOptions`,
             :class:`hadpsgd.algorithms.ADPSGDOptions`); every algorithm has
-            ``sync_buffers`` (True: keep the model's buffers in agreement).
+            ``sync_buffers`` (True: keep the model's buffers in agreement). Those left out
+            take the algorithm's recipe for the optimizer's kind, as ``python -m hadpsgd.run``
+            does (BMUF with SGD: ``worker_lr="global"``, ``adam_moments="local"``, clipping at
+            1; with Adam the BMUF-Adam paper's), said once on rank 0's stderr.
 
     Raises:
         OptionError: For an unknown algorithm or option, or a value of the wrong type or out
@@ -75,13 +81,20 @@ class Distributed:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, algo: str = "ssgd",
                  *, topology: Topology | None = None, precision: str = "fp32",
-                 max_grad_norm: float = 0.0, overlap: bool | str = "auto",
+                 max_grad_norm: float | None = None, overlap: bool | str = "auto",
                  grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB, grad_wire: str = "fp32",
                  options: AlgoOptions | None = None, **option_values: Any) -> None:
         entry = algorithm_spec(algo)
+        said = None
+        if options is None:  # built options are the user's every choice: no recipe
+            option_values, max_grad_norm, said = resolve_recipe(entry, optimizer,
+                                                                option_values, max_grad_norm)
         opts = build_options(entry, option_values, options)
+        max_grad_norm = 0.0 if max_grad_norm is None else max_grad_norm
         check_shared(precision, max_grad_norm, overlap, grad_bucket_mb, grad_wire)
         topo = topology if topology is not None else init(ranks_per_node=opts.ranks_per_node())
+        if said and topo.rank == 0:
+            print(f"[hadpsgd] {said}", file=sys.stderr, flush=True)
         check_layout(opts, topo)
         check_device(model, topo)
         self.precision = precision

@@ -1,0 +1,80 @@
+"""The API resolves the algorithm's recipe from the optimizer's kind, as the CLI does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import hadpsgd
+from hadpsgd.algorithms import BMUFOptions
+from hadpsgd.api.options import algorithm_spec
+from hadpsgd.api.recipe import optimizer_kind, resolve_recipe
+from hadpsgd.config import parse_config
+from tests.fakes import OneLearner
+
+
+def _dist(optimizer: str, algo: str = "bmuf", **kw) -> hadpsgd.Distributed:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+           "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+           "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.5, 0.999))}[optimizer]
+    return hadpsgd.Distributed(net, opt(net.parameters()), algo, topology=OneLearner(), **kw)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_api_and_cli_resolve_the_same_recipe(optimizer, capsys):
+    cfg = parse_config(["--algo", "bmuf", "--optimizer", optimizer])
+    dist = _dist(optimizer)
+    assert dist.options == cfg.algo_options()
+    assert dist.algorithm.max_grad_norm == cfg.optim.max_grad_norm
+    said = capsys.readouterr().err
+    assert said.count("[hadpsgd] bmuf with") == 1  # said once
+    assert cfg.recipe_note() is not None
+
+
+def test_sgd_takes_the_measured_sgd_recipe_not_bmuf_adams(capsys):
+    dist = _dist("sgd")
+    # Before, the API took BMUFOptions' own defaults: the BMUF-Adam paper's recipe.
+    assert dist.options.worker_lr == "global" and dist.options.adam_moments == "local"
+    assert dist.algorithm.max_grad_norm == 1.0 and dist.algorithm.eta == 0.0
+    err = capsys.readouterr().err
+    assert "worker_lr='global'" in err and "max_grad_norm=1.0" in err
+
+
+def test_adam_takes_the_papers_recipe_and_says_beta1(capsys):
+    dist = _dist("adam")
+    assert dist.options == BMUFOptions() and dist.algorithm.max_grad_norm == 0.0
+    err = capsys.readouterr().err
+    assert "beta1 is 0.5; your optimizer's 0.9 is kept" in err
+    _dist("adamw")  # beta1 0.5 already: nothing to say about it
+    assert "beta1" not in capsys.readouterr().err
+
+
+def test_what_the_user_gave_wins(capsys):
+    dist = _dist("sgd", worker_lr="single", adam_moments="reset", max_grad_norm=0.0)
+    assert dist.options.worker_lr == "single" and dist.options.adam_moments == "reset"
+    assert dist.algorithm.max_grad_norm == 0.0
+    assert "[hadpsgd]" not in capsys.readouterr().err  # nothing left to fill
+    built = _dist("sgd", options=BMUFOptions(sync_period=4))  # built options: no recipe
+    assert built.options == BMUFOptions(sync_period=4)
+    assert built.algorithm.max_grad_norm == 0.0
+    assert "[hadpsgd]" not in capsys.readouterr().err
+
+
+def test_algorithms_without_a_recipe_say_nothing(capsys):
+    dist = _dist("sgd", "ssgd")
+    assert dist.algorithm.max_grad_norm == 0.0
+    assert "[hadpsgd]" not in capsys.readouterr().err
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    assert resolve_recipe(algorithm_spec("adpsgd"), opt, {}, None) == ({}, 0.0, None)
+
+
+def test_optimizer_kind_of_a_subclass_is_its_torch_base():
+    class MySGD(torch.optim.SGD):
+        pass
+
+    p = [nn.Parameter(torch.zeros(1))]
+    assert optimizer_kind(MySGD(p, lr=0.1)) == "sgd"
+    assert optimizer_kind(torch.optim.AdamW(p)) == "adamw"
