@@ -4,7 +4,10 @@ For each file: utterances, frames, feature dimension, classes, the label histogr
 classes no frame carries), the frames per utterance, the normalisation statistics, and how
 many ``--chunk-len`` chunks training cuts from it, and the class priors a decoder divides by
 (:mod:`hadpsgd.data.priors`: add-one smoothed; the text shows the most and least probable
-classes, ``--json`` the whole vector), and whether its ``validated`` stamp vouches for it.
+classes, ``--json`` the whole vector), whether its ``validated`` stamp vouches for it, and
+its import record (:mod:`hadpsgd.data.pipeline`: the Kaldi sources, the CMVN, the norm/
+statistics and where the class count came from), which the forward pass redoes on raw
+features.
 Opening the file validates it as training does (structure, every label in range, the stamp's
 fingerprint), and a file that fails exits 2 with the problem named; ``--json`` prints one
 JSON object per file instead.
@@ -24,12 +27,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from hadpsgd.data._schema import VALIDATE_COMMAND
 from hadpsgd.data.loader import ChunkDataset
+from hadpsgd.data.pipeline import CmvnRecord, read_record
 from hadpsgd.data.priors import SMOOTHING, count_file_labels, smooth
 from hadpsgd.data.reader import FeatureFile, FeatureFileError
 from hadpsgd.data.validate import validate_file
@@ -79,7 +84,23 @@ def describe(path: str, chunk_len: int = 21) -> dict[str, Any]:
             out["normalisation"] = {
                 "mean_range": [float(ff.norm_mean.min()), float(ff.norm_mean.max())],
                 "std_range": [float(ff.norm_std.min()), float(ff.norm_std.max())]}
+    record = read_record(path)  # after the file closed: h5py opens it again, read-only
+    out["import"] = asdict(record) if record is not None else None
     return out
+
+
+def _import_lines(record: dict[str, Any] | None) -> list[str]:
+    """The import record in the text summary: sources, CMVN, norm/, the class count's source."""
+    if record is None:
+        return ["  import: no record (not written by python -m hadpsgd.data.kaldi): the "
+                "features are taken as stored"]
+    cmvn = record["cmvn"]
+    cmvn_text = "none" if cmvn is None else CmvnRecord(**cmvn).describe() + (
+        f", utt2spk {cmvn['utt2spk']}" if cmvn.get("utt2spk") else "")
+    return [f"  import: {record['tool']} from {record['features']}, alignments "
+            f"{record['alignments']}",
+            f"    CMVN: {cmvn_text}; norm/: {record['norm']}",
+            f"    classes: {record['num_classes']}, from {record['classes_from']}"]
 
 
 def _text(info: dict[str, Any]) -> str:
@@ -118,6 +139,7 @@ def _text(info: dict[str, Any]) -> str:
                  f"  normalisation: mean in [{norm['mean_range'][0]:.4g}, "
                  f"{norm['mean_range'][1]:.4g}], std in [{norm['std_range'][0]:.4g}, "
                  f"{norm['std_range'][1]:.4g}] (applied on read)")
+    lines += _import_lines(info["import"])
     return "\n".join(lines)
 
 

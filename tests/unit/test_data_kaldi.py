@@ -12,7 +12,7 @@ import pytest
 
 kaldiio = pytest.importorskip("kaldiio")
 
-from hadpsgd.data import FeatureFile  # noqa: E402
+from hadpsgd.data import FeatureFile, write_features  # noqa: E402
 from hadpsgd.data.kaldi import import_kaldi, main, rspecifier  # noqa: E402
 
 D = 5
@@ -183,6 +183,32 @@ def test_info_tool(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert info["classes_without_frames"] == sorted(set(range(12)) - set(labels.tolist()))
     assert data_main(["info", str(kaldi_dir / "missing.h5")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_info_shows_the_import_record(kaldi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CMVN and the class count's source: what the forward pass will redo on raw input."""
+    from hadpsgd.data.__main__ import main as data_main
+
+    (kaldi_dir / "utt2spk").write_text("spk1-u1 spk1\nspk1-u2 spk1\nspk2-u3 spk2\n"
+                                       "spk2-short spk2\n")
+    out = kaldi_dir / "cmvn.h5"
+    import_kaldi(str(kaldi_dir / "feats.scp"), str(kaldi_dir / "ali.ark"), out,
+                 num_classes=12, utt2spk=kaldi_dir / "utt2spk", cmvn_vars=True)
+    assert data_main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"import: hadpsgd.data.kaldi from {kaldi_dir / 'feats.scp'}" in text
+    assert "CMVN: per-speaker CMVN (means and variances; statistics computed" in text
+    assert f"utt2spk {kaldi_dir / 'utt2spk'}" in text and "classes: 12, from" in text
+    assert data_main(["info", "--json", str(out)]) == 0
+    record = json.loads(capsys.readouterr().out)["import"]
+    assert record["cmvn"]["per"] == "speaker" and record["num_classes"] == 12
+    assert record["classes_from"]
+    # A file written by another tool has no record, and says so.
+    plain = kaldi_dir / "plain.h5"
+    write_features(plain, [np.zeros((4, 2), np.float32)], [np.zeros(4, np.int32)], ["u"],
+                   num_classes=3)
+    assert data_main(["info", str(plain)]) == 0
+    assert "import: no record" in capsys.readouterr().out
 
 
 def test_silence_classes_recorded_and_inherited(kaldi_dir: Path) -> None:
