@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import math
@@ -46,7 +47,26 @@ class RankParser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:  # noqa: D102
         if launch_rank() != 0:
             self.exit(2)
-        super().error(message)
+        super().error(message + self._suggestions(message))
+
+    def _suggestions(self, message: str) -> str:
+        """``; did you mean --epochs?`` for each unknown flag in ``message`` that is near one.
+
+        Python 3.12's argparse suggests nothing for a mistyped flag, and with
+        ``allow_abbrev=False`` ``--epoch`` is simply unknown.
+        """
+        head, _, unknown = message.partition("unrecognized arguments: ")
+        if head or not unknown:
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        flags = [w.partition("=")[0] for w in unknown.split() if w.startswith("--")]
+        hints = []
+        for name in flags:
+            near = difflib.get_close_matches(name, known, n=1)
+            if near:  # several unknown flags: say which each suggestion is for
+                hints.append(f"did you mean {near[0]}" + (f" for {name}?" if len(flags) > 1
+                                                          else "?"))
+        return "; " + "; ".join(hints) if hints else ""
 
 
 class ConfigError(ValueError):

@@ -5,6 +5,9 @@ second later, too soon for a checkpoint; it forwards SIGUSR1 untouched. So the l
 catches SIGTERM and SIGINT (Ctrl-C) and sends SIGUSR1 to ``mpirun`` instead: every rank then
 checkpoints at its next control point and exits 75. A second SIGTERM/SIGINT is passed on as
 it is, for a user who does not want to wait.
+
+``mpirun``'s stderr (its own messages and the ranks') is copied through
+:mod:`hadpsgd.launch.banner`, which drops only Open MPI's banner after a user error (exit 2).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from hadpsgd.launch.banner import copy_filtered
+
 GRACEFUL = signal.SIGUSR1
 
 
@@ -24,7 +29,10 @@ def run_forwarding(cmd: Sequence[str], env: dict[str, str]) -> int:
     Returns:
         Its exit code (128 + n if it was killed by signal n, as a shell reports it).
     """
-    proc = subprocess.Popen(list(cmd), env=env)
+    sink = getattr(sys.stderr, "buffer", None)  # None: a caller replaced sys.stderr
+    proc = subprocess.Popen(list(cmd), env=env,
+                            stderr=subprocess.PIPE if sink is not None else None)
+    copier = copy_filtered(proc.stderr, sink) if proc.stderr and sink else None
     asked = 0
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -48,4 +56,7 @@ def run_forwarding(cmd: Sequence[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    # mpirun has ended; its stderr ends when the last rank it left behind closes it too.
+    if copier is not None:
+        copier.join(timeout=10)
     return 128 - code if code < 0 else code

@@ -100,23 +100,36 @@ def launch_env(base: dict[str, str] | None = None, nprocs: int = 1,
 
 
 def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = None,
-                   python: str | None = None, module: str = "hadpsgd.run") -> list[str]:
-    """The full command: ``mpirun -np N [local flags] python -m <module> argv...``.
+                   python: str | None = None, module: str = "hadpsgd.run",
+                   script: str | None = None) -> list[str]:
+    """The full command: ``mpirun -np N [local flags] python (-m <module> | <script>) argv...``.
 
-    The local flags come from :func:`local_flags` and depend on the launcher's flavour.
+    The local flags come from :func:`local_flags` and depend on the launcher's flavour; the
+    failure flags (:func:`failure_flags`) only for a module, since only ``hadpsgd.run``
+    reads ``--on-failure`` (a script's own arguments are its own business).
 
     Args:
         nprocs: Number of ranks.
-        argv: Arguments for the module.
+        argv: Arguments for the module or script.
         launcher: The MPI launcher (default: :func:`find_launcher`).
         python: Python executable of the ranks (default: this one).
-        module: Module the ranks run.
+        module: Module the ranks run (unless ``script`` is given).
+        script: A Python file the ranks run instead of ``module``, as given (a relative
+            path is from the current directory, which is the ranks' too).
+
+    Raises:
+        LauncherError: For fewer than one rank, a script that is no file, or no launcher.
     """
     if nprocs < 1:
         raise LauncherError(f"-n must be >= 1, got {nprocs}")
+    if script is not None and not Path(script).is_file():
+        raise LauncherError(f"no script {script} (from {Path.cwd()}): give the path of a "
+                            "Python file, or --module NAME for a module")
     launcher = launcher or find_launcher()
-    return [launcher.path, "-np", str(nprocs), *local_flags(launcher),
-            *failure_flags(launcher, argv), python or sys.executable, "-m", module, *argv]
+    target = [script] if script is not None else ["-m", module]
+    failure = failure_flags(launcher, argv) if script is None else []
+    return [launcher.path, "-np", str(nprocs), *local_flags(launcher), *failure,
+            python or sys.executable, *target, *argv]
 
 
 def _flag(argv: list[str], name: str) -> str | None:
