@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,16 @@ class Priors:
     """Frames per class, ``[num_classes]`` (float64: a Kaldi vector may hold fractions)."""
     source: str
     """Where the counts come from (the training file, or the file they were read from)."""
+    read_from: str = ""
+    """The file the user named (``--priors FILE``: a priors JSON, a Kaldi vector of counts),
+    when it is not ``source`` itself: a run's ``priors.json`` records the training file as
+    its source, and an error must name the file that was passed."""
+
+    def describe(self) -> str:
+        """The file the priors were read from, and the counts' source where it differs."""
+        if not self.read_from or self.read_from == self.source:
+            return self.source
+        return f"{self.read_from} (counted from {self.source})"
 
     @property
     def num_classes(self) -> int:
@@ -140,7 +150,7 @@ def load_priors(path: str | os.PathLike[str]) -> Priors:
     """
     path = Path(path)
     if path.suffix in (".h5", ".hdf5"):
-        return priors_of(path)
+        return replace(priors_of(path), read_from=str(path))
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -154,14 +164,14 @@ def load_priors(path: str | os.PathLike[str]) -> Priors:
             raise PriorsError(f"priors file {path} is not a priors JSON with a 'counts' "
                               f"vector ({err}); write it again with hadpsgd.data.priors") \
                 from None
-        return Priors(_checked(counts, path), str(obj.get("source", path)))
+        return Priors(_checked(counts, path), str(obj.get("source", path)), str(path))
     try:
         counts = np.asarray(text.replace("[", " ").replace("]", " ").split(), dtype=np.float64)
     except ValueError:
         raise PriorsError(f"priors file {path} is neither a priors JSON nor a text vector of "
                           "counts ('[ 120 3 ... ]'); pass RUN/priors.json or the output of "
                           "Kaldi's analyze-counts") from None
-    return Priors(_checked(counts, path), str(path.resolve()))
+    return Priors(_checked(counts, path), str(path.resolve()), str(path))
 
 
 __all__ = ["FORMAT", "PRIORS_FILE", "SMOOTHING", "Priors", "PriorsError", "count_file_labels",

@@ -23,6 +23,7 @@ from hadpsgd.data.synth import SynthSpec
 from hadpsgd.export.graph import Scores
 from hadpsgd.forward import ForwardError, LoadedModel
 from hadpsgd.forward.__main__ import resolve_priors
+from hadpsgd.forward.model import check_priors
 
 Stats = tuple[np.ndarray, np.ndarray] | None
 
@@ -117,10 +118,6 @@ def resolve(norm: str, priors: str, loaded: LoadedModel) -> tuple[Scores, str, s
         found, priors_line = resolve_priors(priors, loaded)
     except (PriorsError, FileNotFoundError, ValueError) as err:
         raise ForwardError(f"--priors {priors}: {err}") from None
-    if found is not None and found.num_classes != loaded.num_classes:
-        raise ForwardError(f"class count mismatch: checkpoint {loaded.checkpoint} has "
-                           f"{loaded.num_classes} output classes but the priors "
-                           f"{found.source} have {found.num_classes}; pass the priors of its "
-                           "own run (--priors auto) or --priors none")
+    check_priors(loaded, found)
     mean, std = stats if stats is not None else (None, None)
     return Scores(mean, std, found), norm_line, priors_line

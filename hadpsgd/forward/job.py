@@ -24,7 +24,7 @@ from hadpsgd.comm import Topology
 from hadpsgd.data import FeatureFileError, Priors, PriorsError
 from hadpsgd.forward.chunks import batches, check_windows, forward_batch
 from hadpsgd.forward.features import Features, KaldiFeatures
-from hadpsgd.forward.model import ForwardError, LoadedModel
+from hadpsgd.forward.model import ForwardError, LoadedModel, check_priors
 from hadpsgd.forward.output import (
     ArkWriter,
     H5Writer,
@@ -138,11 +138,7 @@ def check_shapes(loaded: LoadedModel, features: Features, priors: Priors | None)
             f"output classes but --features {features.name} has {features.num_classes} classes; "
             "pass features labelled with the training's tree (e.g. imported with --like TRAIN.h5), "
             "or the model trained on these")
-    if priors is not None and priors.num_classes != loaded.num_classes:
-        raise ForwardError(
-            f"class count mismatch: checkpoint {loaded.checkpoint} has {loaded.num_classes} "
-            f"output classes but the priors {priors.source} have {priors.num_classes}; pass "
-            "the priors of its own run (--priors auto) or --priors none")
+    check_priors(loaded, priors)
 
 
 def targets(out: OutputSpec, size: int) -> list[Path]:

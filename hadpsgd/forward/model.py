@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from hadpsgd.data.priors import Priors
 from hadpsgd.models import BLSTM, build_model
 from hadpsgd.train.checkpoint import (
     STATE_FILE,
@@ -227,6 +228,20 @@ def load_model(spec: str | Path) -> LoadedModel:
     path, run_dir = find_checkpoint(spec)
     weights, config, key = deployable(read_state(path), path)
     return LoadedModel(build(weights, config, path), path, run_dir, config, key)
+
+
+def check_priors(loaded: LoadedModel, priors: Priors | None) -> None:
+    """Refuse priors of another class count than the model's output, naming the file passed.
+
+    Raises:
+        ForwardError: If they differ, naming the checkpoint, the priors' file (and the
+            training file they were counted from) and the fix.
+    """
+    if priors is not None and priors.num_classes != loaded.num_classes:
+        raise ForwardError(
+            f"class count mismatch: checkpoint {loaded.checkpoint} has {loaded.num_classes} "
+            f"output classes but the priors {priors.describe()} have {priors.num_classes}; "
+            "pass the priors of its own run (--priors auto) or --priors none")
 
 
 def describe(loaded: LoadedModel) -> str:

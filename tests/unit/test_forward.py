@@ -13,7 +13,15 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from hadpsgd.data import PRIORS_FILE, ChunkDataset, FeatureFile, load_priors, priors_of, save_priors
+from hadpsgd.data import (
+    PRIORS_FILE,
+    ChunkDataset,
+    FeatureFile,
+    Priors,
+    load_priors,
+    priors_of,
+    save_priors,
+)
 from hadpsgd.data.loader import IGNORE
 from hadpsgd.forward import ForwardError, forward_utterance, load_model, window_plan
 from hadpsgd.forward.__main__ import parser, setup
@@ -163,6 +171,14 @@ def test_priors_of_another_class_count_are_refused(run_dir: Path, tiny_data: tup
     with pytest.raises(ForwardError, match="12 output classes.*have 3"):
         forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5",
                 "--priors", tmp_path / "counts.txt")
+    # Another run's priors.json records its training file as the source: the message names
+    # the file passed, and the training file beside it.
+    other = save_priors(Priors(np.array([3.0, 4.0, 5.0]), "/data/other-train.h5"),
+                        tmp_path / "other-priors.json")
+    with pytest.raises(ForwardError, match=f"the priors {other} \\(counted from "
+                                           "/data/other-train.h5\\) have 3"):
+        forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5",
+                "--priors", other)
 
 
 @pytest.mark.parametrize("flags,named", [
