@@ -15,6 +15,14 @@ given what they need to live outside its loop:
   is ready, so a slow one takes fewer and nobody waits; every batch of the epoch is taken
   exactly once. Its iteration ends when the pool is empty, after a different number of steps
   on each super-learner. :meth:`PoolSampler.set_epoch` is where the learners meet.
+
+Both give a per-step learning-rate schedule one notion of progress: :attr:`position`, the
+steps of ``len(sampler)`` per epoch done so far, the same on every learner (under the pool,
+the batches every super-learner took, in one learner's steps), and :meth:`step_scheduler`,
+which steps a ``torch.optim.lr_scheduler`` up to it. Stepping a scheduler once per local step
+instead gives each ADPSGD learner its own rate (a fast learner is further on), and a
+``OneCycleLR(total_steps=epochs * len(loader))`` raises on a fast learner that takes more
+than ``len(loader)`` batches in an epoch.
 """
 
 from __future__ import annotations
@@ -56,6 +64,24 @@ _NONE = 2**62
 """Larger than any slot: a learner that holds no untrained slot."""
 
 
+def step_scheduler(scheduler: Any, position: float) -> int:
+    """Step ``scheduler`` until it has taken ``floor(position)`` steps; how many it took.
+
+    A scheduler is stepped, never set, so that every ``torch.optim.lr_scheduler`` works
+    (chained and multiplicative ones included); one that is ahead is left as it is. Capped at
+    a ``OneCycleLR``'s ``total_steps``, which raises past it.
+    """
+    target = int(position)
+    total = getattr(scheduler, "total_steps", None)
+    if total is not None:
+        target = min(target, int(total))
+    taken = 0
+    while scheduler.last_epoch < target:
+        scheduler.step()
+        taken += 1
+    return taken
+
+
 class ShardSampler(ChunkBatchSampler):
     """This learner's shard of every step's global batch (see the module docstring).
 
@@ -95,6 +121,22 @@ class ShardSampler(ChunkBatchSampler):
     def stepped(self) -> None:
         """One batch was trained (called by :meth:`hadpsgd.Distributed.step`)."""
         self.trained += 1
+
+    @property
+    def position(self) -> float:
+        """Steps done since the first epoch's start, ``len(self)`` an epoch.
+
+        Every learner's the same: they step together.
+        """
+        return float(self.epoch * len(self) + self.start_step + self.trained)
+
+    def step_scheduler(self, scheduler: Any) -> int:
+        """Step a per-step LR ``scheduler`` up to :attr:`position` (see the module docstring).
+
+        Returns:
+            The steps the scheduler took (1 after every training step here).
+        """
+        return step_scheduler(scheduler, self.position)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next step is: ``{"epoch", "step"}`` (the next epoch's start at its end)."""
@@ -165,6 +207,28 @@ class PoolSampler(PooledBatchSampler):
             self.handed.popleft()
         self.trained += 1
 
+    @property
+    def position(self) -> float:
+        """The pool's progress since the first epoch's start, in one learner's steps.
+
+        Every super-learner's batches of the epoch so far (the pool's next slot, one atomic
+        read of its counter), counted as ``len(self)`` an epoch: the same on every learner
+        whatever its own pace. Slots taken and not yet trained count (a loader's prefetch):
+        the learners' schedules run at most that far ahead of their training.
+        """
+        assert self.pool is not None, "the sampler was closed"
+        taken = min(int(self.pool.get(SLOT_NEXT)), self.slots)
+        return self.epoch * len(self) + taken * len(self) / max(self.slots, 1)
+
+    def step_scheduler(self, scheduler: Any) -> int:
+        """Step a per-step LR ``scheduler`` up to :attr:`position` (see the module docstring).
+
+        Returns:
+            The steps the scheduler took: about the number of super-learners after each of
+            this learner's steps, 0 now and then on a fast one.
+        """
+        return step_scheduler(scheduler, self.position)
+
     def state_dict(self) -> dict[str, Any]:
         """Where the pool stands (collective): every slot below ``slot`` was trained.
 
@@ -221,4 +285,4 @@ def make_sampler(topo: Topology, pooled: bool, num_samples: int, batch_size: int
     return ShardSampler(num_samples, batch_size, topo.rank, topo.size, seed)
 
 
-__all__ = ["PoolSampler", "Sampler", "ShardSampler", "make_sampler"]
+__all__ = ["PoolSampler", "Sampler", "ShardSampler", "make_sampler", "step_scheduler"]

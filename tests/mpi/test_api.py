@@ -21,10 +21,11 @@ TWO_NODES = {"HADPSGD_RANKS_PER_NODE": "2"}
 def test_each_algorithm_through_the_api(tmp_path):
     # SSGD: bit-identical replicas and the big-batch process; fp16: one learner's overflow
     # skipped by all with the scale halved everywhere; BMUF: 2k steps == k, save (rank 0's
-    # file), load into other weights, k; ADPSGD: every sample of 2 epochs trained once.
+    # file), load into other weights, k; ADPSGD: every sample of 2 epochs trained once;
+    # a per-step OneCycleLR under ADPSGD on the pool's position: every learner's rate alike.
     res = run_worker(4, "api_algorithms", str(tmp_path), env=TWO_NODES)
     assert_ok(res)
-    for phase in ("ssgd", "fp16", "bmuf", "adpsgd"):
+    for phase in ("ssgd", "fp16", "bmuf", "adpsgd", "schedule"):
         assert res.stdout.count(f"OK {phase} rank") == 4, res.output[-4000:]
 
 

@@ -11,6 +11,10 @@ rank R`` or raises (the job then aborts with the reason).
   into a fresh model (other weights), k steps: bit for bit, local and global model.
 - adpsgd: the shared pool trains every sample of each of 2 epochs exactly once across the
   learners, while the slower super-learner takes fewer batches.
+- schedule: a per-step ``OneCycleLR(total_steps=epochs * len(sampler))`` under ADPSGD, stepped
+  by ``sampler.step_scheduler``: the fast super-learner takes more than ``len(sampler)``
+  batches an epoch (stepped once per batch, the schedule would raise on it), yet every
+  learner ends each epoch at the same step of the schedule and the same rate.
 """
 
 from __future__ import annotations
@@ -173,7 +177,47 @@ def adpsgd(topo: hadpsgd.Topology, tmp: Path) -> None:
     dist.close()
 
 
-PHASES = {"ssgd": ssgd, "fp16": fp16, "bmuf": bmuf, "adpsgd": adpsgd}
+def schedule(topo: hadpsgd.Topology, tmp: Path) -> None:
+    import time
+
+    net = model(0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    dist = hadpsgd.Distributed(net, opt, "adpsgd", topology=topo)
+    batches, sampler = loader(dist, dataset(130), 2, seed=3)
+    epochs = 2
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1,
+                                                total_steps=epochs * len(sampler))
+    mine, ends = [], []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        mine.append(0)
+        for x, y, _ in batches:
+            loss = nn.functional.cross_entropy(dist.model(x), y)
+            dist.zero_grad()
+            loss.backward()
+            dist.step(loss)
+            sampler.step_scheduler(sched)
+            mine[-1] += 1
+            if topo.node == 1:
+                time.sleep(0.1)  # the slow super-learner
+        sampler.step_scheduler(sched)  # the pool is empty: the epoch's end, on every learner
+        ends.append((sched.last_epoch, opt.param_groups[0]["lr"]))
+    every = topo.allgather_object((mine, ends))
+    if topo.rank == 0:
+        print(f"schedule: batches per learner and epoch {[m for m, _ in every]}, "
+              f"(schedule step, lr) at each epoch's end {every[0][1]}", flush=True)
+        if len({repr(e) for _, e in every}) != 1:
+            fail(f"schedule: the learners end their epochs at different rates: {every}")
+        if [step for step, _ in every[0][1]] != [len(sampler) * (e + 1) for e in range(epochs)]:
+            fail(f"schedule: epochs end at schedule steps {every[0][1]}, not "
+                 f"{len(sampler)} an epoch")
+        if max(m[0] for m, _ in every) <= len(sampler):
+            fail(f"schedule: no learner took more than len(sampler) {len(sampler)} batches: "
+                 f"the case is not tested ({every})")
+    dist.close()
+
+
+PHASES = {"ssgd": ssgd, "fp16": fp16, "bmuf": bmuf, "adpsgd": adpsgd, "schedule": schedule}
 
 if __name__ == "__main__":
     tmp = Path(sys.argv[1])
