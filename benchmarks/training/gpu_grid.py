@@ -212,7 +212,7 @@ class Grid:
         for dev, output in zip(devices, outputs, strict=True):
             start = time.monotonic()
             code, text = self.sh(f"forward: {dev}", worker_command("hadpsgd.forward", [
-                "--model", str(model), "--features", str(data[1]), "--output",
+                str(model), "--features", str(data[1]), "--out",
                 str(output), "--device", dev, "--priors", "none",
                 "--precision", "fp32", "--no-progress", "--overwrite"], 1), 180, 1)
             m = re.search(r"wrote [\d,]+ utterances, ([\d,]+) frames .* in ([0-9.]+) s", text)

@@ -40,6 +40,7 @@ from hadpsgd.export.inputs import resolve
 from hadpsgd.forward import ForwardError
 from hadpsgd.forward.average import add_arguments as add_average_arguments
 from hadpsgd.forward.average import load_averaged
+from hadpsgd.forward.flags import Parser, add_model, add_out
 from hadpsgd.forward.model import describe
 from hadpsgd.forward.output import writable
 
@@ -56,18 +57,15 @@ def _tolerance(text: str) -> float:
     return value
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> Parser:
     """The command line."""
-    p = argparse.ArgumentParser(prog="python -m hadpsgd.export", allow_abbrev=False,
-                                description="Export a trained BLSTM (raw features in, "
-                                            "per-frame log-posteriors or pseudo-log-"
-                                            "likelihoods out) to TorchScript or ONNX, and "
-                                            "check the file against the checkpoint.")
-    p.add_argument("model", metavar="RUN_DIR|CHECKPOINT_DIR",
-                   help="a run directory (its newest valid checkpoint) or a checkpoint "
-                        "directory (RUN/checkpoints/step-NNNNNNNN)")
-    p.add_argument("--out", required=True, type=Path, metavar="FILE",
-                   help="the file to write (.onnx, or .pt for TorchScript)")
+    prog = "python -m hadpsgd.export"
+    p = Parser(prog=prog, allow_abbrev=False,
+               description="Export a trained BLSTM (raw features in, per-frame log-posteriors "
+                           "or pseudo-log-likelihoods out) to TorchScript or ONNX, and check "
+                           "the file against the checkpoint.")
+    add_model(p, prog)  # the first argument, as forward's (--model read too)
+    add_out(p, "FILE", "the file to write (.onnx, or .pt for TorchScript)", Path)
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="torchscript or onnx (default: from --out's suffix: "
                         f"{', '.join(SUFFIXES)})")

@@ -1,7 +1,10 @@
 """``python -m hadpsgd.forward``: a trained BLSTM's per-frame scores, for a decoder.
 
-    python -m hadpsgd.forward --model RUN_DIR --features test.h5 --output ark,scp:o.ark,o.scp
-    mpirun -np 4 python -m hadpsgd.forward --model RUN_DIR --features scp:feats.scp --output o.h5
+    python -m hadpsgd.forward RUN_DIR --features test.h5 --out ark,scp:o.ark,o.scp
+    mpirun -np 4 python -m hadpsgd.forward RUN_DIR --features scp:feats.scp --out o.h5
+
+The model is the first argument and the output ``--out``, as in ``hadpsgd.export``; the older
+``--model RUN_DIR`` and ``--output`` are still read (:mod:`hadpsgd.forward.flags`).
 
 The output is the log-posteriors ``log p(s|x)`` of every frame, or with priors (the run's
 ``priors.json`` by default) the pseudo-log-likelihoods ``log p(s|x) - log p(s)`` that
@@ -24,6 +27,7 @@ from hadpsgd.forward.average import add_arguments as add_average_arguments
 from hadpsgd.forward.average import load_averaged
 from hadpsgd.forward.chunks import CONTEXTS
 from hadpsgd.forward.features import open_features
+from hadpsgd.forward.flags import Parser, add_model, add_out
 from hadpsgd.forward.job import (
     Job,
     Options,
@@ -47,21 +51,21 @@ DEFAULT_OVERLAP = 0
 """The default ``--chunk-overlap``."""
 
 
-def parser() -> argparse.ArgumentParser:
+PROG = "python -m hadpsgd.forward"
+
+
+def parser() -> Parser:
     """The command line."""
-    p = argparse.ArgumentParser(prog="python -m hadpsgd.forward", allow_abbrev=False,
-                                description="Run a trained BLSTM over features and write "
-                                            "per-frame log-posteriors or pseudo-log-"
-                                            "likelihoods (Kaldi archive or HDF5).")
-    p.add_argument("--model", required=True, metavar="RUN_DIR|CHECKPOINT_DIR",
-                   help="a run directory (its newest valid checkpoint) or a checkpoint "
-                        "directory (RUN/checkpoints/step-NNNNNNNN)")
+    p = Parser(prog=PROG, allow_abbrev=False,
+               description="Run a trained BLSTM over features and write per-frame "
+                           "log-posteriors or pseudo-log-likelihoods (Kaldi archive or HDF5).")
+    add_model(p, PROG)
     p.add_argument("--features", required=True, metavar="FILE.h5|RSPECIFIER",
                    help="a hadpsgd .h5 feature file, or a Kaldi rspecifier read through "
                         "kaldiio (scp:feats.scp, ark:feats.ark, 'ark:cmd |', ark:-)")
-    p.add_argument("--output", required=True, metavar="WSPECIFIER|FILE.h5",
-                   help="a Kaldi wspecifier (ark:out.ark, ark,scp:out.ark,out.scp, ark:-) or "
-                        "an .h5 file (loglikes, offsets, utt_ids)")
+    add_out(p, "WSPECIFIER|FILE.h5", "a Kaldi wspecifier (ark:out.ark, ark,scp:out.ark,"
+                                     "out.scp, ark:-) or an .h5 file (loglikes, offsets, "
+                                     "utt_ids)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an output that is already there (default: refuse it, naming "
                         "it); each file is replaced when its new version is complete")
@@ -125,9 +129,9 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
     """Every check, agreed by every rank, before any work; then the start-up lines."""
 
     def local() -> tuple[Job, str, str]:
-        out = parse_output(args.output)
+        out = parse_output(args.out)
         if topo.size > 1 and not out.in_files:
-            raise ForwardError(f"--output {args.output}: under mpirun every rank writes a part "
+            raise ForwardError(f"--out {args.out}: under mpirun every rank writes a part "
                                "of the output, which needs files; write ark,scp:out.ark,"
                                "out.scp or out.h5, or run one process to pipe it")
         check_new(out, topo.size, args.overwrite)

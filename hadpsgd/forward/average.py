@@ -83,7 +83,7 @@ Found = list[tuple[Path, dict[str, Any]]]
 
 
 def complete_checkpoints(spec: str | Path) -> tuple[Found, Path | None, list[str]]:
-    """The complete, verified checkpoints ``--model`` offers, newest first.
+    """The complete, verified checkpoints the model offers, newest first.
 
     Returns:
         ``(checkpoints and manifests, run directory or None, skipped)``: ``skipped`` names
@@ -97,7 +97,7 @@ def complete_checkpoints(spec: str | Path) -> tuple[Found, Path | None, list[str
         try:
             named = verify_checkpoint(path)
         except CheckpointError as err:
-            raise ForwardError(f"--model: {err}") from None
+            raise ForwardError(f"the model: {err}") from None
         if path.parent.name != "checkpoints" or \
                 path.name not in {p.name for p in list_checkpoints(path.parent)}:
             return [(path, named)], None, []
@@ -105,7 +105,7 @@ def complete_checkpoints(spec: str | Path) -> tuple[Found, Path | None, list[str
     elif (path / "checkpoints").is_dir():
         ckpt_dir, run_dir, newest, named = path / "checkpoints", path, None, {}
     else:
-        find_checkpoint(spec)  # raises the error that names what --model should be
+        find_checkpoint(spec)  # raises the error that names what the model should be
         raise AssertionError(f"find_checkpoint accepted {spec}")  # pragma: no cover
     skipped: list[str] = []
     found: Found = []
@@ -120,7 +120,7 @@ def complete_checkpoints(spec: str | Path) -> tuple[Found, Path | None, list[str
             skipped.append(f"skipped {err}")
     if not found:
         why = f" ({'; '.join(skipped)})" if skipped else ""
-        raise ForwardError(f"--model {path}: the run has no valid checkpoint in {ckpt_dir}"
+        raise ForwardError(f"the model {path}: the run has no valid checkpoint in {ckpt_dir}"
                            f"{why}; train it (or resume it) to a checkpoint first, or pass "
                            "another run")
     return found, run_dir, skipped
@@ -260,7 +260,7 @@ def average_weights(paths: list[Path]) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def load_averaged(spec: str | Path, newest: int = 0, best: int = 0) -> LoadedModel:
-    """The model ``--model`` names, averaged over checkpoints if ``newest`` or ``best`` is set.
+    """The model ``spec`` names, averaged over checkpoints if ``newest`` or ``best`` is set.
 
     Without either it is :func:`~hadpsgd.forward.model.load_model`'s. One checkpoint chosen
     (``--avg 1``, ``--avg-best 1``) is that checkpoint's own weights.

@@ -163,10 +163,10 @@ def check_new(out: OutputSpec, size: int, overwrite: bool) -> None:
     found = targets(out, size)
     dirs = [str(p) for p in found if p.is_dir()]
     if dirs:
-        raise ForwardError(f"--output: {', '.join(dirs)} is a directory; write elsewhere")
+        raise ForwardError(f"--out: {', '.join(dirs)} is a directory; write elsewhere")
     there = [str(p) for p in found if p.exists() or p.is_symlink()]
     if there and not overwrite:
-        raise ForwardError(f"--output: {', '.join(there)} already exist"
+        raise ForwardError(f"--out: {', '.join(there)} already exist"
                            f"{'s' if len(there) == 1 else ''}; pass --overwrite to replace "
                            f"{'it' if len(there) == 1 else 'them'}, or write elsewhere")
 

@@ -1,4 +1,4 @@
-"""The model to run: a checkpoint found from ``--model``, rebuilt from its own configuration."""
+"""The model to run: the checkpoint a command names, rebuilt from its own configuration."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class LoadedModel:
 
 
 def find_checkpoint(spec: str | Path) -> tuple[Path, Path | None]:
-    """The checkpoint ``--model`` names and its run directory (None if it is not in one).
+    """The checkpoint ``spec`` names and its run directory (None if it is not in one).
 
     A run directory gives its newest valid checkpoint (checksums verified; broken ones are
     skipped by name); a checkpoint directory is taken as it is.
@@ -92,7 +92,7 @@ def find_checkpoint(spec: str | Path) -> tuple[Path, Path | None]:
     """
     path = Path(spec)
     if not path.exists():
-        raise ForwardError(f"--model {path} does not exist; pass a run directory (the "
+        raise ForwardError(f"the model {path} does not exist; pass a run directory (the "
                            "--out-dir of a training) or one of its checkpoints/step-NNNNNNNN")
     if (path / STATE_FILE).is_file():
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
@@ -102,11 +102,11 @@ def find_checkpoint(spec: str | Path) -> tuple[Path, Path | None]:
         found = latest_checkpoint(path / "checkpoints", report=skipped.append)
         if found is None:
             why = f" ({'; '.join(skipped)})" if skipped else ""
-            raise ForwardError(f"--model {path}: the run has no valid checkpoint in "
+            raise ForwardError(f"the model {path}: the run has no valid checkpoint in "
                                f"{path / 'checkpoints'}{why}; train it (or resume it) to a "
                                "checkpoint first, or pass another run")
         return found, path
-    raise ForwardError(f"--model {path} is neither a run directory (with checkpoints/) nor a "
+    raise ForwardError(f"the model {path} is neither a run directory (with checkpoints/) nor a "
                        f"checkpoint directory (with {STATE_FILE}); pass the --out-dir of a "
                        "training or one of its checkpoints/step-NNNNNNNN")
 
@@ -130,7 +130,7 @@ def read_state(path: Path, verify: bool = True) -> dict[str, Any]:
     try:
         return load_checkpoint(path, verify=verify)
     except (CheckpointError, FileNotFoundError) as err:
-        raise ForwardError(f"--model: {err}") from None
+        raise ForwardError(f"the model: {err}") from None
 
 
 def deployable(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -217,7 +217,7 @@ def build(weights: dict[str, Any], config: dict[str, Any], path: Path) -> BLSTM:
 
 
 def load_model(spec: str | Path) -> LoadedModel:
-    """Load the model ``--model`` names, built from the preset its configuration names.
+    """Load the model ``spec`` names, built from the preset its configuration names.
 
     BMUF's checkpoints hold the global model apart from the learner's replica
     (``eval_model``, the model training evaluates): that one is used when present.

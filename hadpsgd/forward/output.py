@@ -76,7 +76,7 @@ class OutputSpec:
 
 
 def parse_output(spec: str) -> OutputSpec:
-    """``--output``: a Kaldi wspecifier (``ark:``, ``ark,scp:``, ``ark,t:``) or an ``.h5`` path.
+    """``--out``: a Kaldi wspecifier (``ark:``, ``ark,scp:``, ``ark,t:``) or an ``.h5`` path.
 
     Raises:
         ForwardError: For anything else, or a directory that is not there to write in.
@@ -87,28 +87,28 @@ def parse_output(spec: str) -> OutputSpec:
         try:
             parsed = _kaldiio().utils.parse_specifier(spec)
         except (ValueError, KeyError) as err:
-            raise ForwardError(f"--output {spec} is not a Kaldi wspecifier ({err}); write "
+            raise ForwardError(f"--out {spec} is not a Kaldi wspecifier ({err}); write "
                                "ark:out.ark or ark,scp:out.ark,out.scp") from None
         if parsed["ark"] is None:
-            raise ForwardError(f"--output {spec} names no archive; write ark,scp:out.ark,"
+            raise ForwardError(f"--out {spec} names no archive; write ark,scp:out.ark,"
                                "out.scp (an scp alone indexes nothing)")
         out = OutputSpec(ark=parsed["ark"], scp=parsed["scp"], text=bool(parsed["t"]))
         if out.scp is not None and _streamed(parsed["ark"]):
-            raise ForwardError(f"--output {spec}: an scp holds byte offsets into a file, but "
+            raise ForwardError(f"--out {spec}: an scp holds byte offsets into a file, but "
                                f"the archive {parsed['ark']} is a stream; write the archive "
                                "to a file (ark,scp:out.ark,out.scp) or drop the scp (ark:-)")
     elif spec.endswith((".h5", ".hdf5")):
         out = OutputSpec(h5=Path(spec))
     else:
-        raise ForwardError(f"--output {spec} is neither a Kaldi wspecifier (ark:out.ark, "
+        raise ForwardError(f"--out {spec} is neither a Kaldi wspecifier (ark:out.ark, "
                            "ark,scp:out.ark,out.scp) nor an HDF5 file ending in .h5")
     for path in out.files():
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
-            raise ForwardError(f"--output: directory {parent} does not exist; create it or "
+            raise ForwardError(f"--out: directory {parent} does not exist; create it or "
                                "write elsewhere")
         if not writable(parent):
-            raise ForwardError(f"--output: directory {parent} is not writable; write "
+            raise ForwardError(f"--out: directory {parent} is not writable; write "
                                "elsewhere or fix its permissions")
     return out
 

@@ -1,4 +1,4 @@
-"""What a Kaldi output holds, beside it: ``FILE.json`` for each file of ``--output``.
+"""What a Kaldi output holds, beside it: ``FILE.json`` for each file of ``--out``.
 
 An ``.h5`` output says what it holds in its attributes (``kind``: log-posteriors or
 pseudo-log-likelihoods, the priors, the checkpoint, ...). A Kaldi archive cannot, so each

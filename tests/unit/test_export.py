@@ -133,6 +133,10 @@ def test_norm_none_takes_normalised_features_and_priors_none_log_posteriors(
         run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "m.pt"
     assert export(run_dir, "--out", out, "--norm", "none", "--priors", "none") == 0
+    # forward's older spelling is read here too: the model as --model, the file as --output.
+    again = tmp_path / "again.pt"
+    assert export("--model", run_dir, "--output", again, "--norm", "none", "--priors",
+                  "none") == 0 and again.is_file()
     forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "p.h5",
             "--priors", "none")
     ff = FeatureFile(tiny_data[1])

@@ -72,7 +72,7 @@ def read_h5(path: Path) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
 def test_whole_equals_the_models_log_softmax(run_dir: Path, tiny_data: tuple[Path, Path],
                                              tmp_path: Path) -> None:
     out = tmp_path / "out.h5"
-    forward("--model", run_dir, "--features", tiny_data[1], "--output", out, "--priors", "none")
+    forward(run_dir, "--features", tiny_data[1], "--out", out, "--priors", "none")
     scores, offsets, ids, attrs = read_h5(out)
     ff, model = FeatureFile(tiny_data[1]), load_model(run_dir).model
     assert ids == ff.utt_ids and np.array_equal(offsets, ff.offsets)
@@ -182,8 +182,8 @@ def test_priors_of_another_class_count_are_refused(run_dir: Path, tiny_data: tup
 
 
 @pytest.mark.parametrize("flags,named", [
-    (["--model", "/nonexistent/run"], "--model /nonexistent/run does not exist"),
-    (["--output", "out.txt"], "--output out.txt is neither"),
+    (["--model", "/nonexistent/run"], "the model /nonexistent/run does not exist"),
+    (["--output", "out.txt"], "--out out.txt is neither"),
     (["--output", "/nonexistent/dir/o.h5"], "directory /nonexistent/dir does not exist"),
     (["--context", "chunks", "--chunk-overlap", "11"], "--chunk-overlap 11"),
     (["--norm", "none"], "--norm none applies to Kaldi features only"),
@@ -195,6 +195,24 @@ def test_user_errors_name_the_flag(run_dir: Path, tiny_data: tuple[Path, Path], 
     argv = [a for k, v in base.items() if k not in flags for a in (k, v)] + flags
     with pytest.raises(ForwardError, match=named.replace("-", r"\-")):
         forward(*argv)
+
+
+def test_one_spelling_with_export_and_the_older_one_still_read(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture) -> None:
+    """``forward RUN --out F``, as ``export RUN --out F``; ``--model`` and ``--output`` too."""
+    feats, out = str(tiny_data[1]), str(tmp_path / "o.h5")
+    new = parser().parse_args([str(run_dir), "--features", feats, "--out", out])
+    old = parser().parse_args(["--model", str(run_dir), "--features", feats, "--output", out])
+    assert vars(new) == vars(old) and new.model == str(run_dir) and new.out == out
+    text = parser().format_help()
+    assert "--out WSPECIFIER|FILE.h5" in text and "--output WSPECIFIER" not in text
+    assert "also read as --model" in text and "also read as --output" in text
+    for argv, named in ((["--features", feats, "--out", out], "name the model to run"),
+                        ([str(run_dir), "--features", feats], "--out WSPECIFIER|FILE.h5")):
+        with pytest.raises(SystemExit) as exc:
+            parser().parse_args(argv)
+        assert exc.value.code == 2 and named in capsys.readouterr().err
 
 
 def test_the_command_reports_a_user_error_in_one_line(tiny_data: tuple[Path, Path],
@@ -338,7 +356,7 @@ def test_an_existing_output_is_refused_by_name(run_dir: Path, tiny_data: tuple[P
     monkeypatch.chdir(tmp_path)
     for name in there:
         (tmp_path / name).write_text("someone's results\n")
-    with pytest.raises(ForwardError, match=f"--output: {named}; pass --overwrite"):
+    with pytest.raises(ForwardError, match=f"--out: {named}; pass --overwrite"):
         forward("--model", run_dir, "--features", tiny_data[1], "--output", spec)
     assert all((tmp_path / n).read_text() == "someone's results\n" for n in there)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(there)
