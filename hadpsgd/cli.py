@@ -37,6 +37,24 @@ def launch_rank(default: int = 0) -> int:
     return default
 
 
+RANK_ZERO_GRACE_S = 15.0
+"""How long a rank whose error launch rank 0 says for it waits before it exits."""
+
+
+def leave_it_to_rank_zero() -> None:
+    """On a launch rank other than 0, wait for rank 0 to say the error all ranks found.
+
+    For an error found before MPI starts, the same on every rank (the same arguments):
+    only rank 0 says it. But Open MPI ends the whole job at the first non-zero exit, and a
+    rank that exits before rank 0 has said it would leave nothing said; rank 0's own exit
+    ends this wait (the job ends), else it ends after :data:`RANK_ZERO_GRACE_S`.
+    """
+    import time
+
+    if launch_rank() != 0:
+        time.sleep(RANK_ZERO_GRACE_S)
+
+
 class RankParser(argparse.ArgumentParser):
     """An argument parser whose errors only the launch's rank 0 prints.
 
@@ -46,6 +64,7 @@ class RankParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> typing.NoReturn:  # noqa: D102
         if launch_rank() != 0:
+            leave_it_to_rank_zero()
             self.exit(2)
         super().error(message + self._suggestions(message))
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hadpsgd import comm, env, faults
+from hadpsgd.api.setup import said_once
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
 from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, check_backend, recover
 from hadpsgd.assembly.footprint import (
@@ -196,21 +197,12 @@ def _timed_out(err: comm.CommTimeoutError, topo: comm.Topology | None) -> int:
 def _user_error(err: BaseException, topo: comm.Topology) -> int:
     """A user error before training: said once and exit 2 where every rank found it.
 
-    Every rank checks the same flags and files, so usually every rank refuses alike: then
-    rank 0 says it once (and any other message once, with the ranks that gave it) and every
-    rank exits 2 cleanly, without an abort banner. Where some rank did not refuse within a
-    few seconds, the job is aborted as for any other failure (its peers may wait for it).
+    The API's own way (:func:`hadpsgd.api.setup.said_once`): where some rank did not refuse
+    within a few seconds, the job is aborted as for any other failure (its peers may wait
+    for it).
     """
-    every = topo.every_rank_failed(str(err) or type(err).__name__)
-    if every is None:
+    if not said_once(topo, str(err) or type(err).__name__):
         return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
-    if topo.rank == 0:
-        by_message: dict[str, list[int]] = {}
-        for rank, message in enumerate(every):
-            by_message.setdefault(message, []).append(rank)
-        for message, ranks in by_message.items():
-            where = "" if len(by_message) == 1 else f"rank(s) {', '.join(map(str, ranks))}: "
-            print(f"hadpsgd: error: {where}{message}", file=sys.stderr, flush=True)
     return EXIT_USER_ERROR
 
 

@@ -31,7 +31,7 @@ from hadpsgd.api.options import (
 )
 from hadpsgd.api.recipe import resolve_recipe
 from hadpsgd.api.samplers import Sampler, make_sampler
-from hadpsgd.api.setup import init
+from hadpsgd.api.setup import init, install_error_hooks
 from hadpsgd.api.state import collect, node_part, option_changes
 from hadpsgd.comm import Topology
 from hadpsgd.precision import autocast
@@ -73,8 +73,9 @@ class Distributed:
     Raises:
         OptionError: For an unknown algorithm or option, or a value of the wrong type or out
             of range, naming the keyword (before any communication, on every rank alike).
-        ValueError: If the model is not on the topology's device, or a parameter is not in
-            the optimizer.
+            One that escapes the script is said once, by rank 0, and every rank exits 2.
+        ValueError: If a parameter is not in the optimizer (an ``OptionError`` if the model
+            is not on the topology's device).
         hadpsgd.comm.TopologyError: If the layout does not suit the algorithm (BMUF needs
             nodes of equal size).
     """
@@ -84,6 +85,9 @@ class Distributed:
                  max_grad_norm: float | None = None, overlap: bool | str = "auto",
                  grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB, grad_wire: str = "fp32",
                  options: AlgoOptions | None = None, **option_values: Any) -> None:
+        if topology is None:
+            # init() below would install them, but a refusal comes before it: said once too.
+            install_error_hooks()
         entry = algorithm_spec(algo)
         said = None
         if options is None:  # built options are the user's every choice: no recipe

@@ -166,11 +166,12 @@ def check_layout(opts: AlgoOptions, topo: Topology) -> None:
 
 
 def check_device(model: nn.Module, topo: Topology) -> None:
-    """Refuse a model whose parameters are not on the topology's device."""
+    """Refuse a model whose parameters are not on the topology's device (an OptionError)."""
     elsewhere = {str(p.device) for p in model.parameters() if p.device != topo.device}
     if elsewhere:
-        raise ValueError(f"the model has parameters on {', '.join(sorted(elsewhere))}, but this "
-                         f"learner computes on {topo.device}: model.to(topology.device) first")
+        where = ", ".join(sorted(elsewhere))
+        raise OptionError("model", f"the model has parameters on {where}, but this learner "
+                                   f"computes on {topo.device}: model.to(topology.device) first")
 
 
 __all__ = ["SHARED_OPTIONS", "OptionError", "algorithm_spec", "build_options", "check_device",
