@@ -1,4 +1,4 @@
-"""Local launch helpers: find the venv's ``mpirun`` and start N ranks of ``hadpsgd.run``."""
+"""Local launch helpers: find the venv's ``mpirun`` and start N ranks of a script or module."""
 
 from hadpsgd.launch.mpirun import (
     Launcher,
