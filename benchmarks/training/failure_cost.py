@@ -180,23 +180,35 @@ def to_next_step(data: tuple[Path, Path], out: Path, case: dict[str, Any], deadl
 
 
 def next_step(output: str, recs: Sequence[dict[str, Any]]) -> dict[str, Any] | str:
-    """From a job's output and records: the fault -> next trained step figures, or why not.
+    """From a job's output and records: what the failure cost rank 0's training, or why not.
 
-    The fault's time is its line's ``t=`` (printed by the learner as it fails); the next
-    trained step is the first ``train`` record after the first ``failure`` record (rank 0
-    writes one a step under ``--log-every 1``, with the clock time it wrote it).
+    The fault's time is its line's ``t=`` (printed by the learner as it fails); rank 0
+    writes a ``train`` record a step under ``--log-every 1`` and the ``failure`` record when
+    the recovery is done, each with the clock time it wrote it. Figures:
+
+    - ``detected_s``: fault -> the ``failure`` record (found, revoked, shrunk, rebuilt,
+      adopted);
+    - ``stall_s``: the longest pause of rank 0's training from the fault to the first step
+      after the recovery (or to the recovery, where the run ended with it). SSGD and BMUF
+      stop at their next collective until the recovery is done; ADPSGD's survivors train on
+      (a dead learner is a straggler nobody waits for) and meet it at their next meeting;
+    - ``to_next_step_s``: fault -> the first step after the ``failure`` record (None where
+      the run ended with the recovery: ADPSGD found it at its last meeting).
     """
     fired = re.search(r"fault injection: .* t=([\d.]+)", output)
     fail = next((i for i, r in enumerate(recs) if r["kind"] == "failure"), None)
     if not fired or fail is None:
         return f"fault {'fired' if fired else 'not fired'}, " \
                f"{'a' if fail is not None else 'no'} failure record"
+    t0 = float(fired[1])
     after = next((r for r in recs[fail + 1:] if r["kind"] == "train"), None)
-    if after is None:
-        return "no trained step after the failure record"
-    return {"to_next_step_s": round(after["time"] - float(fired[1]), 3),
+    times = [t0, *(r["time"] for r in recs[:fail] if r["kind"] == "train" and r["time"] > t0),
+             recs[fail]["time"], *([after["time"]] if after else [])]
+    return {"detected_s": round(recs[fail]["time"] - t0, 3),
+            "stall_s": round(max(b - a for a, b in zip(times, times[1:], strict=False)), 3),
+            "to_next_step_s": round(after["time"] - t0, 3) if after else None,
             "recovery_s": recs[fail]["recovery_s"], "learners_after": recs[fail]["learners"],
-            "failure_step": recs[fail]["step"], "next_step": after["step"]}
+            "failure_step": recs[fail]["step"], "next_step": after["step"] if after else None}
 
 
 POOLED = ("adpsgd", "h-adpsgd")
@@ -241,18 +253,20 @@ def tables(result: dict[str, Any]) -> str:
                         f"{', '.join(f'{x:.3f}' for x in ov['ratios'][mode])} |")
         rows.append("")
     if result.get("cases"):
-        rows += ["| failure | algorithm | learners | rank | detector | fault -> next step | "
-                 "recovery | learners after |", "|---|---|---|---|---|---|---|---|"]
+        rows += ["| failure | algorithm | learners | rank | detector | longest pause of "
+                 "training | fault -> next step | fault -> recovered | recovery | learners "
+                 "after |", "|---|---|---|---|---|---|---|---|---|---|"]
         for c in result["cases"]:
             what = "SIGKILL" if c["kind"] == "kill" else "SIGSTOP"
             det = "on" if c.get("detector") else "off"
             if "problem" in c:
                 rows.append(f"| {what} | {c['algo']} | {c['nprocs']} | {c['rank']} | {det} | "
-                            f"failed: exit {c['exit']} | | |")
+                            f"failed: exit {c['exit']} | | | | |")
                 continue
+            nxt = "run ended" if c["to_next_step_s"] is None else f"{c['to_next_step_s']:.2f} s"
             rows.append(f"| {what} | {c['algo']} | {c['nprocs']} | {c['rank']} | {det} | "
-                        f"{c['to_next_step_s']:.2f} s | {c['recovery_s']:.2f} s | "
-                        f"{c['learners_after']} |")
+                        f"{c['stall_s']:.2f} s | {nxt} | {c['detected_s']:.2f} s | "
+                        f"{c['recovery_s']:.2f} s | {c['learners_after']} |")
     return "\n".join(rows)
 
 

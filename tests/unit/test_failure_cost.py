@@ -17,17 +17,24 @@ def test_next_step_is_the_first_train_record_after_the_failure() -> None:
             rec("failure", 20, 100.2, recovery_s=0.12, learners=3),
             rec("eval", 20, 100.3), rec("train", 21, 100.45), rec("train", 22, 100.5)]
     got = next_step(OUTPUT, recs)
-    assert got == {"to_next_step_s": 0.45, "recovery_s": 0.12, "learners_after": 3,
-                   "failure_step": 20, "next_step": 21}
+    assert got == {"detected_s": 0.2, "stall_s": 0.25, "to_next_step_s": 0.45,
+                   "recovery_s": 0.12, "learners_after": 3, "failure_step": 20, "next_step": 21}
+
+
+def test_a_pooled_run_that_trains_on_through_the_failure():
+    # ADPSGD: the survivors train on; the recovery comes at the run's last meeting.
+    recs = [rec("train", 19, 99.9), rec("train", 20, 100.01), rec("train", 24, 100.02),
+            rec("train", 30, 100.1), rec("failure", 30, 100.3, recovery_s=0.17, learners=3),
+            rec("eval", 31, 100.35)]
+    got = next_step(OUTPUT, recs)
+    assert got["stall_s"] == 0.2 and got["detected_s"] == 0.3  # the meeting's recovery
+    assert got["to_next_step_s"] is None and got["next_step"] is None
 
 
 def test_next_step_says_what_is_missing() -> None:
     assert next_step("no fault line", [rec("failure", 5, 1.0)]) == \
         "fault not fired, a failure record"
     assert next_step(OUTPUT, [rec("train", 1, 1.0)]) == "fault fired, no failure record"
-    assert next_step(OUTPUT, [rec("failure", 5, 101.0, recovery_s=0.1, learners=3),
-                              rec("eval", 9, 101.1)]) == \
-        "no trained step after the failure record"
 
 
 def test_cases_cover_every_algorithm_at_4_and_8_and_rank_0() -> None:
@@ -51,7 +58,12 @@ def test_tables_show_a_failed_case_as_failed() -> None:
                          "problem": "exit 1"},
                         {"kind": "stop", "algo": "adpsgd", "nprocs": 4, "rank": 3,
                          "detector": True, "to_next_step_s": 2.1, "recovery_s": 0.2,
-                         "learners_after": 3}]}
+                         "learners_after": 3, "stall_s": 2.0, "detected_s": 2.05},
+                        {"kind": "kill", "algo": "adpsgd", "nprocs": 4, "rank": 3,
+                         "to_next_step_s": None, "recovery_s": 0.17, "learners_after": 3,
+                         "stall_s": 0.2, "detected_s": 0.3}]}
     text = tables(result)
-    assert "| SIGKILL | ssgd | 4 | 3 | off | failed: exit 1 |" in text
-    assert "| SIGSTOP | adpsgd | 4 | 3 | on | 2.10 s | 0.20 s | 3 |" in text
+    assert "| SIGKILL | ssgd | 4 | 3 | off | failed: exit 1 | | | | |" in text
+    assert "| SIGSTOP | adpsgd | 4 | 3 | on | 2.00 s | 2.10 s | 2.05 s | 0.20 s | 3 |" in text
+    assert "| SIGKILL | adpsgd | 4 | 3 | off | 0.20 s | run ended | 0.30 s | 0.17 s | 3 |" \
+        in text
