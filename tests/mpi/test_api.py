@@ -41,7 +41,8 @@ def test_a_learner_that_stops_stepping_is_named_within_the_deadline():
 @pytest.mark.parametrize("algo", ["ssgd", "bmuf", "adpsgd"])
 def test_the_example_trains_its_own_model(algo, tiny_data):
     res = run_mpi(4, [str(ROOT / "examples" / "own_model.py"), "--algo", algo,
-                      "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1])],
+                      "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
+                      "--epochs", "2"],
                   env=TWO_NODES)
     assert_ok(res)
     found = re.search(r"held-out CTC loss ([\d.]+) -> ([\d.]+)", res.stdout)
