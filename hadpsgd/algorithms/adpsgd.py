@@ -46,8 +46,10 @@ class ADPSGDOptions(AlgoOptions):
     flight waits for that exchange and applies it before stepping on (0: never wait)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
-    rounding error into the next exchange (error feedback)."""
+    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (BMUF only: per
+    4096 values the largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below
+    fp32); compressed formats carry their rounding error into the next exchange (error
+    feedback)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -62,6 +64,14 @@ class ADPSGDOptions(AlgoOptions):
             raise ConfigError(f"{self.flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
         self.check_choices()  # --wire
+        if self.wire == "topk":
+            # Gossip sends whole models (encode(w + e)), not their changes: the top 1.6 % of a
+            # model's weights differ between two partners by the weights' own size, so each
+            # delta would swing the models far apart (CHOCO-SGD's compressed differences are
+            # not built). BMUF's block deltas are what top-k suits.
+            raise ConfigError("--wire topk compresses BMUF's block deltas; ADPSGD's gossip "
+                              "sends whole models: use --wire int8 or int4 with --algo adpsgd, "
+                              "or --wire topk with --algo bmuf")
 
     def ranks_per_node(self) -> int | None:
         """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
@@ -333,6 +343,16 @@ class ADPSGD(Algorithm):
         # were this replica's when it was made.
         self.buffers.write_into(self._eval_model, self._average_buffers)
         yield self._eval_model
+
+    def internode_bytes(self) -> tuple[int, int]:
+        """Bytes sent and received across nodes: the gradients' and the gossip's.
+
+        The gradients cross no node (a super-learner is one node); the gossip's payloads and
+        flags do (only a leader gossips).
+        """
+        sent, received = super().internode_bytes()
+        t = self.thread
+        return (sent + (t.bytes_sent if t else 0), received + (t.bytes_received if t else 0))
 
     def metrics(self) -> dict[str, float]:
         """Gossip health: exchanges per step, staleness, bytes sent, last consensus distance.

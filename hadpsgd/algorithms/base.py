@@ -12,7 +12,12 @@ import torch
 from torch import nn
 
 from hadpsgd.algorithms.buffers import ModelBuffers
-from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB, GradCheck, GradSync
+from hadpsgd.algorithms.gradsync import (
+    DEFAULT_GRAD_BUCKET_MB,
+    GradCheck,
+    GradSync,
+    internode_share,
+)
 from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.algorithms.scaler import LossScaler
 from hadpsgd.comm import FlatBuffer, Topology, cudnn_weight_groups
@@ -297,17 +302,38 @@ class Algorithm:
 
         Algorithms add their own to these (``{**super().metrics(), ...}``).
         """
-        figures = {"grad_wire_bytes": float(self.gradsync.wire_bytes)}
+        sent, received = self.internode_bytes()
+        figures = {"grad_wire_bytes": float(self.gradsync.wire_bytes),
+                   "internode_bytes": float(sent), "internode_bytes_received": float(received)}
         if self.scaler is not None:
             figures["loss_scale"] = self.scaler.scale
             figures["overflow_steps"] = float(self.scaler.overflow_steps)
         return figures
 
+    def internode_bytes(self) -> tuple[int, int]:
+        """Bytes this rank sent to and received from other nodes so far: ``(sent, received)``.
+
+        Here the gradients' share of the hierarchical allreduce (SSGD's every step, BMUF's
+        warm-up); algorithms add their own exchanges (BMUF's block syncs, ADPSGD's gossip).
+        """
+        grads = self.gradsync.internode_bytes
+        return grads, grads  # a ring receives what it sends
+
+    def ssgd_fp32_bytes(self, steps: int) -> int:
+        """What this rank would have sent between nodes in ``steps`` steps of SSGD in fp32.
+
+        The reference of ``--wire``'s savings: every parameter's gradient, 4 bytes a value,
+        through the hierarchical allreduce, every step.
+        """
+        values = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return steps * internode_share(4 * values, self.topo)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: the algorithm's counters and the optimizer state."""
         state = {"name": self.name, "steps": self.steps, "skipped_steps": self.skipped_steps,
                  "optimizer": self.optimizer.state_dict(),
-                 "grad_wire_bytes": self.gradsync.wire_bytes}
+                 "grad_wire_bytes": self.gradsync.wire_bytes,
+                 "internode_grad_bytes": self.gradsync.internode_bytes}
         if self.scaler is not None:
             state["loss_scale"] = self.scaler.state_dict()
         return state
@@ -327,6 +353,7 @@ class Algorithm:
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.optimizer.load_state_dict(state["optimizer"])
         self.gradsync.wire_bytes = int(state.get("grad_wire_bytes", 0))
+        self.gradsync.internode_bytes = int(state.get("internode_grad_bytes", 0))
         if self.scaler is not None and "loss_scale" in state:
             # A run resumed in fp16 from a bf16/fp32 checkpoint starts the scale afresh.
             self.scaler.load_state_dict(state["loss_scale"])

@@ -111,6 +111,8 @@ class GossipThread(threading.Thread):
             self._delta_dev = delta_buf if delta_buf is not None else torch.empty_like(flat)
         self.bytes_sent = 0
         """Bytes this leader sent to its partners (payloads and flags)."""
+        self.bytes_received = 0
+        """Bytes this leader received from its partners (a swap: as many as it sent)."""
         self._cond = threading.Condition()
         self._steps = 0
         self._delta: torch.Tensor | None = None
@@ -281,6 +283,7 @@ class GossipThread(threading.Thread):
         # A pair's exchanges are matched in order (MPI does not overtake): one tag suffices.
         self.channel.exchange(self._send, self._recv, p, tag=0, what=what)
         self.bytes_sent += self._send.nbytes
+        self.bytes_received += self._recv.nbytes
 
     def _swap(self, p: int) -> torch.Tensor | None:
         """Swap snapshots as they are; the delta, or None if either side is non-finite."""

@@ -53,6 +53,17 @@ def _ring_bytes(nbytes: int, n: int) -> int:
     return 2 * (n - 1) * nbytes // n
 
 
+def internode_share(nbytes: int, topo: Topology) -> int:
+    """What a rank sends *between nodes* in a hierarchical allreduce of ``nbytes``.
+
+    The node's sum is cut in ``local_size`` slices, slice *j* crosses the nodes as a ring
+    among local rank *j* of every node, 2 (N - 1) / N of its bytes (N nodes), and the rest
+    stays inside the node. The per-rank mean of the ``leader`` form too (there local rank 0
+    sends all of it). Also what the rank receives: a ring is symmetric.
+    """
+    return _ring_bytes(nbytes, topo.num_nodes) // max(1, topo.local_size)
+
+
 def total(t: torch.Tensor) -> torch.Tensor:
     """The sum of ``t`` (float32 for half precision): NaN or Inf if any element is."""
     return t.sum(dtype=_wide(t))
@@ -91,6 +102,10 @@ class GradSync:
         """Gradient bytes this rank sent in reductions so far: for ``bf16`` the payloads it
         sent, for ``fp32`` a ring allreduce's share, 2 (n - 1) / n of each bucket's bytes
         (MPI picks its own algorithm; the ring is the bandwidth-optimal one)."""
+        self.internode_bytes = 0
+        """Of those, this rank's share of what crossed nodes (:func:`internode_share` of each
+        world-scope bucket on the wire; a node-scope mean crosses none). A ring is symmetric:
+        the rank received as many."""
         self.topo = topo
         self.flat = FlatBuffer(params, kind="grad")
         layout = []
@@ -135,6 +150,10 @@ class GradSync:
         if scope not in ("world", "node"):
             raise ValueError(f"gradient scope must be 'world' or 'node', got {scope!r}")
         n = self.topo.size if scope == "world" else self.topo.local_size
+        if scope == "world":  # bf16 halves what crosses the nodes too
+            half = self.wire == "bf16" and view.dtype == torch.float32
+            self.internode_bytes += internode_share(
+                view.numel() * (2 if half else view.element_size()), self.topo)
         if self.wire == "bf16" and view.dtype == torch.float32:
             self._reduce_half(view, scope, n)
             return
@@ -219,4 +238,5 @@ class GradSync:
         self.reducer.close()
 
 
-__all__ = ["DEFAULT_GRAD_BUCKET_MB", "GRAD_WIRES", "GradCheck", "GradSync", "total"]
+__all__ = ["DEFAULT_GRAD_BUCKET_MB", "GRAD_WIRES", "GradCheck", "GradSync", "internode_share",
+           "total"]

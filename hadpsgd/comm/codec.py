@@ -1,22 +1,45 @@
-"""The wire formats of the inter-node exchanges: ``fp32``, ``bf16`` and ``int8`` payloads.
+"""The wire formats of the inter-node exchanges: ``fp32``, ``bf16``, ``int8``, ``int4``, ``topk``.
 
-``--wire fp32|bf16|int8`` picks what BMUF's block sync and ADPSGD's gossip put on the
-inter-node link: the tensor's own bytes (``fp32``, no compression), bfloat16 (2 bytes a
-value), or int8 with one fp32 scale per :data:`INT8_CHUNK` values (~1 byte a value). The
-payload is a flat ``uint8`` tensor, so MPI moves it as bytes whatever the dtype.
+``--wire`` picks what BMUF's block sync and ADPSGD's gossip put on the inter-node link: the
+tensor's own bytes (``fp32``, no compression), bfloat16 (2 bytes a value), int8 with one fp32
+scale per :data:`INT8_CHUNK` values (~1 byte a value), or the sub-byte formats of
+:mod:`hadpsgd.comm.sparse`: ``int4`` (~0.5 byte a value) and ``topk`` (per chunk of 4,096
+values its largest ``fraction``, 12-bit indices and 2-bit values: ~141x below fp32 at the
+default 1/64). The payload is a flat ``uint8`` tensor, so MPI moves it as bytes whatever the
+dtype, and its size depends only on the number of values and the wire, never on the data.
+
+A wire is named by a *spec*, a string that says all a decoder needs: a format of
+:data:`WIRES`, with ``topk``'s fraction after a colon (``topk:0.015625``; :func:`wire_spec`
+writes one, :func:`parse_wire` reads it). Callers pass the spec where they passed the
+format, and checkpoints record it, so a resume with another fraction is refused by name.
 
 A compressed format rounds; *error feedback* (1-bit Adam, PowerSGD) carries what one exchange
 lost into the next: send ``encode(x + e)``, keep ``e = (x + e) - decode(that)``. Over K
-exchanges the decoded values then sum to the inputs' sum minus the last residual, which stays
-within one rounding step, so nothing is lost for good. The callers keep the residuals
-(:class:`~hadpsgd.comm.compressed.CompressedMean`, ADPSGD's gossip); this module only codes.
+exchanges the decoded values then sum to the inputs' sum minus the last residual, so nothing
+is lost for good (for ``topk`` the residual holds what was not yet chosen). The callers keep
+the residuals (:class:`~hadpsgd.comm.compressed.CompressedMean`, ADPSGD's gossip); this
+module only codes.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
-WIRES: tuple[str, ...] = ("fp32", "bf16", "int8")
+from hadpsgd.comm.sparse import (
+    TOPK_FRACTION,
+    decode_int4_rows,
+    decode_topk_rows,
+    encode_int4_rows,
+    encode_topk_rows,
+    int4_bytes,
+    reinterpret,
+    topk_bytes,
+)
+
+WIRES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "topk")
 """Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
 INT8_CHUNK = 1024
 """Values per int8 scale. A scale costs 4 bytes, so 1024 values carry 4/1024 = 0.4 % of
@@ -24,42 +47,79 @@ overhead (int8 stays at 3.98x below fp32), while a chunk is still small enough t
 large value only coarsens the rounding of its own 1023 neighbours, not of a whole layer."""
 
 
+@dataclass(frozen=True)
+class Wire:
+    """A parsed wire spec: the format and, for ``topk``, the fraction of values sent."""
+
+    name: str
+    fraction: float = TOPK_FRACTION
+
+
+def wire_spec(name: str, fraction: float = TOPK_FRACTION) -> str:
+    """The spec of format ``name``: ``topk:<fraction>`` for top-k, else ``name`` itself."""
+    spec = f"topk:{float(fraction)!r}" if name == "topk" else name
+    parse_wire(spec)  # refuses an unknown format or a fraction out of range
+    return spec
+
+
+@functools.lru_cache(maxsize=64)
+def parse_wire(spec: str) -> Wire:
+    """The :class:`Wire` a spec names (``topk`` alone: the default fraction).
+
+    Raises:
+        ValueError: For a format not in :data:`WIRES` or a fraction outside (0, 1].
+    """
+    name, _, rest = str(spec).partition(":")
+    if name not in WIRES or (rest and name != "topk"):
+        raise ValueError(f"wire must be one of {', '.join(WIRES)} (topk:FRACTION for a "
+                         f"fraction), got {spec!r}")
+    if not rest:
+        return Wire(name)
+    try:
+        fraction = float(rest)
+    except ValueError:
+        fraction = float("nan")
+    if not 0.0 < fraction <= 1.0:  # NaN fails this too
+        raise ValueError(f"the topk fraction must be in (0, 1], got {rest!r} in {spec!r}")
+    return Wire(name, fraction)
+
+
 def check_wire(wire: str) -> None:
-    """Raise ``ValueError`` unless ``wire`` is one of :data:`WIRES`."""
-    if wire not in WIRES:
-        raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")
+    """Raise ``ValueError`` unless ``wire`` is a spec of one of :data:`WIRES`."""
+    parse_wire(wire)
 
 
 def payload_bytes(numel: int, wire: str, elem_size: int = 4) -> int:
     """Bytes :func:`encode` makes of ``numel`` values (``elem_size``: the dtype's, for fp32)."""
-    check_wire(wire)
-    if wire == "fp32":
+    w = parse_wire(wire)
+    if w.name == "fp32":
         return numel * elem_size
-    if wire == "bf16":
+    if w.name == "bf16":
         return 2 * numel
+    if w.name == "int4":
+        return int4_bytes(numel)
+    if w.name == "topk":
+        return topk_bytes(numel, w.fraction)
     return numel + 4 * -(-numel // INT8_CHUNK)
-
-
-def reinterpret(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bytes seen as ``dtype`` (a copy where they are not aligned to its size)."""
-    if p.shape[-1] == 0:  # torch gives an empty row the stride 1, which no view accepts
-        return torch.empty(p.shape, dtype=dtype, device=p.device)
-    try:
-        return p.view(dtype)
-    except RuntimeError:  # a fresh tensor: clone() would keep a size-1 row's odd stride
-        return torch.empty(p.shape, dtype=p.dtype, device=p.device).copy_(p).view(dtype)
 
 
 def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
     """Encode each row of the 2-D ``x`` on its own: ``[R, m]`` values -> ``[R, P]`` bytes.
 
-    May return a view of ``x`` (fp32). int8 rows are ``[scales (fp32) | values (int8)]``.
+    May return a view of ``x`` (fp32). int8 rows are ``[scales (fp32) | values (int8)]``;
+    ``int4`` and ``topk`` rows are :mod:`hadpsgd.comm.sparse`'s. Each row has
+    ``payload_bytes(m, wire)`` bytes, whatever its values.
     """
     rows, m = x.shape
-    if wire == "fp32":
+    w = parse_wire(wire)
+    if w.name == "fp32":
         return x.contiguous().view(torch.uint8)
-    if wire == "bf16":
+    if w.name == "bf16":
         return x.to(torch.bfloat16).view(torch.uint8)
+    if w.name == "int4":
+        return encode_int4_rows(x)
+    if w.name == "topk":
+        return encode_topk_rows(x, w.fraction)
     chunks = -(-m // INT8_CHUNK)
     blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * INT8_CHUNK - m))
     blocks = blocks.view(rows, chunks, INT8_CHUNK)
@@ -76,10 +136,15 @@ def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
 
 def decode_rows(p: torch.Tensor, m: int, wire: str, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`encode_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype`` (may alias)."""
-    if wire == "fp32":
+    w = parse_wire(wire)
+    if w.name == "fp32":
         return reinterpret(p, dtype)
-    if wire == "bf16":
+    if w.name == "bf16":
         return reinterpret(p, torch.bfloat16).to(dtype)
+    if w.name == "int4":
+        return decode_int4_rows(p, m, dtype)
+    if w.name == "topk":
+        return decode_topk_rows(p, m, w.fraction, dtype)
     rows, chunks = p.shape[0], -(-m // INT8_CHUNK)
     scale = reinterpret(p[:, :4 * chunks], torch.float32)
     out = torch.zeros(rows, chunks * INT8_CHUNK, dtype=torch.float32, device=p.device)
@@ -93,24 +158,22 @@ def encode(x: torch.Tensor, wire: str) -> torch.Tensor:
 
     ``fp32``: the raw bytes of ``x`` (its own dtype); ``bf16``: ``x`` rounded to bfloat16;
     ``int8``: per chunk of :data:`INT8_CHUNK` values, ``scale = absmax / 127`` (fp32) and
-    ``q = round(x / scale)`` (a zero chunk has scale 0; a non-finite one a non-finite scale).
-    Computed on ``x``'s device.
+    ``q = round(x / scale)`` (a zero chunk has scale 0; a non-finite one a non-finite scale);
+    ``int4``, ``topk``: :mod:`hadpsgd.comm.sparse`. Computed on ``x``'s device.
     """
-    check_wire(wire)
     out = encode_rows(x.reshape(1, -1), wire).reshape(-1)
-    return out.clone() if wire == "fp32" else out
+    return out.clone() if parse_wire(wire).name == "fp32" else out
 
 
 def decode(payload: torch.Tensor, numel: int, wire: str, dtype: torch.dtype) -> torch.Tensor:
     """The ``numel`` values of ``dtype`` an :func:`encode` payload stands for (a new tensor)."""
-    check_wire(wire)
     elem = torch.empty(0, dtype=dtype).element_size()
     if payload.numel() != payload_bytes(numel, wire, elem):
         raise ValueError(f"a {wire} payload of {numel} {dtype} values has "
                          f"{payload_bytes(numel, wire, elem)} bytes, got {payload.numel()}")
     out = decode_rows(payload.reshape(1, -1), numel, wire, dtype).reshape(-1)
-    return out.clone() if wire == "fp32" else out
+    return out.clone() if parse_wire(wire).name == "fp32" else out
 
 
-__all__ = ["INT8_CHUNK", "WIRES", "check_wire", "decode", "decode_rows", "encode", "encode_rows",
-           "payload_bytes", "reinterpret"]
+__all__ = ["INT8_CHUNK", "TOPK_FRACTION", "WIRES", "Wire", "check_wire", "decode", "decode_rows",
+           "encode", "encode_rows", "parse_wire", "payload_bytes", "reinterpret", "wire_spec"]

@@ -9,6 +9,14 @@ on every rank; a rank sends 2 (N - 1) / N times the payload of the tensor, like 
 allreduce, so int8 moves ~4x fewer bytes than fp32 for any number of nodes N. The wire
 formats and error feedback are :mod:`hadpsgd.comm.codec`'s.
 
+Sparse messages (``topk``) cannot be summed on the wire, and this design never does: node k
+decodes its shard's N top-k versions to dense values, averages them densely, and re-encodes
+the mean as a top-k of the same fixed size (what the union of the N supports loses beyond k
+a chunk stays in node k's server residual, sent in a later round). So a rank receives
+exactly what it sends, 2 (N - 1) / N of the tensor's top-k payload, ~141x below fp32's share
+at 1/64, and that does not grow with N; an allgather of every node's sparse message instead
+would receive (N - 1) whole payloads, growing linearly with N.
+
 :class:`HierarchicalHalfMean` is ``--grad-wire bf16`` across nodes: the world's mean of a
 gradient bucket with the node's sum made in full precision inside the node and only the
 inter-node leg a :class:`CompressedMean` in bfloat16.
@@ -66,7 +74,8 @@ class CompressedMean:
         numel: Elements of the tensors :meth:`mean_` takes.
         dtype: Their dtype (floating point).
         device: Their device (encoding runs there; MPI gets host copies).
-        wire: One of :data:`~hadpsgd.comm.codec.WIRES`.
+        wire: A wire spec (:func:`~hadpsgd.comm.codec.wire_spec`): a format of
+            :data:`~hadpsgd.comm.codec.WIRES`, ``topk`` with its fraction.
         intra: A private intra-node communicator (split the tensor in the node), or None.
         node_ranks: World ranks in ``intra``, by local rank.
         polled: Use non-blocking collectives polled with short sleeps instead of blocking
@@ -95,6 +104,9 @@ class CompressedMean:
         self.elem = torch.empty(0, dtype=dtype).element_size()
         self.bytes_sent = 0
         """Payload bytes this rank sent to other nodes so far."""
+        self.bytes_received = 0
+        """Payload bytes this rank received from other nodes so far (both stages are
+        symmetric: each rank receives as many as it sends)."""
         self.polled = polled
         # Per bucket: its slice of the tensor, its shard length, where its residuals sit.
         self._buckets: list[tuple[int, int, int, int]] = []
@@ -176,6 +188,7 @@ class CompressedMean:
         else:
             out = encode_rows(mean.view(1, shard), self.wire)
         self.bytes_sent += 2 * (nodes - 1) * size
+        self.bytes_received += 2 * (nodes - 1) * size  # N - 1 shards in, in either stage
         # A split node also passes on its slice's server residual (see below).
         extra = shard * self.elem if feedback and self.slices > 1 else 0
         record = self._stager.buffer(torch.uint8, nodes * size + extra, slot=2,
@@ -218,7 +231,8 @@ class CompressedMean:
         if saved != (self.wire, self.numel, self._layout()):
             raise ValueError(f"compressed-mean state of wire/numel/layout {saved} does not fit "
                              f"{(self.wire, self.numel, self._layout())} (nodes, slices, "
-                             "bucket): resume with the same --wire and layout")
+                             "bucket): resume with the same --wire (and --topk-fraction) and "
+                             "layout")
         self._worker.copy_(state["worker"])
         self._server.copy_(state["server"])
 

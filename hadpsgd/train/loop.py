@@ -25,7 +25,7 @@ from hadpsgd.train.evaluate import EvalResult, evaluate, speech_note
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.plan import EpochPlan
 from hadpsgd.train.pooled import PooledPlan
-from hadpsgd.train.progress import Progress, on_terminal
+from hadpsgd.train.progress import Progress, internode_line, on_terminal
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
 from hadpsgd.train.snapshot import Snapshots
@@ -254,7 +254,19 @@ class Trainer:
         return bool(self.opts.max_steps) and self.pos.global_step >= self.opts.max_steps
 
     def run(self) -> list[EvalResult]:
-        """Train to the end (all epochs or ``max_steps``); returns the held-out history."""
+        """Train to the end (all epochs or ``max_steps``); returns the held-out history.
+
+        Rank 0 ends with the bytes it sent and received across nodes, per trained frame and
+        against SSGD in fp32 (:func:`~hadpsgd.train.progress.internode_line`).
+        """
+        history = self._run()
+        if self.topo.rank == 0 and self.pos.global_step:
+            frames = self.pos.global_step * self.opts.batch_size * self.train_set.chunk_len
+            print(f"[hadpsgd] {internode_line(self.algo, self.pos.global_step, frames)}",
+                  flush=True)
+        return history
+
+    def _run(self) -> list[EvalResult]:
         # By launch rank: after a failure the survivors renumber, their files do not.
         launch = self.topo.launch_ranks[self.topo.rank] if self.topo.launch_ranks \
             else self.topo.rank

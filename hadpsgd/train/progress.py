@@ -26,6 +26,26 @@ def on_terminal() -> bool:
     return reaches_terminal() if told is None else told
 
 
+def internode_line(algo: Algorithm, steps: int, frames: int) -> str:
+    """The run's inter-node traffic as this rank counts it, per trained frame and against SSGD.
+
+    Args:
+        algo: The algorithm (:meth:`~hadpsgd.algorithms.Algorithm.internode_bytes`).
+        steps: Steps taken (the reference: SSGD in fp32 for as many steps).
+        frames: Frames this rank trained in them (positions of its batches).
+    """
+    sent, received = algo.internode_bytes()
+    ssgd = algo.ssgd_fp32_bytes(steps)
+    head = (f"inter-node bytes of this rank after {steps} steps: {sent / 2**20:.2f} MiB sent, "
+            f"{received / 2**20:.2f} MiB received")
+    if ssgd == 0:  # one node: SSGD would send nothing between nodes either
+        return head + " (one node: nothing crosses nodes)"
+    per = max(frames, 1)
+    ratio = f"{ssgd / sent:.1f}x fewer" if sent else "none"
+    return (f"{head}; per trained frame {sent / per:.3g} sent, {received / per:.3g} received; "
+            f"SSGD in fp32 would have sent {ssgd / per:.3g} a frame: {ratio}")
+
+
 class Progress:
     """Counts steps since the last log line and writes it (frames/s, loss, algorithm figures).
 

@@ -97,17 +97,20 @@ def test_default_recipe_and_one_node_is_reported(tiny_data, tmp_path):
                                                                   1.0)
 
 
-def test_overlapped_streaming_int8_resume_is_bit_exact(tiny_data, tmp_path):
+@pytest.mark.parametrize("wire", [("int8",), ("int4",), ("topk", "--topk-fraction", "0.03")],
+                         ids=["int8", "int4", "topk"])
+def test_overlapped_streaming_compressed_resume_is_bit_exact(tiny_data, tmp_path, wire):
     # The issue-18 syncs through the main command: two fragments (blocks of 3 steps,
     # staggered: fragment 0 ends its first block after 1 step), each average applied one
-    # block late, int8 deltas with error feedback. The checkpoint at step 10 holds a mean in
-    # flight and the wire's rounding errors (per worker); killed at 13 and resumed, the run
-    # must end bit for bit as the uninterrupted one.
+    # block late, compressed deltas with error feedback (issue 45: int4, and top-k, whose
+    # residuals hold most of every delta). The checkpoint at step 10 holds a mean in flight
+    # and the wire's residuals (per worker); killed at 13 and resumed, the run must end bit
+    # for bit as the uninterrupted one.
     import json
 
     from tests.mpi._resume import assert_same_run
 
-    k, extra = 10, ("--bmuf-overlap", "--bmuf-fragments", "2", "--wire", "int8")
+    k, extra = 10, ("--bmuf-overlap", "--bmuf-fragments", "2", "--wire", *wire)
     full = _train(tiny_data, tmp_path / "full", "--max-steps", str(2 * k),
                   "--checkpoint-every", str(k), *extra)
     assert _train(tiny_data, tmp_path / "part", "--max-steps", str(2 * k),
@@ -116,11 +119,21 @@ def test_overlapped_streaming_int8_resume_is_bit_exact(tiny_data, tmp_path):
            str(k), "--resume", "auto", *extra)
     assert_same_run(tmp_path / "full", tmp_path / "part")
     mid = json.loads((tmp_path / "full" / "config.json").read_text())["algo"]
-    assert mid["bmuf_overlap"] and mid["bmuf_fragments"] == 2 and mid["wire"] == "int8"
+    assert mid["bmuf_overlap"] and mid["bmuf_fragments"] == 2 and mid["wire"] == wire[0]
     train = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text()
              .splitlines() if '"train"' in line]
     assert train and all(r["wire_bytes"] > 0 for r in train)  # bytes on the wire, logged
     assert len(full["algo"]["bmuf"]["fragments"]) == 2
+    # Every train record counts what crossed nodes, both ways (issue 45): the warm-up's two
+    # SSGD steps (a ring's share of the fp32 gradient, 2 (N - 1) / N x 4 P with one learner
+    # a node) and the block syncs. The final line compares them with SSGD in fp32.
+    from hadpsgd.models import build_model
+
+    grads = 2 * 4 * sum(p.numel() for p in build_model("tiny", 260, 12).parameters())
+    for r in train:
+        assert r["internode_bytes"] == r["internode_bytes_received"] == grads + r["wire_bytes"]
+    log = (tmp_path / "full" / "train.log").read_text()
+    assert "per trained frame" in log and "SSGD in fp32 would have sent" in log, log[-2000:]
 
 
 def test_a_leader_dying_with_its_part_written_leaves_the_previous_checkpoint(tiny_data,

@@ -22,7 +22,7 @@ from tests.fakes import OneLearner
 
 BMUF_FLAGS = ["sync_period", "block_momentum", "block_lr", "nesterov", "adam_moments",
               "bmuf_warmup_steps", "bmuf_warmup_moments", "bmuf_overlap", "bmuf_fragments",
-              "wire"]
+              "wire", "topk_fraction"]
 """BMUF's options as the run's flags and config.json name them."""
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from hadpsgd.comm import WIRES, decode, encode, payload_bytes
-from hadpsgd.comm.codec import INT8_CHUNK
+from hadpsgd.comm.codec import INT8_CHUNK, parse_wire
+from hadpsgd.comm.sparse import INT4_CHUNK, TOPK_CHUNK
 
 SIZES = [0, 1, 5, INT8_CHUNK - 1, INT8_CHUNK, INT8_CHUNK + 1, 3 * INT8_CHUNK + 17]
 
@@ -92,23 +93,31 @@ def test_zero_chunk_decodes_to_zero():
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("wire", WIRES)
 def test_non_finite_input_stays_non_finite(wire, bad):
-    x = _data(3 * INT8_CHUNK, seed=3)
-    x[INT8_CHUNK + 5] = bad
+    # A value in the second top-k chunk (4096 values), inside int8's and int4's fifth chunk
+    # (1024 values): its own chunk is spoilt, and only it.
+    at = TOPK_CHUNK + 5
+    x = _data(3 * TOPK_CHUNK, seed=3)
+    x[at] = bad
     y = decode(encode(x, wire), x.numel(), wire, torch.float32)
-    assert not math.isfinite(float(y[INT8_CHUNK + 5]))
-    if wire == "int8":  # the whole chunk is spoilt, and only it
-        assert not bool(torch.isfinite(y[INT8_CHUNK:2 * INT8_CHUNK]).any())
-    others = torch.cat([y[:INT8_CHUNK], y[2 * INT8_CHUNK:]])
+    assert not math.isfinite(float(y[at]))
+    chunk = {"int8": INT8_CHUNK, "int4": INT4_CHUNK, "topk": TOPK_CHUNK}.get(wire, 1)
+    lo = at // chunk * chunk
+    if wire in ("int8", "int4"):  # every value of the chunk carries the spoilt scale
+        assert not bool(torch.isfinite(y[lo:lo + chunk]).any())
+    others = torch.cat([y[:lo], y[lo + chunk:]])
     assert bool(torch.isfinite(others).all())
 
 
-@pytest.mark.parametrize("wire", ["bf16", "int8"])
+@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "topk", "topk:0.1"])
 def test_error_feedback_telescopes(wire):
     # By definition: s_k = decode(encode(x_k + e_{k-1})), e_k = x_k + e_{k-1} - s_k, e_0 = 0.
     # Summing e_k - e_{k-1} = x_k - s_k over k: sum s_k = sum x_k - e_K. So the sent values
     # lose nothing but the last residual, which is one rounding of one round's value: it
-    # does not grow with K (without feedback the error of the sum grows like K).
-    n, rounds = 2 * INT8_CHUNK + 100, 50
+    # does not grow with K (without feedback the error of the sum grows like K). For top-k
+    # the residual holds what was not yet chosen: a value of at most 0.4 a round waits about
+    # 1 / fraction rounds to be chosen, so it stays within a few times 0.4 / fraction.
+    topk = wire.startswith("topk")
+    n, rounds = (2 * TOPK_CHUNK + 300, 600) if topk else (2 * INT8_CHUNK + 100, 50)
     e = torch.zeros(n, dtype=torch.float64)
     sent_sum = torch.zeros(n, dtype=torch.float64)
     x_sum = torch.zeros(n, dtype=torch.float64)
@@ -124,8 +133,9 @@ def test_error_feedback_telescopes(wire):
         plain_sum += decode(encode(x, wire), n, wire, torch.float64)
     assert float((sent_sum + e - x_sum).abs().max()) < 1e-12 * rounds
     # |e_K| is one rounding of y_K = x_K + e_{K-1}, |y_K| < 0.41: half a bf16 step, or half
-    # an int8 scale (absmax / 127)
-    bound = 2.0**-8 * 0.41 if wire == "bf16" else 0.5 * 0.41 / 127
+    # an int8 scale (absmax / 127); int4's coarser residual (up to 0.031) makes |y_K| < 0.44
+    bound = {"bf16": 2.0**-8 * 0.41, "int8": 0.5 * 0.41 / 127, "int4": 0.5 * 0.44 / 7}.get(
+        wire, 2 * 0.4 / parse_wire(wire).fraction)
     assert float(e.abs().max()) <= bound
     assert float((sent_sum - x_sum).abs().max()) < float((plain_sum - x_sum).abs().max())
 
@@ -135,7 +145,7 @@ def test_decode_checks_the_payload_size():
     with pytest.raises(ValueError, match="bytes, got"):
         decode(p[:-1], 100, "int8", torch.float32)
     with pytest.raises(ValueError, match="wire must be one of"):
-        encode(torch.ones(3), "int4")
+        encode(torch.ones(3), "fp8")
 
 
 def test_decode_of_an_unaligned_slice():
@@ -168,5 +178,9 @@ def test_adpsgd_wire_option():
     assert algorithm_kwargs(parse_config(["--algo", "adpsgd"]))["options"].wire == "fp32"
     cfg = parse_config(["--algo", "adpsgd", "--wire", "int8"])
     assert algorithm_kwargs(cfg)["options"].wire == "int8"
-    with pytest.raises(ConfigError, match="--wire must be one of fp32, bf16, int8"):
-        ADPSGD.Options(wire="int4")
+    assert ADPSGD.Options(wire="int4").wire == "int4"
+    with pytest.raises(ConfigError, match="--wire must be one of fp32, bf16, int8, int4, topk"):
+        ADPSGD.Options(wire="fp8")
+    # Gossip sends whole models, not deltas: a top-k of weights is refused, naming the fix.
+    with pytest.raises(ConfigError, match="--wire topk.*--algo bmuf"):
+        ADPSGD.Options(wire="topk")

@@ -112,7 +112,7 @@ class BMUF(Algorithm):
                                   float(opts.block_lr), opts.nesterov, opts.wire != "fp32")
         self.fragments: list[Fragment] = split(self.moments.layout, list(self.params.params),
                                                opts.fragments, opts.sync_period)
-        self.exchange = BlockExchange(topo, opts.wire, opts.block_overlap,
+        self.exchange = BlockExchange(topo, opts.wire_spec, opts.block_overlap,
                                       segments=1 + len(self.moments.sent_keys))
         if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
             warnings.warn(
@@ -144,6 +144,11 @@ class BMUF(Algorithm):
     def wire_bytes(self) -> int:
         """Payload bytes this rank sent across nodes in block syncs."""
         return self.exchange.bytes_sent
+
+    def internode_bytes(self) -> tuple[int, int]:
+        """The warm-up's gradients and the block syncs, sent and received across nodes."""
+        sent, received = super().internode_bytes()
+        return sent + self.exchange.bytes_sent, received + self.exchange.bytes_received
 
     # ------------------------------------------------------------------ helpers
     def _layout(self) -> Layout:
@@ -317,6 +322,7 @@ class BMUF(Algorithm):
             "num_syncs": self.num_syncs, "rho": self.rho,
             **self.filter.state_dict(self.fragments), "moments": self.moments.state_dict(),
             "wire_bytes": self.exchange.bytes_sent,
+            "wire_bytes_received": self.exchange.bytes_received,
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
@@ -375,9 +381,10 @@ class BMUF(Algorithm):
         if self._saved_layout is not None:
             b = relayout_state(b, self._saved_layout, now)
         # What is in flight was packed for one fragment layout and one wire: refuse another.
-        for name in ("fragments", "wire"):
+        # The wire with its top-k fraction, which only counts for --wire topk.
+        for name in ("fragments", "wire", "topk_fraction"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
-            if then != now:
+            if then != now and (name != "topk_fraction" or self.options.wire == "topk"):
                 flag = self.options.flag(name)
                 raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
                                  f"(now {now}); resume with {flag} {then}")
@@ -388,4 +395,5 @@ class BMUF(Algorithm):
                 self.buffers.load_state(b.get("buffers", {}), self._agreed)
         self.filter.load_state_dict(b, self.fragments)
         self.exchange.bytes_sent = int(b.get("wire_bytes", 0))
+        self.exchange.bytes_received = int(b.get("wire_bytes_received", b.get("wire_bytes", 0)))
         self.moments.load_state_dict(b["moments"])

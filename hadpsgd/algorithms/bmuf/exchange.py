@@ -23,7 +23,8 @@ class BlockExchange:
 
     Args:
         topo: The topology (the means run across its nodes).
-        wire: ``fp32``, ``bf16`` or ``int8``.
+        wire: The wire's spec (:func:`hadpsgd.comm.codec.wire_spec`): ``fp32``, ``bf16``,
+            ``int8``, ``int4`` or ``topk:<fraction>``; every one but fp32 with error feedback.
         background: Run the means in a background thread (``--bmuf-overlap``).
         segments: Parts of every pack: the model and each sent moment buffer.
     """
@@ -36,6 +37,10 @@ class BlockExchange:
         self.bytes_sent = 0
         """Payload bytes this rank sent across nodes (fp32 without a side channel: a ring
         allreduce's share of the hierarchical reduction)."""
+        self.bytes_received = 0
+        """Payload bytes this rank received across nodes: as many as it sent, as the ring and
+        the compressed mean's two stages are symmetric per rank (a top-k mean too: each shard
+        comes back re-encoded at its fixed size, never as N sparse messages)."""
 
     def send(self, frag: Fragment, average: BlockAverage, background: bool) -> None:
         """Average ``frag``'s packs across super-learners: now, or in the background."""
@@ -63,13 +68,16 @@ class BlockExchange:
                 for key, part in self._parts(index, dtype, pack).items():
                     self.side.mean_(key, part)
                 self.bytes_sent += self.side.bytes_sent - before
+                self.bytes_received += self.side.bytes_sent - before
             else:
                 # Identical inside each node (synchronous super-learner), so the cross-node
                 # average is bit-identical on every learner; so is all arithmetic after it.
                 self.topo.inter_allreduce_(pack, op="avg")
                 n = self.topo.num_nodes
-                self.bytes_sent += (2 * (n - 1) * pack.numel() * pack.element_size()
-                                    // (n * self.topo.local_size))
+                ring = (2 * (n - 1) * pack.numel() * pack.element_size()
+                        // (n * self.topo.local_size))
+                self.bytes_sent += ring
+                self.bytes_received += ring
 
     def _parts(self, index: int, dtype: torch.dtype,
                pack: torch.Tensor) -> dict[str, torch.Tensor]:

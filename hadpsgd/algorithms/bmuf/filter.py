@@ -20,7 +20,7 @@ is element-wise, so it can run on parts of the model at different times.
   steps would have made of ``m_init_n``. The block deltas that enter the filter are the
   local progress of each block; only the points where the gradients were taken differ from
   the blocking run (one block stale).
-- **Compressed deltas** (``--wire bf16|int8``): what travels is the block's progress
+- **Compressed deltas** (``--wire bf16|int8|int4|topk``): what travels is the block's progress
   ``theta_local - theta_init`` (and ``m - m_init`` for the corrected moments), small and
   centred, compressed with error feedback (:mod:`hadpsgd.comm.codec`); the mean is
   added back to the references, which are identical on every node.

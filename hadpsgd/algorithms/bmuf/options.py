@@ -15,7 +15,7 @@ from typing import Any
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm.codec import WIRES
+from hadpsgd.comm.codec import TOPK_FRACTION, WIRES, wire_spec
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
@@ -63,8 +63,14 @@ class BMUFOptions(AlgoOptions):
     and the number of parameter tensors)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, or int8 with one scale per 1024 values; compressed formats carry their
-    rounding error into the next exchange (error feedback)."""
+    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (BMUF only: per
+    4096 values the largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below
+    fp32); compressed formats carry their rounding error into the next exchange (error
+    feedback)."""
+    topk_fraction: float = TOPK_FRACTION
+    """BMUF with --wire topk: the fraction of each chunk of 4096 values sent, in (0, 1]
+    (default 1/64 = 0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more
+    bytes). The rest waits in the error-feedback residual for a later block."""
     warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
                                                           "flag": "bmuf-warmup-moments"})
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
@@ -127,3 +133,12 @@ class BMUFOptions(AlgoOptions):
                               "sync at different steps of a block; lower it or lengthen the "
                               "period")
         self.check_choices()  # --adam-moments, --bmuf-warmup-moments, --bmuf-worker-lr, --wire
+        if not 0.0 < self.topk_fraction <= 1.0:
+            raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
+                              f"each 4096-value chunk --wire topk sends, e.g. 0.015625), got "
+                              f"{self.topk_fraction}")
+
+    @property
+    def wire_spec(self) -> str:
+        """The wire as the codec names it: ``topk:<fraction>`` for top-k, else ``wire``."""
+        return wire_spec(self.wire, self.topk_fraction)

@@ -1,0 +1,184 @@
+"""The sub-byte wire formats: ``int4`` and chunked ``topk``, row by row, of fixed sizes.
+
+Both code each row of a 2-D tensor on its own into a byte row whose length depends only on
+the row's length (and the top-k fraction), so every caller that cuts a tensor into rows
+(:class:`~hadpsgd.comm.compressed.CompressedMean`'s shards) or sends one payload (gossip)
+works unchanged: MPI moves fixed-size byte messages, never a size negotiated at run time.
+
+``int4``: per chunk of :data:`INT4_CHUNK` values one fp32 ``scale = absmax / 7`` and
+``q = round(x / scale)`` in [-7, 7], two values a byte (~0.5 byte a value, 7.9x below fp32).
+
+``topk`` (SparseLoCo's shape): per chunk of :data:`TOPK_CHUNK` values (the row's length if
+shorter) the ``k = round(fraction * chunk)`` entries of largest magnitude, each as a 12-bit
+index in the chunk and a 2-bit value ``(q - 1.5) * scale``, ``q`` in 0..3, with one fp32
+``scale = absmax / 1.5`` over the chunk's chosen values: the four levels are symmetric and
+never zero, so the sign always survives; the rest of the chunk decodes to 0. A row is
+``[scales (fp32) | indices (12-bit pairs in 3 bytes) | values (four 2-bit codes a byte)]``.
+With error feedback what was not sent stays in the sender's residual and is sent once it
+has grown into the chunk's top k.
+
+Non-finite input spoils its chunk's scale, so its chunk decodes to non-finite values (the
+trainer's finiteness checks still see it), and only its chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT4_CHUNK = 1024
+"""Values per int4 scale (as int8's: the scale's 4 bytes are 0.8 % of a chunk's payload)."""
+TOPK_CHUNK = 4096
+"""Values per top-k chunk: an index in it fits the 12 bits :func:`_pack12` packs (at most
+4,096; SparseLoCo's choice)."""
+TOPK_FRACTION = 1 / 64
+"""The default top-k fraction: 64 of every 4,096 values (SparseLoCo's 1.56 %)."""
+
+
+def reinterpret(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes seen as ``dtype`` (a copy where they are not aligned to its size)."""
+    if p.shape[-1] == 0:  # torch gives an empty row the stride 1, which no view accepts
+        return torch.empty(p.shape, dtype=dtype, device=p.device)
+    try:
+        return p.view(dtype)
+    except RuntimeError:  # a fresh tensor: clone() would keep a size-1 row's odd stride
+        return torch.empty(p.shape, dtype=p.dtype, device=p.device).copy_(p).view(dtype)
+
+
+def _chunks(m: int, chunk: int) -> int:
+    return -(-m // chunk)
+
+
+# ------------------------------------------------------------------ int4
+def int4_bytes(m: int) -> int:
+    """Bytes of an int4 row of ``m`` values: a 4-byte scale per chunk, two values a byte."""
+    return 4 * _chunks(m, INT4_CHUNK) + _chunks(m, 2)
+
+
+def encode_int4_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[R, m]`` floats -> ``[R, int4_bytes(m)]`` bytes (``[scales | nibbles]``)."""
+    rows, m = x.shape
+    chunks = _chunks(m, INT4_CHUNK)
+    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * INT4_CHUNK - m))
+    blocks = blocks.view(rows, chunks, INT4_CHUNK)
+    scale = blocks.abs().amax(dim=2).div_(7.0)  # NaN / inf propagate into the scale
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = blocks.div_(safe.unsqueeze(2)).round_().clamp_(-7, 7).nan_to_num_(0.0)
+    nibbles = (q.view(rows, -1)[:, :m] + 8).to(torch.uint8)  # 1..15: unsigned in a nibble
+    out = torch.empty(rows, int4_bytes(m), dtype=torch.uint8, device=x.device)
+    out[:, :4 * chunks] = scale.view(torch.uint8)
+    out[:, 4 * chunks:] = _pack(nibbles, 4)
+    return out
+
+
+def decode_int4_rows(p: torch.Tensor, m: int, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of :func:`encode_int4_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype``."""
+    rows, chunks = p.shape[0], _chunks(m, INT4_CHUNK)
+    scale = reinterpret(p[:, :4 * chunks], torch.float32)
+    out = torch.zeros(rows, chunks * INT4_CHUNK, dtype=torch.float32, device=p.device)
+    out[:, :m] = _unpack(p[:, 4 * chunks:], 4, m).to(torch.float32) - 8
+    out.view(rows, chunks, INT4_CHUNK).mul_(scale.unsqueeze(2))
+    return out[:, :m].to(dtype)
+
+
+# ------------------------------------------------------------------ top-k
+def topk_shape(m: int, fraction: float) -> tuple[int, int, int]:
+    """``(chunk, chunks, k)`` of a top-k row of ``m`` values (``m`` > 0)."""
+    chunk = min(TOPK_CHUNK, m)
+    k = max(1, min(chunk, round(fraction * chunk)))
+    return chunk, _chunks(m, chunk), k
+
+
+def topk_bytes(m: int, fraction: float) -> int:
+    """Bytes of a top-k row of ``m`` values: per chunk a scale, k indices and k values."""
+    if m == 0:
+        return 0
+    _, chunks, k = topk_shape(m, fraction)
+    n = chunks * k
+    return 4 * chunks + 3 * _chunks(n, 2) + _chunks(n, 4)
+
+
+def encode_topk_rows(x: torch.Tensor, fraction: float) -> torch.Tensor:
+    """``[R, m]`` floats -> ``[R, topk_bytes(m)]`` bytes (see the module docstring)."""
+    rows, m = x.shape
+    out = torch.empty(rows, topk_bytes(m, fraction), dtype=torch.uint8, device=x.device)
+    if m == 0:
+        return out
+    chunk, chunks, k = topk_shape(m, fraction)
+    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * chunk - m))
+    blocks = blocks.view(rows, chunks, chunk)
+    # sorted=True: the same order on every rank and device (ties too), so a node's learners
+    # encode the same bytes. NaN counts as the largest magnitude: it is always chosen.
+    index = blocks.abs().topk(k, dim=2, sorted=True).indices
+    values = blocks.gather(2, index)
+    scale = values.abs().amax(dim=2).div_(1.5)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    # The nearest of the levels -1.5, -0.5, 0.5, 1.5 (in scales): the sign, and whether the
+    # magnitude reaches 1. Not floor(v + 2), which rounds a tiny negative v to +0.5.
+    high = (values.abs().div_(safe.unsqueeze(2)) >= 1.0).to(torch.uint8)
+    q = torch.where(values < 0, 1 - high, 2 + high)
+    n = chunks * k
+    out[:, :4 * chunks] = scale.view(torch.uint8)
+    out[:, 4 * chunks:4 * chunks + 3 * _chunks(n, 2)] = _pack12(index.view(rows, n))
+    out[:, 4 * chunks + 3 * _chunks(n, 2):] = _pack(q.view(rows, n), 2)
+    return out
+
+
+def decode_topk_rows(p: torch.Tensor, m: int, fraction: float,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of :func:`encode_topk_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype``."""
+    rows = p.shape[0]
+    if m == 0:
+        return torch.zeros(rows, 0, dtype=dtype, device=p.device)
+    chunk, chunks, k = topk_shape(m, fraction)
+    n, at = chunks * k, 4 * chunks
+    scale = reinterpret(p[:, :at], torch.float32)
+    index = _unpack12(p[:, at:at + 3 * _chunks(n, 2)], n).view(rows, chunks, k)
+    q = _unpack(p[:, at + 3 * _chunks(n, 2):], 2, n).view(rows, chunks, k)
+    values = (q.to(torch.float32) - 1.5).mul_(scale.unsqueeze(2))
+    out = torch.zeros(rows, chunks, chunk, dtype=torch.float32, device=p.device)
+    out.scatter_(2, index, values)
+    # The last chunk's padding may have been chosen (fewer than k values left): cut off.
+    return out.view(rows, -1)[:, :m].to(dtype)
+
+
+# ------------------------------------------------------------------ bit packing
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``[R, n]`` codes below ``2**bits`` (2 or 4) -> ``[R, ceil(n * bits / 8)]`` bytes."""
+    rows, n = codes.shape
+    per = 8 // bits
+    padded = torch.nn.functional.pad(codes, (0, _chunks(n, per) * per - n))
+    padded = padded.view(rows, -1, per)
+    out = padded[:, :, 0].clone()
+    for i in range(1, per):  # the first code in the low bits
+        out |= padded[:, :, i] << (bits * i)
+    return out
+
+
+def _unpack(p: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`_pack`: ``[R, B]`` bytes -> ``[R, n]`` codes (uint8)."""
+    per, mask = 8 // bits, (1 << bits) - 1
+    parts = [(p >> (bits * i)) & mask for i in range(per)]
+    return torch.stack(parts, dim=2).view(p.shape[0], -1)[:, :n]
+
+
+def _pack12(index: torch.Tensor) -> torch.Tensor:
+    """``[R, n]`` indices below 4096 -> ``[R, 3 * ceil(n / 2)]`` bytes (a pair in 3 bytes)."""
+    rows, n = index.shape
+    i = torch.nn.functional.pad(index, (0, n % 2)).view(rows, -1, 2)
+    a, b = i[:, :, 0], i[:, :, 1]
+    out = torch.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], dim=2)
+    return out.to(torch.uint8).view(rows, -1)
+
+
+def _unpack12(p: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`_pack12`: ``[R, 3 * ceil(n / 2)]`` bytes -> ``[R, n]`` int64."""
+    rows = p.shape[0]
+    t = p.to(torch.int64).view(rows, -1, 3)
+    a = t[:, :, 0] | ((t[:, :, 1] & 0xF) << 8)
+    b = (t[:, :, 1] >> 4) | (t[:, :, 2] << 4)
+    return torch.stack([a, b], dim=2).view(rows, -1)[:, :n]
+
+
+__all__ = ["INT4_CHUNK", "TOPK_CHUNK", "TOPK_FRACTION", "decode_int4_rows", "decode_topk_rows",
+           "encode_int4_rows", "encode_topk_rows", "int4_bytes", "reinterpret", "topk_bytes",
+           "topk_shape"]
