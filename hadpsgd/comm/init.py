@@ -22,6 +22,7 @@ from hadpsgd.comm.placement import (
     singleton_launch,
     summarize,
 )
+from hadpsgd.comm.preload import Preload
 from hadpsgd.comm.topology import Topology, TopologyError
 from hadpsgd.env import EnvError
 from hadpsgd.env.cpus import usable_cpus
@@ -200,7 +201,11 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
             ``mpirun``: see :func:`hadpsgd.comm.placement.singleton_launch`).
     """
     _bind_gpu_early(device)
-    MPI = mpi()  # noqa: N806 - conventional name of the module
+    preload = Preload()  # torch._dynamo, imported while MPI_Init waits (comm/preload.py)
+    try:
+        MPI = mpi()  # noqa: N806 - conventional name of the module
+    finally:
+        preload.join()  # before this thread imports anything else
     thread_level = check_thread_level(MPI)
     world = MPI.COMM_WORLD if base is None else base
     rank, size = world.Get_rank(), world.Get_size()
