@@ -88,7 +88,7 @@ def launch(data: tuple[Path, Path], out: Path, nprocs: int, args: Sequence[str],
     cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), "--",
            "--train", str(data[0]), "--heldout", str(data[1]), "--out-dir", str(out),
            "--no-progress", "--preset", "tiny", "--batch-size", "4", "--epochs", "100",
-           "--checkpoint-every", "0", *args]
+           "--checkpoint-every", "0", *args]  # a later --preset in args wins (argparse)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, env=bench_env(nprocs, env), start_new_session=True)
@@ -131,8 +131,8 @@ def records(out: Path) -> list[dict[str, Any]]:
 
 
 def overhead(data: tuple[Path, Path], tmp: Path, nprocs: int, pairs: int, steps: int,
-             deadline: int, timeout: float) -> dict[str, Any]:
-    """The overhead part: every mode ``pairs`` times, alternated."""
+             deadline: int, timeout: float, preset: str = "tiny") -> dict[str, Any]:
+    """The overhead part: every mode ``pairs`` times, alternated (model ``preset``)."""
     runs: list[dict[str, Any]] = []
     for pair in range(pairs):
         for mode in (list(MODES) if pair % 2 == 0 else list(reversed(MODES))):
@@ -140,7 +140,7 @@ def overhead(data: tuple[Path, Path], tmp: Path, nprocs: int, pairs: int, steps:
             out = tmp / f"overhead-{pair}-{mode.replace(' ', '').replace('+', '-')}"
             code, output, wall, tries = launch_retried(
                 data, out, nprocs, ["--algo", "ssgd", "--max-steps", str(steps),
-                                    "--log-every", "20", *flags],
+                                    "--log-every", "20", "--preset", preset, *flags],
                 {"HADPSGD_TIMEOUT": str(deadline), **extra}, timeout)
             steady = read_steady(out / "metrics.jsonl") if code == 0 else None
             if steady is None or steady.sec_per_step is None:
@@ -154,7 +154,7 @@ def overhead(data: tuple[Path, Path], tmp: Path, nprocs: int, pairs: int, steps:
                      ["sec_per_step"] / next(r for r in runs if r["pair"] == p
                                              and r["mode"] == "plain")["sec_per_step"]
                      for p in range(pairs)] for mode in MODES}
-    return {"nprocs": nprocs, "pairs": pairs, "max_steps": steps, "runs": runs,
+    return {"nprocs": nprocs, "pairs": pairs, "max_steps": steps, "preset": preset, "runs": runs,
             "median_sec_per_step": {m: statistics.median(r["sec_per_step"] for r in runs
                                                          if r["mode"] == m) for m in MODES},
             "ratios": ratios, "median_ratio": {m: statistics.median(v)
@@ -277,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nprocs", type=int, default=4, help="learners of the overhead runs")
     parser.add_argument("--pairs", type=int, default=3, help="runs of each overhead mode")
     parser.add_argument("--steps", type=int, default=200, help="steps of an overhead run")
+    parser.add_argument("--preset", default="tiny",
+                        help="model of the overhead runs (a larger step is less noisy)")
     parser.add_argument("--fault-step", type=int, default=20,
                         help="the step a kill or freeze fires at (the run takes twice that)")
     parser.add_argument("--deadline", type=int, default=20, help="HADPSGD_TIMEOUT of every run")
@@ -296,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_len=120, seed=3))
         if "overhead" in parts:
             result["overhead"] = overhead(data, Path(tmp), opts.nprocs, opts.pairs,
-                                          opts.steps, opts.deadline, opts.timeout)
+                                          opts.steps, opts.deadline, opts.timeout,
+                                          opts.preset)
         result["cases"] = []
         for i, case in enumerate(cases(parts, opts.fault_step)):
             result["cases"].append(to_next_step(data, Path(tmp) / f"case-{i}", case,
