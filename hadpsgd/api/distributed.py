@@ -27,6 +27,7 @@ from hadpsgd.api.options import (
     build_options,
     check_device,
     check_layout,
+    check_optimizer,
     check_shared,
 )
 from hadpsgd.api.recipe import resolve_recipe
@@ -74,8 +75,8 @@ class Distributed:
         OptionError: For an unknown algorithm or option, or a value of the wrong type or out
             of range, naming the keyword (before any communication, on every rank alike).
             One that escapes the script is said once, by rank 0, and every rank exits 2.
-        ValueError: If a parameter is not in the optimizer (an ``OptionError`` if the model
-            is not on the topology's device).
+            A model not on the topology's device (``.option == "model"``) or a trainable
+            parameter not in the optimizer (``.option == "optimizer"``) is one too.
         hadpsgd.comm.TopologyError: If the layout does not suit the algorithm (BMUF needs
             nodes of equal size).
     """
@@ -101,6 +102,7 @@ class Distributed:
             print(f"[hadpsgd] {said}", file=sys.stderr, flush=True)
         check_layout(opts, topo)
         check_device(model, topo)
+        check_optimizer(model, optimizer)
         self.precision = precision
         self.algorithm: Algorithm = entry.cls(
             model, optimizer, topo, options=opts, max_grad_norm=float(max_grad_norm),

@@ -174,5 +174,22 @@ def check_device(model: nn.Module, topo: Topology) -> None:
                                    f"computes on {topo.device}: model.to(topology.device) first")
 
 
+def check_optimizer(model: nn.Module, optimizer: Any) -> None:
+    """Refuse an optimizer that leaves out trainable parameters of the model (an OptionError).
+
+    The algorithm refuses it too (a plain ``ValueError``); here it is a user's mistake said
+    as every other one is: once, exit 2 (docs/api.md).
+    """
+    owned = {id(p) for g in getattr(optimizer, "param_groups", []) for p in g["params"]}
+    missing = [name for name, p in model.named_parameters()
+               if p.requires_grad and id(p) not in owned]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                           else "")
+        raise OptionError("optimizer", f"{len(missing)} trainable parameters of the model are "
+                                       f"not in the optimizer ({shown}): build the optimizer "
+                                       "from model.parameters()")
+
+
 __all__ = ["SHARED_OPTIONS", "OptionError", "algorithm_spec", "build_options", "check_device",
-           "check_layout", "check_shared"]
+           "check_layout", "check_optimizer", "check_shared"]

@@ -132,9 +132,11 @@ def test_a_model_elsewhere_or_outside_the_optimizer_is_refused():
         hadpsgd.Distributed(net, torch.optim.SGD(net.parameters(), lr=0.1),
                             topology=OneLearner())
     net = _model()
-    with pytest.raises(ValueError, match="not in the optimizer"):
+    with pytest.raises(OptionError, match=r"2 trainable parameters of the model are not in "
+                                          r"the optimizer \(2.weight, 2.bias\)") as err:
         hadpsgd.Distributed(net, torch.optim.SGD(net[0].parameters(), lr=0.1),
                             topology=OneLearner())
+    assert err.value.option == "optimizer"  # said once, exit 2, as every option error
 
 
 # ---------------------------------------------------------------------- state
