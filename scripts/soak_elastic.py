@@ -323,6 +323,28 @@ def chunk_problem(alive: Counter, lost: set[int], total: int, global_batch: int)
     return None
 
 
+def epoch_end_batch(plan: Plan, out: Path) -> int:
+    """The global batch that ended epoch 0: what may be left over of its chunks.
+
+    The survivors' where a failure came in epoch 0; the starting world's where every
+    failure came after it (a recovery round's two-epoch run can lose its learners in epoch
+    1: round 96 of seed 13 was first counted as 8 chunks never trained, epoch 0's leftover
+    at 6 learners, against the survivors' batch of 4). SSGD and BMUF only: their steps are
+    global steps, an epoch ``total // (BATCH * np)`` of them.
+    """
+    survivors = plan.np - len(leavers(plan.algo, plan.dead))
+    fails = records(out, "failure")
+    epoch0 = chunks_total(out) // (BATCH * plan.np)
+    if plan.algo not in POOLED and fails and min(f["step"] for f in fails) >= epoch0:
+        return BATCH * plan.np
+    return BATCH * survivors
+
+
+def chunks_total(out: Path) -> int:
+    """The training set's chunks (the soak's synthetic set: every round's the same)."""
+    return len(ChunkDataset(out.parent / "data" / "train.h5", 21))
+
+
 def leavers(algo: str, dead: list[int]) -> set[int]:
     """The learners that leave when ``dead`` die (their super-learners, for pairs)."""
     return {r ^ 1 for r in dead} | set(dead) if algo in PAIRS else set(dead)
@@ -457,6 +479,8 @@ def pick(rng: random.Random, total: int, resume_every: int, index: int) -> Plan:
         if pairs and nprocs == 4:  # two super-learners: one must stay
             plan.np = nprocs = rng.choice([6, 8])
             plan.dead = [dead := rng.randrange(nprocs)]
+            # In epoch 0 of the larger world (no draw: the seed's later rounds stay the same).
+            step = min(step, max(3, total // (BATCH * nprocs) - 3))
             plan.fault = f"kind=kill,rank={dead},step={step}"
         second = [r for r in range(nprocs) if r not in leavers(algo, [dead])]
         plan.dead.append(rng.choice(second))
@@ -573,7 +597,7 @@ def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str 
     if plan.resume_np or stopping or "--max-steps" in plan.args:
         return None, None  # an interrupted epoch: counted after its resume
     alive, lost = chunks_kept(plan.algo, trace_lines(out), kept_steps(plan, out))
-    problem = chunk_problem(alive, lost, total, BATCH * survivors)
+    problem = chunk_problem(alive, lost, total, epoch_end_batch(plan, out))
     return ("chunks", problem) if problem else (None, None)
 
 
@@ -625,8 +649,7 @@ def recheck(path: Path, total: int) -> int:
         plan.meeting = int(found[1]) if found else 0
         out = Path(rec["dir"])
         alive, lost = chunks_kept(plan.algo, trace_lines(out), kept_steps(plan, out))
-        problem = chunk_problem(alive, lost, total, BATCH * (plan.np - len(leavers(
-            plan.algo, dead))))
+        problem = chunk_problem(alive, lost, total, epoch_end_batch(plan, out))
         print(f"{out.name}: {rec['problem']} -> {problem or 'ok'}")
         if problem is None:
             rec.update(rechecked=f"was: {rec['problem']}", what=None, problem=None)
