@@ -64,11 +64,13 @@ def bmuf_options(mode: str) -> dict[str, Any]:
             out["block_overlap"] = True
         elif v.startswith("frag"):
             out["fragments"] = int(v[len("frag"):])
-        elif v in ("bf16", "int8"):
+        elif v in ("bf16", "int8", "int4", "topk"):
             out["wire"] = v
+        elif v.startswith("topk"):  # topk0.004: top-k at that fraction
+            out["wire"], out["topk_fraction"] = "topk", float(v[len("topk"):])
         else:
             raise SystemExit(f"unknown BMUF variant {v!r} in {mode!r} (overlap, fragF, bf16, "
-                             "int8)")
+                             "int8, int4, topk, topkF)")
     return out
 
 
@@ -137,8 +139,8 @@ def main() -> None:
     p.add_argument("--adam-moments", default="corrected")
     p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--variants", nargs="*", default=[],
-                   help="BMUF variants at --variant-tau: overlap, fragF, bf16, int8 joined "
-                        "by '+' (e.g. overlap+int8)")
+                   help="BMUF variants at --variant-tau: overlap, fragF, bf16, int8, int4, "
+                        "topk, topkF (top-k at fraction F) joined by '+' (e.g. overlap+topk)")
     p.add_argument("--variant-tau", type=int, default=8)
     p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
     p.add_argument("--warmup", type=int, default=3)
