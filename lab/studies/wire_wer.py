@@ -1,0 +1,87 @@
+"""Bytes between nodes against word error rate, one point per configuration (issue 45).
+
+Reads the rows a wire study recorded (``docs/data/wire-wer-espeak.json``: a configuration,
+a seed, its WER and its inter-node bytes per trained frame), prints the table of means and
+draws the curve: bytes a trained frame on a log axis, the mean WER over seeds with the
+seeds' range as error bars, SSGD fp32 as the reference line. Usage::
+
+    python -m lab.studies.wire_wer docs/data/wire-wer-espeak.json --png docs/img/wire-wer-espeak.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per configuration: its bytes a frame, ratio, WERs, mean, min and max."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by.setdefault(row["config"], []).append(row)
+    out = []
+    for config, runs in by.items():
+        wers = [r["wer"] for r in sorted(runs, key=lambda r: r["seed"])]
+        out.append({"config": config, "bytes_per_frame": runs[0]["bytes_per_frame"],
+                    "ratio": runs[0]["ratio_to_ssgd_fp32"], "wers": wers,
+                    "mean": statistics.mean(wers), "low": min(wers), "high": max(wers)})
+    return sorted(out, key=lambda e: -e["bytes_per_frame"])
+
+
+def table(summary: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of :func:`summarise`'s entries."""
+    rows = ["| run | bytes a trained frame | vs SSGD fp32 | WER by seed | mean |",
+            "|---|---|---|---|---|"]
+    for e in summary:
+        rows.append(f"| {e['config']} | {e['bytes_per_frame']:,.3g} | {e['ratio']:,.1f}x | "
+                    f"{' / '.join(f'{w:.2f}' for w in e['wers'])} | {e['mean']:.2f} % |")
+    return "\n".join(rows)
+
+
+def plot(summary: Sequence[dict[str, Any]], png: Path) -> None:
+    """The curve as a PNG (matplotlib, without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for e in summary:
+        ax.errorbar(e["bytes_per_frame"], e["mean"],
+                    yerr=[[e["mean"] - e["low"]], [e["high"] - e["mean"]]], fmt="o", capsize=3)
+        ax.annotate(e["config"], (e["bytes_per_frame"], e["mean"]), textcoords="offset points",
+                    xytext=(5, 4), fontsize=8)
+    ssgd = next((e for e in summary if e["config"] == "ssgd"), None)
+    if ssgd is not None:
+        ax.axhline(ssgd["mean"], color="grey", linestyle="--", linewidth=1,
+                   label="SSGD fp32 (mean)")
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-node bytes a trained frame (one rank, log)")
+    ax.set_ylabel("WER on unseen voices (%), mean and range of seeds")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the table; draw the PNG where asked."""
+    parser = argparse.ArgumentParser(prog="python -m lab.studies.wire_wer",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("record", type=Path, help="the study's JSON (its 'rows')")
+    parser.add_argument("--png", type=Path, default=None, help="draw the curve here")
+    opts = parser.parse_args(argv)
+    summary = summarise(json.loads(opts.record.read_text())["rows"])
+    print(table(summary))
+    if opts.png is not None:
+        plot(summary, opts.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The wire study's summary and table (lab/studies/wire_wer.py)."""
+
+from __future__ import annotations
+
+from lab.studies.wire_wer import summarise, table
+
+
+def _row(config: str, seed: int, wer: float, per_frame: float, ratio: float) -> dict:
+    return {"config": config, "seed": seed, "wer": wer, "bytes_per_frame": per_frame,
+            "ratio_to_ssgd_fp32": ratio}
+
+
+def test_means_and_ranges_per_configuration_most_bytes_first():
+    rows = [_row("topk", 1, 6.0, 5.0, 1000.0), _row("ssgd", 0, 4.0, 5000.0, 1.0),
+            _row("topk", 0, 4.0, 5.0, 1000.0), _row("ssgd", 1, 5.0, 5000.0, 1.0)]
+    got = summarise(rows)
+    assert [e["config"] for e in got] == ["ssgd", "topk"]
+    assert got[1]["wers"] == [4.0, 6.0]  # by seed
+    assert (got[1]["mean"], got[1]["low"], got[1]["high"]) == (5.0, 4.0, 6.0)
+    assert "| topk | 5 | 1,000.0x | 4.00 / 6.00 | 5.00 % |" in table(got)
