@@ -11,6 +11,7 @@ Usage::
 
     python benchmarks/bmuf.py [-n 4] [--ranks-per-node 1] [--preset small] [--json out.json]
     python benchmarks/bmuf.py -n 2 --two-hosts 300mbit --taus 8 --variants overlap int8
+    python benchmarks/bmuf.py -n 4 --two-hosts 1gbit --taus --pipeline-mb 0.5 4
 """
 
 from __future__ import annotations
@@ -82,12 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--adam-moments", default="corrected",
                    choices=["corrected", "average", "local", "reset"])
-    p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--taus", type=int, nargs="*", default=[1, 8, 32])
     p.add_argument("--variants", nargs="*", default=[],
                    help="BMUF variants run at --variant-tau, each options joined by '+': "
                         "overlap (--bmuf-overlap), fragF (--bmuf-fragments F), bf16 / int8 "
                         "(--wire); e.g. overlap frag4 int8 overlap+int8")
     p.add_argument("--variant-tau", type=int, default=8)
+    p.add_argument("--pipeline-mb", nargs="*", default=[],
+                   help="also SSGD with the pipelined hierarchical gradient mean "
+                        "(HADPSGD_PIPELINE_MB) at each of these piece sizes in MiB, beside "
+                        "the serial default; --taus with no value leaves BMUF out")
     p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every mode, in turn through the job; the median counts")
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--optimizer", a.optimizer, "--adam-moments", a.adam_moments,
                     "--steps", str(a.steps), "--rounds", str(a.rounds),
                     "--variant-tau", str(a.variant_tau),
+                    "--pipeline-mb", *a.pipeline_mb,
                     "--taus", *map(str, a.taus), "--variants", *a.variants], a.timeout,
                    two_hosts=a.two_hosts)
     add_ratios(rows)

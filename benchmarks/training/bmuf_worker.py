@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks._common.timing import seconds_per_step, training_step, warm_up
-from hadpsgd import comm
+from hadpsgd import comm, env
 from hadpsgd.algorithms import BMUF, SSGD
 from hadpsgd.models import build_model
 
@@ -106,6 +107,15 @@ def measure(mode: str, a: argparse.Namespace, topo: comm.Topology, counter: Byte
     algo: Any = None
     if mode == "ssgd":
         algo = SSGD(model, opt, topo)
+    elif mode.startswith("ssgd-pipe"):  # ssgd-pipe4: the pipelined mean, 4 MiB pieces
+        before = os.environ.get(env.PIPELINE_MB)
+        os.environ[env.PIPELINE_MB] = mode[len("ssgd-pipe"):]  # read when SSGD is built
+        try:
+            algo = SSGD(model, opt, topo)
+        finally:
+            os.environ.pop(env.PIPELINE_MB)
+            if before is not None:
+                os.environ[env.PIPELINE_MB] = before
     elif mode.startswith("bmuf"):
         algo = BMUF(model, opt, topo, adam_moments=a.adam_moments, **bmuf_options(mode))
     step = training_step(model, opt, x, y, a.classes, algo)  # algo None: local-only
@@ -137,11 +147,14 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=64)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--adam-moments", default="corrected")
-    p.add_argument("--taus", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--taus", type=int, nargs="*", default=[1, 8, 32])
     p.add_argument("--variants", nargs="*", default=[],
                    help="BMUF variants at --variant-tau: overlap, fragF, bf16, int8, int4, "
                         "topk, topkF (top-k at fraction F) joined by '+' (e.g. overlap+topk)")
     p.add_argument("--variant-tau", type=int, default=8)
+    p.add_argument("--pipeline-mb", nargs="*", default=[],
+                   help="also SSGD with the pipelined hierarchical mean at each piece size "
+                        "in MiB (HADPSGD_PIPELINE_MB)")
     p.add_argument("--steps", type=int, default=64, help="timed steps per mode")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3, help="runs of every mode, in turn")
@@ -154,7 +167,8 @@ def main() -> None:
     x = torch.randn(a.batch, a.chunk_len, a.feat_dim, generator=torch.Generator().manual_seed(
         topo.rank))
     y = torch.randint(0, a.classes, (a.batch, a.chunk_len))
-    modes = ["local", "ssgd", *[f"bmuf-tau{t}" for t in a.taus],
+    modes = ["local", "ssgd", *[f"ssgd-pipe{mb}" for mb in a.pipeline_mb],
+             *[f"bmuf-tau{t}" for t in a.taus],
              *[f"bmuf-tau{a.variant_tau}+{v}" for v in a.variants]]
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     # Rounds of every mode in turn: the machine drifts over a job (the first mode often runs

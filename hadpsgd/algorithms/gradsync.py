@@ -121,6 +121,11 @@ class GradSync:
         background = wanted and topo.size > 1 and topo.thread_multiple
         # The backstop only fires if a reduction hangs outside the watchdog's guards.
         self._scope_of_step = scope
+        # Host gradients of a hierarchical world: each piece's inter-node allreduce runs
+        # beside the next piece's intra-node phase (comm.pipeline); device ones keep the
+        # serial route (the pipeline is host-only). Collective: asked on every rank.
+        self._pipe = None if on_gpu else topo.grad_pipeline()
+        self._piped = False  # a world mean is in the pipeline: drained in finish()
         self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, self._scope,
                                      total, background,
                                      timeout=topo.timeout + 30.0 if background else 0.0)
@@ -164,6 +169,10 @@ class GradSync:
             self._deferred = True
             return
         if scope == "world":
+            if self._pipe is not None and self._pipe.applies(view):
+                self._pipe.mean_(view, n)
+                self._piped = True
+                return
             self.topo.allreduce_(view, op="avg")
         else:
             self.topo.intra_allreduce_(view, op="avg")
@@ -193,6 +202,9 @@ class GradSync:
         # their views first; those already reduced or in flight are views, so untouched.
         self.flat.gather_grads()
         self._local = self.reducer.finish()
+        if self._piped:  # on this thread, after every bucket's first phase: one order
+            self._piped = False
+            self._pipe.drain()  # type: ignore[union-attr] - set with _piped
         if self._deferred:  # the optimizer reads the means: wait for NCCL once, here
             self._deferred = False
             self.topo.join_deferred()
@@ -236,6 +248,8 @@ class GradSync:
             h.remove()
         self._hooks = []
         self.reducer.close()
+        if self._pipe is not None:
+            self._pipe.close()
 
 
 __all__ = ["DEFAULT_GRAD_BUCKET_MB", "GRAD_WIRES", "GradCheck", "GradSync", "internode_share",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from hadpsgd import env
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.counter import SharedCounter
 from hadpsgd.comm.deadline import Watchdog
@@ -25,6 +26,7 @@ from hadpsgd.comm.staging import wait_device
 from hadpsgd.comm.ulfm import raise_if_revoked
 
 if TYPE_CHECKING:
+    from hadpsgd.comm.pipeline import GradPipeline
     from hadpsgd.comm.side import SideChannel
 
 ReduceOp = Literal["avg", "sum"]
@@ -389,6 +391,24 @@ class Topology:
                            self.inter_ranks,
                            wire, background and self.thread_multiple,
                            intra=intra, node_ranks=self.node_ranks)
+
+    def grad_pipeline(self) -> GradPipeline | None:
+        """A pipeline for hierarchical gradient means, or None where none applies.
+
+        Collective over the world (every rank calls it): it duplicates the inter-node
+        communicator for the pipeline's thread, with its own watchdog. None (and nothing
+        duplicated) without a hierarchical world, without MPI_THREAD_MULTIPLE, or with
+        ``HADPSGD_PIPELINE_MB=0`` (see :mod:`hadpsgd.comm.pipeline`).
+        """
+        from hadpsgd.comm.pipeline import GradPipeline  # noqa: PLC0415 - hierarchical worlds only
+
+        piece_mb = env.pipeline_mb()
+        if not (self.reducer.hierarchical and self.thread_multiple and piece_mb > 0):
+            return None
+        control, inter = self._track(*self._dup("gradient pipeline", self.comm, self.inter))
+        return GradPipeline(self.reducer, inter,
+                            Watchdog(control, self.timeout, self.thread_multiple),
+                            max(8, int(piece_mb * 2**20)))
 
     def shared_counter(self, slots: int) -> SharedCounter:
         """Counters every learner updates one-sidedly (collective: every rank calls it)."""

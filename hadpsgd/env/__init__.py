@@ -12,6 +12,12 @@ HADPSGD_INTRA_BACKEND   choice      auto              intra-node backend (``auto
                                                       ``--intra-backend`` is ``auto``
 HADPSGD_BUCKET_MB       float > 0   64                bucket size in MiB of large reductions when
                                                       not given to ``init``
+HADPSGD_PIPELINE_MB     float >= 0  0 (off)           piece size in MiB of a pipelined hierarchical
+                                                      gradient mean (a piece's inter-node
+                                                      allreduce runs beside the next pieces'
+                                                      intra-node phases; host tensors), e.g. 4;
+                                                      ``0``: the phases one after another
+                                                      (:mod:`hadpsgd.comm.pipeline`)
 HADPSGD_CUDA_AWARE      0 or 1      ask the library   declare the MPI library CUDA-aware (``1``) or
                                                       not (``0``)
 HADPSGD_CACHE           directory   ~/.cache/hadpsgd  where the synthetic default data set is cached
@@ -59,6 +65,7 @@ TIMEOUT = "HADPSGD_TIMEOUT"
 RANKS_PER_NODE = "HADPSGD_RANKS_PER_NODE"
 INTRA_BACKEND = "HADPSGD_INTRA_BACKEND"
 BUCKET_MB = "HADPSGD_BUCKET_MB"
+PIPELINE_MB = "HADPSGD_PIPELINE_MB"
 CUDA_AWARE = "HADPSGD_CUDA_AWARE"
 CACHE = "HADPSGD_CACHE"
 DEBUG = "HADPSGD_DEBUG"
@@ -68,14 +75,18 @@ EMULATE_STEP = "HADPSGD_EMULATE_STEP"
 STDOUT_TTY = "HADPSGD_STDOUT_TTY"
 FT_DETECTOR = "HADPSGD_FT_DETECTOR"
 
-NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, CUDA_AWARE, CACHE,
-                          DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP, STDOUT_TTY, FT_DETECTOR)
+NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, PIPELINE_MB,
+                          CUDA_AWARE, CACHE, DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP,
+                          STDOUT_TTY, FT_DETECTOR)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
 """Deadline in seconds when ``HADPSGD_TIMEOUT`` is not set."""
 DEFAULT_BUCKET_MB = 64.0
 """Bucket size in MiB when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""
+DEFAULT_PIPELINE_MB = 0.0
+"""``HADPSGD_PIPELINE_MB`` when unset: no pipeline (it measured no faster on shared cores:
+docs/benchmarks.md, *Pipelined hierarchical mean*)."""
 INTRA_BACKEND_CHOICES: tuple[str, ...] = ("auto", "mpi", "gloo", "nccl")
 """Values of ``HADPSGD_INTRA_BACKEND`` (the same as ``--intra-backend``)."""
 
@@ -174,6 +185,29 @@ def bucket_mb() -> float:
         EnvError: If it is set but is not a number > 0.
     """
     return _positive_float(BUCKET_MB, DEFAULT_BUCKET_MB, "a size in MiB, e.g. 64")
+
+
+def pipeline_mb() -> float:
+    """``HADPSGD_PIPELINE_MB``: piece size in MiB of the pipelined hierarchical gradient mean.
+
+    Returns:
+        The size (default :data:`DEFAULT_PIPELINE_MB`); 0: no pipeline.
+
+    Raises:
+        EnvError: If it is set but is not a number >= 0.
+    """
+    value = raw(PIPELINE_MB)
+    if value is None:
+        return DEFAULT_PIPELINE_MB
+    hint = ("set it to a piece size in MiB, e.g. 4, or 0 to run the phases one after "
+            "another, or unset it (default 0)")
+    try:
+        number = float(value)
+    except ValueError:
+        raise EnvError(f"{PIPELINE_MB}={value!r} is not a number; {hint}") from None
+    if math.isnan(number) or number < 0 or math.isinf(number):
+        raise EnvError(f"{PIPELINE_MB}={value!r} must be a finite number >= 0; {hint}")
+    return number
 
 
 def ranks_per_node() -> int | None:
@@ -391,6 +425,7 @@ def check() -> None:
     ranks_per_node()
     intra_backend()
     bucket_mb()
+    pipeline_mb()
     cuda_aware()
     cache_dir()
     debug()

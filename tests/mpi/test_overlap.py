@@ -14,3 +14,11 @@ def test_overlapped_reduction_trains_bit_identically(algo, nprocs, ranks_per_nod
     res = run_worker(nprocs, "overlap", algo, env=env)
     assert_ok(res)
     assert res.stdout.count(" OK") == nprocs
+
+
+@pytest.mark.parametrize(("nprocs", "ranks_per_node"), [(4, "2"), (5, "3")])
+def test_pipelined_hierarchical_mean_is_the_mean_and_trains_as_serial(nprocs, ranks_per_node):
+    """4 = 2 nodes of 2 (the shard form); 5 = nodes of 3 and 2 (the leader form)."""
+    res = run_worker(nprocs, "pipeline", env={"HADPSGD_RANKS_PER_NODE": ranks_per_node})
+    assert_ok(res)
+    assert res.stdout.count(" OK") == nprocs

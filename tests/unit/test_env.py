@@ -33,6 +33,7 @@ CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
     ("HADPSGD_RANKS_PER_NODE", env.ranks_per_node, None, "2", 2, ["two", "1.5", "0", "-3"]),
     ("HADPSGD_INTRA_BACKEND", env.intra_backend, "auto", "gloo", "gloo", ["MPI", "ucx"]),
     ("HADPSGD_BUCKET_MB", env.bucket_mb, 64.0, "0.0001", 0.0001, ["big", "0", "-2"]),
+    ("HADPSGD_PIPELINE_MB", env.pipeline_mb, 0.0, "4", 4.0, ["big", "-1", "nan", "inf"]),
     ("HADPSGD_CUDA_AWARE", env.cuda_aware, None, "0", False, ["yes", "2", "true"]),
     ("HADPSGD_CACHE", env.cache_dir, Path.home() / ".cache" / "hadpsgd", "/tmp/hadpsgd-c",
      Path("/tmp/hadpsgd-c"), ["<a file>"]),

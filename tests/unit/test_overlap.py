@@ -124,6 +124,9 @@ class TwoLearners:
     thread_multiple = True
     timeout = 5.0
 
+    def grad_pipeline(self) -> None:
+        """One node: no pipeline."""
+
 
 @pytest.mark.parametrize(("overlap", "background"), [
     ("auto", False), ("on", True), (True, True), ("off", False), (False, False)])

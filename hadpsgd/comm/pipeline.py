@@ -1,0 +1,176 @@
+"""Hierarchical gradient sums whose phases run in a pipeline across pieces.
+
+A hierarchical sum of one piece has three phases: inside the node (reduce-scatter, or reduce
+to the leader), between the nodes (an MPI allreduce of the shard), inside the node again
+(allgather, or broadcast from the leader). :class:`hadpsgd.comm.hierarchical.Reducer` runs
+them one after another, piece after piece, so the link between the nodes idles while the
+node reduces and the node idles while the link carries: most of a stacked LSTM's gradients
+are released at the end of backward (issue 44), and then every piece waits for the one
+before it, whole.
+
+:class:`GradPipeline` keeps the link busy without a thread of its own: a piece's inter-node
+allreduce is *started* (``MPI_Iallreduce``, on a duplicate of the inter-node communicator)
+as soon as its first phase ends, and the blocking intra-node calls of the next pieces drive
+it on (a process inside any MPI call progresses every pending request), until the piece's
+last phase waits for it, ``depth`` pieces later. A thread per rank for the link measured
+slower on shared cores (every hand-off waits for the scheduler; docs/benchmarks.md).
+
+Every rank makes the same calls in the same order, whatever the timing, so they match:
+``first(0) ... first(D) last(0) first(D+1) last(1) ...`` then the remaining ``last`` in
+order (:meth:`GradPipeline.drain`); each ``first`` starts its piece's allreduce, each
+``last`` waits for it under the deadline. The mean is divided on one rank before the
+allgather (or broadcast), then copied: every learner ends with the same bits, as on the
+serial path. Host tensors of an MPI type only (the CPU route); a device tensor keeps the
+serial path (:mod:`hadpsgd.comm.hierarchical`), where staging and NCCL streams would need
+events between the phases that no GPU run has tested yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hadpsgd.comm.deadline import Watchdog
+from hadpsgd.comm.direct import mpi_consts
+from hadpsgd.comm.flat import zeros
+from hadpsgd.comm.hierarchical import Reducer
+from hadpsgd.comm.mpi import MPI_NATIVE
+
+DEFAULT_DEPTH = 2
+"""Pieces whose allreduce is in flight before the oldest one's last phase waits for it."""
+
+
+class _Piece:
+    """One piece in flight: the tensor, its buffers and its allreduce's request."""
+
+    __slots__ = ("count", "mine", "padded", "request", "t")
+
+    def __init__(self, t: torch.Tensor, padded: torch.Tensor | None, mine: torch.Tensor | None,
+                 count: int, request: Any) -> None:
+        self.t = t
+        self.padded = padded
+        self.mine = mine
+        self.count = count
+        self.request = request
+
+
+class GradPipeline:
+    """Means of host tensors over the world, the nodes' phases overlapped with the link's.
+
+    Use :meth:`applies`, then :meth:`mean_` for each tensor of a step (several tensors share
+    one pipeline) and :meth:`drain` before reading any of them, all on one thread at a time
+    (the reduction's). Needs a hierarchical world (several nodes, some with several
+    learners).
+
+    Args:
+        reducer: The topology's reducer (its intra-node backend, form and node layout).
+        inter: A duplicate of the inter-node communicator, used only by the pipeline.
+        watchdog: The deadline keeper of its waits.
+        piece_bytes: Pieces are at most this large: a piece's allreduce overlaps the next
+            pieces' intra-node phases.
+        depth: Pieces in flight before the oldest one's last phase waits for its allreduce.
+    """
+
+    def __init__(self, reducer: Reducer, inter: Any, watchdog: Watchdog, piece_bytes: int,
+                 depth: int = DEFAULT_DEPTH) -> None:
+        if piece_bytes < 8 or depth < 1:
+            raise ValueError(f"piece_bytes must be >= 8 and depth >= 1, got {piece_bytes}, "
+                             f"{depth}")
+        self.reducer = reducer
+        self.inter = inter
+        self.watchdog = watchdog
+        self.piece_bytes = piece_bytes
+        self.depth = depth
+        self._open: list[_Piece] = []  # first phase done, last phase not yet run
+        # depth + 2 sets of scratch: no buffer of a piece in flight is handed out again.
+        self._scratch: list[dict[tuple[torch.dtype, int], torch.Tensor]] = [
+            {} for _ in range(depth + 2)]
+        self._slot = 0
+        self.pieces = 0
+        """Pieces averaged so far (for tests and benchmarks)."""
+
+    def applies(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` takes the pipeline: a contiguous host tensor of an MPI type."""
+        return (self.reducer.hierarchical and not t.is_cuda and t.dtype in MPI_NATIVE
+                and t.is_contiguous() and not t.requires_grad)
+
+    def mean_(self, t: torch.Tensor, count: int) -> None:
+        """Start averaging the 1-D ``t`` over ``count`` learners (the world).
+
+        It holds the mean after :meth:`drain`; until then it must not be read or written.
+        """
+        n, step = t.numel(), max(1, self.piece_bytes // t.element_size())
+        for lo in range(0, n, step):
+            self._first(t[lo:lo + step], count)
+
+    def drain(self) -> None:
+        """Finish every piece started: afterwards each tensor holds its mean.
+
+        Raises:
+            CommTimeoutError: A piece's allreduce did not end within the deadline.
+        """
+        while self._open:
+            self._last(self._open.pop(0))
+
+    def _first(self, t: torch.Tensor, count: int) -> None:
+        """A piece's first intra-node phase; then start its allreduce across the nodes."""
+        red = self.reducer
+        intra = red.intra
+        if red.algo == "shard":
+            ls = red.local_size
+            shard = -(-t.numel() // ls)
+            padded = t
+            if shard * ls != t.numel():
+                padded = self._buffer(t.dtype, shard * ls, 0)
+                padded[:t.numel()].copy_(t)
+                padded[t.numel():].zero_()
+            mine: torch.Tensor | None = self._buffer(t.dtype, shard, 1)
+            intra.reduce_scatter_(padded, mine)
+        else:
+            padded = None
+            intra.reduce_(t, root=0)
+            mine = t if intra.rank == 0 else None
+        request = None
+        if mine is not None and red.num_nodes > 1:
+            in_place, op_sum = mpi_consts()
+            request = self.inter.Iallreduce(in_place, mine.numpy(), op_sum)
+        self._slot = (self._slot + 1) % len(self._scratch)
+        self._open.append(_Piece(t, padded, mine, count, request))
+        if len(self._open) > self.depth:
+            self._last(self._open.pop(0))
+
+    def _last(self, piece: _Piece) -> None:
+        """Wait for a piece's allreduce, then its last intra-node phase."""
+        red = self.reducer
+        mine = piece.mine
+        if piece.request is not None:
+            self.watchdog.wait(piece.request,
+                               f"inter-node allreduce of {mine.numel()} {mine.dtype} "  # type: ignore[union-attr]
+                               "(gradient pipeline)", red.inter_ranks)
+        if mine is not None and piece.count > 1:
+            mine.div_(piece.count)  # on one rank per shard, then copied: the same bits
+        if red.algo == "shard":
+            assert piece.padded is not None and mine is not None
+            red.intra.allgather_(mine, piece.padded)
+            if piece.padded.data_ptr() != piece.t.data_ptr():
+                piece.t.copy_(piece.padded[:piece.t.numel()])
+        elif red.local_size > 1:
+            red.intra.bcast_(piece.t, root=0)
+        self.pieces += 1
+
+    def _buffer(self, dtype: torch.dtype, numel: int, kind: int) -> torch.Tensor:
+        """Scratch of the current slot (a piece's padded copy or its shard)."""
+        store = self._scratch[self._slot]
+        buf = store.get((dtype, kind))
+        if buf is None or buf.numel() < numel:
+            buf = zeros(numel, dtype, torch.device("cpu"))
+            store[(dtype, kind)] = buf
+        return buf[:numel]
+
+    def close(self) -> None:
+        """Drop what is in flight (after an error; a step ends with :meth:`drain`)."""
+        self._open.clear()
+
+
+__all__ = ["DEFAULT_DEPTH", "GradPipeline"]
