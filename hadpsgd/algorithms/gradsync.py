@@ -124,7 +124,7 @@ class GradSync:
         # Host gradients of a hierarchical world: each piece's inter-node allreduce runs
         # beside the next piece's intra-node phase (comm.pipeline); device ones keep the
         # serial route (the pipeline is host-only). Collective: asked on every rank.
-        self._pipe = None if on_gpu else topo.grad_pipeline()
+        self._pipe = None if on_gpu or topo.size == 1 else topo.grad_pipeline()
         self._piped = False  # a world mean is in the pipeline: drained in finish()
         self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, self._scope,
                                      total, background,

@@ -52,6 +52,15 @@ def test_adam_takes_the_papers_recipe_and_says_beta1(capsys):
     assert "beta1" not in capsys.readouterr().err
 
 
+def test_int4_wire_takes_tau_32_through_the_api_too():
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    values, _, line = resolve_recipe(algorithm_spec("bmuf"), opt, {"wire": "int4"}, None)
+    assert values["sync_period"] == 32 and "sync_period=32" in line
+    values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt,
+                                  {"wire": "int4", "sync_period": 4}, None)
+    assert values["sync_period"] == 4
+
+
 def test_what_the_user_gave_wins(capsys):
     dist = _dist("sgd", worker_lr="single", adam_moments="reset", max_grad_norm=0.0)
     assert dist.options.worker_lr == "single" and dist.options.adam_moments == "reset"

@@ -78,6 +78,18 @@ def test_default_recipe():
     assert algo.update_batch(32) == 32  # one learner: the world is the super-learner
 
 
+def test_int4_wire_takes_its_tested_block_length():
+    # docs/results.md, bytes against WER: int4 deltas at tau 32, SSGD's WER at 248x fewer bytes
+    def options(*argv: str) -> BMUFOptions:
+        return parse_config(["--algo", "bmuf", *argv]).algo_options()
+
+    assert options("--wire", "int4").sync_period == 32
+    assert options("--wire", "int4", "--sync-period", "8").sync_period == 8  # the user's wins
+    assert options("--wire", "topk").sync_period == 8  # topk's best tested: the default tau
+    assert options("--wire", "int4", "--optimizer", "adam").sync_period == 8  # SGD only
+    assert "--sync-period 32" in parse_config(["--algo", "bmuf", "--wire", "int4"]).recipe_note()
+
+
 def test_paper_recipe_is_one_flag_away():
     cfg, algo = _built(["--algo", "bmuf", "--optimizer", "adam"])
     assert algo.options == BMUFOptions()  # every option at its (the paper's) default

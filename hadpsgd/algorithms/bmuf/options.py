@@ -19,6 +19,10 @@ from hadpsgd.comm.codec import TOPK_FRACTION, WIRES, wire_spec
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
+WIRE_SYNC_PERIOD: dict[str, int] = {"int4": 32}
+"""--sync-period that BMUF's SGD recipe takes with a --wire, where none is given: int4 at
+tau 32 was the fewest bytes tested at SSGD's word error rate (248x; docs/results.md).
+topk keeps tau 8, its best tested (1,117x)."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +90,10 @@ class BMUFOptions(AlgoOptions):
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
                    "--bmuf-worker-lr global --adam-moments local --max-grad-norm 1, block "
                    "momentum 0): SSGD's word error rate on unseen speakers at 1/tau of its "
-                   "traffic. --optimizer adam gives the BMUF-Adam paper's recipe (--beta1 0.5 "
-                   "--adam-moments corrected --bmuf-worker-lr single, block momentum 1 - 1/N).")
+                   "traffic; with --wire int4, tau 32 (--sync-period 32: 248x fewer bytes "
+                   "than SSGD fp32 at its word error rate). --optimizer adam gives the "
+                   "BMUF-Adam paper's recipe (--beta1 0.5 --adam-moments corrected "
+                   "--bmuf-worker-lr single, block momentum 1 - 1/N).")
 
     @classmethod
     def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,8 +107,9 @@ class BMUFOptions(AlgoOptions):
         batch, which diverged at 16 workers unclipped (Kaldi's parallel training, which
         also multiplies the rate by the number of jobs, bounds each step with its
         max-change). Measured: docs/results.md, *BMUF on unseen human voices*.
-        Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5, corrected moments, the
-        single learner's rate, block momentum 1 - 1/N).
+        With SGD and ``--wire int4`` and no ``--sync-period``: tau 32
+        (:data:`WIRE_SYNC_PERIOD`). Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5,
+        corrected moments, the single learner's rate, block momentum 1 - 1/N).
         """
         optimizer = given.get("optimizer", "sgd")
         adam = optimizer in ("adam", "adamw")
@@ -112,6 +119,11 @@ class BMUFOptions(AlgoOptions):
                        beta1=0.5)  # the paper's choice for BMUF-Adam (section 2.2)
         else:
             out.update(adam_moments="local", bmuf_worker_lr="global", max_grad_norm=1.0)
+            # A codec's tested block length: int4 deltas every 32 steps sent 248x fewer bytes
+            # than SSGD fp32 at SSGD's WER (docs/results.md, bytes against WER; SGD only).
+            tau = WIRE_SYNC_PERIOD.get(given.get("wire", "fp32"))
+            if tau is not None:
+                out["sync_period"] = tau
         return {k: v for k, v in out.items() if k not in given}
 
     def __post_init__(self) -> None:
