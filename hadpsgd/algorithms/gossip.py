@@ -22,6 +22,7 @@ import time
 import torch
 
 from hadpsgd import faults
+from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP, ChocoEdges
 from hadpsgd.comm.codec import decode, encode, payload_bytes
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.pair import PairChannel
@@ -59,7 +60,9 @@ class GossipThread(threading.Thread):
     delta is ``(decode(peer payload) - decode(own payload)) / 2``. Both partners decode the
     same two payloads, so each one's delta is still the exact negation of the other's and
     the sum of the replicas is conserved. (The error is not checkpointed: after a resume it
-    starts at zero, at most one rounding step away.)
+    starts at zero, at most one rounding step away.) With ``choco`` it sends instead the code
+    of what the edge's public estimates lack, CHOCO-SGD's compressed differences
+    (:mod:`hadpsgd.algorithms.choco`): what a sparse top-k code needs.
 
     Args:
         flat: The super-learner's flat parameter buffer (this leader's; host or device).
@@ -73,11 +76,15 @@ class GossipThread(threading.Thread):
             own if None: then nobody else writes ``flat``).
         delta_buf: A device buffer like ``flat`` that the published delta is uploaded into
             (made here if None; unused on the CPU, where the delta stays on the host).
+        choco: Compressed gossip of differences against per-edge estimates (a compressed
+            ``wire`` only; ``topk`` needs it).
+        step: CHOCO's consensus step gamma, in (0, 1].
     """
 
     def __init__(self, flat: torch.Tensor, lock: threading.Lock, channel: PairChannel,
                  jitter: float = 0.0, wire: str = "fp32", copies: CopyStream | None = None,
-                 delta_buf: torch.Tensor | None = None) -> None:
+                 delta_buf: torch.Tensor | None = None, choco: bool = False,
+                 step: float = DEFAULT_GOSSIP_STEP) -> None:
         super().__init__(name="hadpsgd-gossip", daemon=True)
         self.flat = flat
         self.lock = lock
@@ -99,13 +106,18 @@ class GossipThread(threading.Thread):
         if wire == "fp32":
             self._send = self.copies.host(n + 1, flat.dtype)
             self._recv = self.copies.host(n + 1, flat.dtype)
-        else:  # the payload's bytes and one flag byte
-            size = payload_bytes(n, wire) + 1
+        else:  # the payload's bytes and one flag byte (CHOCO: and "I hold our edge")
+            size = payload_bytes(n, wire) + (2 if choco else 1)
             self._send = torch.empty(size, dtype=torch.uint8)
             self._recv = torch.empty(size, dtype=torch.uint8)
             self._snap = self.copies.host(n, flat.dtype)
             self._error = torch.zeros(n, dtype=flat.dtype)
             self._delta_host = self.copies.host(n, flat.dtype)
+        self.choco = (ChocoEdges(n, flat.dtype, wire, step) if choco and wire != "fp32"
+                      else None)
+        """CHOCO's per-edge estimates (``--wire topk`` under ADPSGD), or None."""
+        if self.choco is not None:  # made where every replica holds rank 0's broadcast model
+            self.choco.seed(self.peers, flat.detach().to("cpu", copy=True))
         self._delta_dev = None
         if flat.is_cuda:
             self._delta_dev = delta_buf if delta_buf is not None else torch.empty_like(flat)
@@ -247,7 +259,8 @@ class GossipThread(threading.Thread):
             faults.hit("gossip", self.world_ranks[self.node], self._steps)
         if self.jitter:
             time.sleep(self.rng.uniform(0, self.jitter))
-        delta = self._swap(p) if self.wire == "fp32" else self._swap_compressed(p)
+        delta = (self._swap(p) if self.wire == "fp32" else
+                 self._swap_choco(p) if self.choco is not None else self._swap_compressed(p))
         if delta is None:
             self.skipped_nonfinite += 1
             self.pending_since = None  # both partners skip the round: nothing to apply
@@ -321,6 +334,34 @@ class GossipThread(threading.Thread):
         delta = torch.sub(decode(self._recv[:m], n, self.wire, dtype), own,
                           out=self._delta_host)
         return delta.mul_(0.5)
+
+    def _swap_choco(self, p: int) -> torch.Tensor | None:
+        """Swap codes of what the edge's estimates lack (:mod:`hadpsgd.algorithms.choco`)."""
+        edges, m = self.choco, self._send.numel() - 2
+        assert edges is not None
+        x = self._snap
+        with self.lock:
+            self.copies.fetch(self.flat, x)
+            self.pending_since = self._steps
+        self.copies.wait()
+        finite = math.isfinite(float(x.sum()))
+        held = edges.holds(p)
+        if held and finite:
+            self._send[:m] = edges.message(p, x)
+        self._send[m] = 1 if finite else 0
+        self._send[m + 1] = 1 if held else 0
+        self._send_recv(p)
+        if self._send[m] == 0 or self._recv[m] == 0:
+            return None  # nothing was used: the edge stays as it was on both ends
+        if self._send[m + 1] == 1 and self._recv[m + 1] == 1:
+            return edges.mix(p, self._send[:m], self._recv[:m], self._delta_host)
+        # Either end lacks the edge (a run's first exchange on it): start it from the models.
+        own, other = x.clone(), torch.empty_like(x)
+        what = f"gossip edge start between super-learner {self.node} and {p}"
+        self.channel.exchange(own, other, p, tag=0, what=what)
+        self.bytes_sent += own.nbytes
+        self.bytes_received += other.nbytes
+        return edges.start(p, own, other, self._delta_host)
 
     def _terminate(self) -> None:
         """Leave the board for good, then wait for every leader to have left it too.

@@ -181,6 +181,11 @@ def test_adpsgd_wire_option():
     assert ADPSGD.Options(wire="int4").wire == "int4"
     with pytest.raises(ConfigError, match="--wire must be one of fp32, bf16, int8, int4, topk"):
         ADPSGD.Options(wire="fp8")
-    # Gossip sends whole models, not deltas: a top-k of weights is refused, naming the fix.
-    with pytest.raises(ConfigError, match="--wire topk.*--algo bmuf"):
-        ADPSGD.Options(wire="topk")
+    # top-k gossip is CHOCO's compressed differences, with its consensus step in (0, 1]
+    cfg = parse_config(["--algo", "adpsgd", "--wire", "topk", "--gossip-step", "0.2"])
+    options = algorithm_kwargs(cfg)["options"]
+    assert (options.wire_spec, options.gossip_step) == ("topk:0.015625", 0.2)
+    with pytest.raises(ConfigError, match="--gossip-step must be in"):
+        ADPSGD.Options(wire="topk", gossip_step=0.0)
+    with pytest.raises(ConfigError, match="--topk-fraction must be in"):
+        ADPSGD.Options(wire="topk", topk_fraction=2.0)

@@ -8,7 +8,8 @@ stall     : rank 0 stalls after its first step until rank 1 has finished all its
 dead      : rank 2 freezes (SIGSTOP) after 3 steps; the others must fail within the
             deadline, naming it.
 Each rank writes OUTDIR/rank<r>.json with what the test checks. ``ADPSGD_TEST_WIRE`` sets
-the gossip's wire format (default fp32), ``ADPSGD_TEST_STALENESS`` its ``max_staleness``
+the gossip's wire format (default fp32; with topk ``ADPSGD_TEST_GOSSIP_STEP`` CHOCO's step
+and ``ADPSGD_TEST_TOPK`` the fraction), ``ADPSGD_TEST_STALENESS`` its ``max_staleness``
 (default 0: unbounded), ``ADPSGD_TEST_JITTER`` the gossip's random delay (default 4 ms);
 each leader records the largest staleness of its gossip in flight it ended a step with (the
 steps since the snapshot of a delta not yet applied) and the steps at which it waited.
@@ -37,7 +38,9 @@ opt = torch.optim.SGD(model.parameters(), lr=lr)
 max_staleness = int(os.environ.get("ADPSGD_TEST_STALENESS", "0"))
 jitter = float(os.environ.get("ADPSGD_TEST_JITTER", "0.004"))
 algo = ADPSGD(model, opt, topo, gossip_jitter=jitter, max_staleness=max_staleness,
-              wire=os.environ.get("ADPSGD_TEST_WIRE", "fp32"))
+              wire=os.environ.get("ADPSGD_TEST_WIRE", "fp32"),
+              gossip_step=float(os.environ.get("ADPSGD_TEST_GOSSIP_STEP", "1")),
+              topk_fraction=float(os.environ.get("ADPSGD_TEST_TOPK", "0.015625")))
 w0 = algo.flat.clone()
 if mode == "consensus":  # different starting replicas, identical inside a super-learner
     algo.flat.add_(torch.linspace(-1, 1, algo.flat.numel(), dtype=torch.float64,

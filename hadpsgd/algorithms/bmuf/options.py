@@ -67,14 +67,14 @@ class BMUFOptions(AlgoOptions):
     and the number of parameter tensors)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (BMUF only: per
-    4096 values the largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below
-    fp32); compressed formats carry their rounding error into the next exchange (error
-    feedback)."""
+    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (per 4096 values the
+    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32; ADPSGD sends it
+    as CHOCO-SGD's compressed differences); compressed formats carry their rounding error
+    into the next exchange (error feedback)."""
     topk_fraction: float = TOPK_FRACTION
-    """BMUF with --wire topk: the fraction of each chunk of 4096 values sent, in (0, 1]
-    (default 1/64 = 0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more
-    bytes). The rest waits in the error-feedback residual for a later block."""
+    """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
+    0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
+    waits in the error-feedback residual for a later exchange."""
     warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
                                                           "flag": "bmuf-warmup-moments"})
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
