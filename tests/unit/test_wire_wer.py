@@ -18,3 +18,15 @@ def test_means_and_ranges_per_configuration_most_bytes_first():
     assert got[1]["wers"] == [4.0, 6.0]  # by seed
     assert (got[1]["mean"], got[1]["low"], got[1]["high"]) == (5.0, 4.0, 6.0)
     assert "| topk | 5 | 1,000.0x | 4.00 / 6.00 | 5.00 % |" in table(got)
+
+
+def test_bytes_are_means_over_seeds_and_compared_with_a_reference():
+    # asynchronous gossip sends a little more or less with each run's timing
+    rows = [_row("adpsgd-fp32", 0, 4.0, 4000.0, 1.5), _row("adpsgd-fp32", 1, 4.0, 3800.0, 1.6),
+            _row("choco", 0, 3.0, 30.0, 200.0), _row("choco", 1, 5.0, 10.0, 600.0)]
+    got = summarise(rows, reference="adpsgd-fp32")
+    assert got[1]["bytes_per_frame"] == 20.0 and got[1]["ratio"] == 400.0
+    assert got[1]["ref_ratio"] == 3900.0 / 20.0 and got[0]["ref_ratio"] == 1.0
+    text = table(got, reference="adpsgd-fp32")
+    assert "| vs adpsgd-fp32 |" in text and "| choco | 20 | 400.0x | 195.0x | 3.00 / 5.00 |" in text
+    assert "vs adpsgd-fp32" not in table(summarise(rows))  # SSGD is the default reference
