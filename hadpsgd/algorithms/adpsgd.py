@@ -48,16 +48,17 @@ class ADPSGDOptions(AlgoOptions):
     flight waits for that exchange and applies it before stepping on (0: never wait)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (per 4096 values the
-    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32; ADPSGD sends it
-    as CHOCO-SGD's compressed differences); compressed formats carry their rounding error
-    into the next exchange (error feedback)."""
+    (as is), bf16, int8 or int4 with one scale per 1024 values, sign (one bit a value and
+    one scale per 4096, 1-bit SGD's code: ~32x below fp32), or topk (per 4096 values the
+    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32); ADPSGD sends
+    sign and topk as CHOCO-SGD's compressed differences; compressed formats carry their
+    rounding error into the next exchange (error feedback)."""
     topk_fraction: float = TOPK_FRACTION
     """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
     0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
     waits in the error-feedback residual for a later exchange."""
     gossip_step: float = DEFAULT_GOSSIP_STEP
-    """ADPSGD with --wire topk: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
+    """ADPSGD with --wire topk or sign: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
     moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
@@ -173,9 +174,9 @@ class ADPSGD(Algorithm):
             self.thread = GossipThread(self.flat, self.lock, channel, jitter=gossip_jitter,
                                        wire=self.options.wire_spec, copies=self.copies,
                                        delta_buf=self._delta_buf,
-                                       # A top-k code of a whole model is useless: top-k
-                                       # gossip sends CHOCO's compressed differences.
-                                       choco=self.options.wire == "topk",
+                                       # A top-k or sign code of a whole model is useless:
+                                       # they send CHOCO's compressed differences.
+                                       choco=self.options.wire in ("topk", "sign"),
                                        step=self.options.gossip_step)
             self.thread.start()
 

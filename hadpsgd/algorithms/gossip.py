@@ -77,7 +77,7 @@ class GossipThread(threading.Thread):
         delta_buf: A device buffer like ``flat`` that the published delta is uploaded into
             (made here if None; unused on the CPU, where the delta stays on the host).
         choco: Compressed gossip of differences against per-edge estimates (a compressed
-            ``wire`` only; ``topk`` needs it).
+            ``wire`` only; ``topk`` and ``sign`` need it).
         step: CHOCO's consensus step gamma, in (0, 1].
     """
 
@@ -115,7 +115,7 @@ class GossipThread(threading.Thread):
             self._delta_host = self.copies.host(n, flat.dtype)
         self.choco = (ChocoEdges(n, flat.dtype, wire, step) if choco and wire != "fp32"
                       else None)
-        """CHOCO's per-edge estimates (``--wire topk`` under ADPSGD), or None."""
+        """CHOCO's per-edge estimates (``--wire topk`` or ``sign`` under ADPSGD), or None."""
         if self.choco is not None:  # made where every replica holds rank 0's broadcast model
             self.choco.seed(self.peers, flat.detach().to("cpu", copy=True))
         self._delta_dev = None

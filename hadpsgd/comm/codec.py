@@ -31,15 +31,18 @@ import torch
 from hadpsgd.comm.sparse import (
     TOPK_FRACTION,
     decode_int4_rows,
+    decode_sign_rows,
     decode_topk_rows,
     encode_int4_rows,
+    encode_sign_rows,
     encode_topk_rows,
     int4_bytes,
     reinterpret,
+    sign_bytes,
     topk_bytes,
 )
 
-WIRES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "topk")
+WIRES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "sign", "topk")
 """Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
 INT8_CHUNK = 1024
 """Values per int8 scale. A scale costs 4 bytes, so 1024 values carry 4/1024 = 0.4 % of
@@ -98,6 +101,8 @@ def payload_bytes(numel: int, wire: str, elem_size: int = 4) -> int:
         return 2 * numel
     if w.name == "int4":
         return int4_bytes(numel)
+    if w.name == "sign":
+        return sign_bytes(numel)
     if w.name == "topk":
         return topk_bytes(numel, w.fraction)
     return numel + 4 * -(-numel // INT8_CHUNK)
@@ -107,7 +112,7 @@ def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
     """Encode each row of the 2-D ``x`` on its own: ``[R, m]`` values -> ``[R, P]`` bytes.
 
     May return a view of ``x`` (fp32). int8 rows are ``[scales (fp32) | values (int8)]``;
-    ``int4`` and ``topk`` rows are :mod:`hadpsgd.comm.sparse`'s. Each row has
+    ``int4``, ``sign`` and ``topk`` rows are :mod:`hadpsgd.comm.sparse`'s. Each row has
     ``payload_bytes(m, wire)`` bytes, whatever its values.
     """
     rows, m = x.shape
@@ -118,6 +123,8 @@ def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
         return x.to(torch.bfloat16).view(torch.uint8)
     if w.name == "int4":
         return encode_int4_rows(x)
+    if w.name == "sign":
+        return encode_sign_rows(x)
     if w.name == "topk":
         return encode_topk_rows(x, w.fraction)
     chunks = -(-m // INT8_CHUNK)
@@ -143,6 +150,8 @@ def decode_rows(p: torch.Tensor, m: int, wire: str, dtype: torch.dtype) -> torch
         return reinterpret(p, torch.bfloat16).to(dtype)
     if w.name == "int4":
         return decode_int4_rows(p, m, dtype)
+    if w.name == "sign":
+        return decode_sign_rows(p, m, dtype)
     if w.name == "topk":
         return decode_topk_rows(p, m, w.fraction, dtype)
     rows, chunks = p.shape[0], -(-m // INT8_CHUNK)
@@ -159,7 +168,7 @@ def encode(x: torch.Tensor, wire: str) -> torch.Tensor:
     ``fp32``: the raw bytes of ``x`` (its own dtype); ``bf16``: ``x`` rounded to bfloat16;
     ``int8``: per chunk of :data:`INT8_CHUNK` values, ``scale = absmax / 127`` (fp32) and
     ``q = round(x / scale)`` (a zero chunk has scale 0; a non-finite one a non-finite scale);
-    ``int4``, ``topk``: :mod:`hadpsgd.comm.sparse`. Computed on ``x``'s device.
+    ``int4``, ``sign``, ``topk``: :mod:`hadpsgd.comm.sparse`. Computed on ``x``'s device.
     """
     out = encode_rows(x.reshape(1, -1), wire).reshape(-1)
     return out.clone() if parse_wire(wire).name == "fp32" else out

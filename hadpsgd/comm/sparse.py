@@ -1,4 +1,4 @@
-"""The sub-byte wire formats: ``int4`` and chunked ``topk``, row by row, of fixed sizes.
+"""The sub-byte wire formats: ``int4``, ``sign`` and chunked ``topk``, row by row, fixed sizes.
 
 Both code each row of a 2-D tensor on its own into a byte row whose length depends only on
 the row's length (and the top-k fraction), so every caller that cuts a tensor into rows
@@ -7,6 +7,11 @@ works unchanged: MPI moves fixed-size byte messages, never a size negotiated at 
 
 ``int4``: per chunk of :data:`INT4_CHUNK` values one fp32 ``scale = absmax / 7`` and
 ``q = round(x / scale)`` in [-7, 7], two values a byte (~0.5 byte a value, 7.9x below fp32).
+
+``sign`` (1-bit SGD's code, Seide et al., Interspeech 2014, for speech DNNs): per chunk of
+:data:`SIGN_CHUNK` values one fp32 ``scale = mean |x|`` and one bit a value, ``+scale`` or
+``-scale`` (~0.126 byte a value, 31.7x below fp32). Every value is sent every time, coarsely;
+error feedback carries the rest.
 
 ``topk`` (SparseLoCo's shape): per chunk of :data:`TOPK_CHUNK` values (the row's length if
 shorter) the ``k = round(fraction * chunk)`` entries of largest magnitude, each as a 12-bit
@@ -27,6 +32,8 @@ import torch
 
 INT4_CHUNK = 1024
 """Values per int4 scale (as int8's: the scale's 4 bytes are 0.8 % of a chunk's payload)."""
+SIGN_CHUNK = 4096
+"""Values per sign scale (a scale is 0.8 % of a chunk's 512 bytes)."""
 TOPK_CHUNK = 4096
 """Values per top-k chunk: an index in it fits the 12 bits :func:`_pack12` packs (at most
 4,096; SparseLoCo's choice)."""
@@ -77,6 +84,42 @@ def decode_int4_rows(p: torch.Tensor, m: int, dtype: torch.dtype) -> torch.Tenso
     out = torch.zeros(rows, chunks * INT4_CHUNK, dtype=torch.float32, device=p.device)
     out[:, :m] = _unpack(p[:, 4 * chunks:], 4, m).to(torch.float32) - 8
     out.view(rows, chunks, INT4_CHUNK).mul_(scale.unsqueeze(2))
+    return out[:, :m].to(dtype)
+
+
+# ------------------------------------------------------------------ sign (1 bit)
+def sign_bytes(m: int) -> int:
+    """Bytes of a sign row of ``m`` values: a 4-byte scale per chunk, eight values a byte."""
+    return 4 * _chunks(m, SIGN_CHUNK) + _chunks(m, 8)
+
+
+def encode_sign_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[R, m]`` floats -> ``[R, sign_bytes(m)]`` bytes (``[scales | bits]``)."""
+    rows, m = x.shape
+    chunks = _chunks(m, SIGN_CHUNK)
+    if m == 0:
+        return torch.empty(rows, 0, dtype=torch.uint8, device=x.device)
+    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * SIGN_CHUNK - m))
+    blocks = blocks.view(rows, chunks, SIGN_CHUNK)
+    # The mean magnitude over the chunk's own values (not the padding): the scale that makes
+    # scale * sign(x) the closest code to x in the L2 sense. NaN / inf propagate into it.
+    counts = torch.full((chunks,), float(SIGN_CHUNK), device=x.device)
+    counts[-1] = m - (chunks - 1) * SIGN_CHUNK
+    scale = blocks.abs().sum(dim=2).div_(counts)
+    bits = (x >= 0).to(torch.uint8)  # 1: +scale, 0: -scale (zero goes up)
+    out = torch.empty(rows, sign_bytes(m), dtype=torch.uint8, device=x.device)
+    out[:, :4 * chunks] = scale.view(torch.uint8)
+    out[:, 4 * chunks:] = _pack(bits, 1)
+    return out
+
+
+def decode_sign_rows(p: torch.Tensor, m: int, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of :func:`encode_sign_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype``."""
+    rows, chunks = p.shape[0], _chunks(m, SIGN_CHUNK)
+    scale = reinterpret(p[:, :4 * chunks], torch.float32)
+    out = torch.zeros(rows, chunks * SIGN_CHUNK, dtype=torch.float32, device=p.device)
+    out[:, :m] = _unpack(p[:, 4 * chunks:], 1, m).to(torch.float32).mul_(2.0).sub_(1.0)
+    out.view(rows, chunks, SIGN_CHUNK).mul_(scale.unsqueeze(2))
     return out[:, :m].to(dtype)
 
 
@@ -143,7 +186,7 @@ def decode_topk_rows(p: torch.Tensor, m: int, fraction: float,
 
 # ------------------------------------------------------------------ bit packing
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``[R, n]`` codes below ``2**bits`` (2 or 4) -> ``[R, ceil(n * bits / 8)]`` bytes."""
+    """``[R, n]`` codes below ``2**bits`` (1, 2 or 4) -> ``[R, ceil(n * bits / 8)]`` bytes."""
     rows, n = codes.shape
     per = 8 // bits
     padded = torch.nn.functional.pad(codes, (0, _chunks(n, per) * per - n))
@@ -179,6 +222,7 @@ def _unpack12(p: torch.Tensor, n: int) -> torch.Tensor:
     return torch.stack([a, b], dim=2).view(rows, -1)[:, :n]
 
 
-__all__ = ["INT4_CHUNK", "TOPK_CHUNK", "TOPK_FRACTION", "decode_int4_rows", "decode_topk_rows",
-           "encode_int4_rows", "encode_topk_rows", "int4_bytes", "reinterpret", "topk_bytes",
+__all__ = ["INT4_CHUNK", "SIGN_CHUNK", "TOPK_CHUNK", "TOPK_FRACTION", "decode_int4_rows",
+           "decode_sign_rows", "decode_topk_rows", "encode_int4_rows", "encode_sign_rows",
+           "encode_topk_rows", "int4_bytes", "reinterpret", "sign_bytes", "topk_bytes",
            "topk_shape"]

@@ -97,8 +97,9 @@ def test_default_recipe_and_one_node_is_reported(tiny_data, tmp_path):
                                                                   1.0)
 
 
-@pytest.mark.parametrize("wire", [("int8",), ("int4",), ("topk", "--topk-fraction", "0.03")],
-                         ids=["int8", "int4", "topk"])
+@pytest.mark.parametrize("wire", [("int8",), ("int4",), ("sign",),
+                                  ("topk", "--topk-fraction", "0.03")],
+                         ids=["int8", "int4", "sign", "topk"])
 def test_overlapped_streaming_compressed_resume_is_bit_exact(tiny_data, tmp_path, wire):
     # The issue-18 syncs through the main command: two fragments (blocks of 3 steps,
     # staggered: fragment 0 ends its first block after 1 step), each average applied one

@@ -1,11 +1,13 @@
-"""The sub-byte wire formats (``int4``, ``topk``) against NumPy references of their definitions.
+"""The sub-byte wire formats (``int4``, ``sign``, ``topk``) against NumPy references of their
+definitions.
 
 The references are written from the formats' definitions (``hadpsgd.comm.sparse``'s
 docstring), not from the code: int4 rounds ``x / scale`` to the nearest integer with
-``scale = absmax / 7`` per chunk of 1024 values; top-k keeps per chunk of 4096 values (the
-row's length if shorter) the ``k = round(fraction * chunk)`` values of largest magnitude,
-each as the nearest of ``(-1.5, -0.5, 0.5, 1.5) * scale`` with ``scale = absmax / 1.5`` of
-the kept values, and zero elsewhere.
+``scale = absmax / 7`` per chunk of 1024 values; sign sends ``+-scale`` by the value's sign
+(zero: plus) with ``scale`` the mean magnitude per chunk of 4096 values; top-k keeps per
+chunk of 4096 values (the row's length if shorter) the ``k = round(fraction * chunk)``
+values of largest magnitude, each as the nearest of ``(-1.5, -0.5, 0.5, 1.5) * scale``
+with ``scale = absmax / 1.5`` of the kept values, and zero elsewhere.
 """
 
 import math
@@ -18,7 +20,7 @@ from hadpsgd.algorithms import BMUFOptions
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm.codec import decode, decode_rows, encode, encode_rows, parse_wire, payload_bytes
 from hadpsgd.comm.codec import wire_spec as spec_of
-from hadpsgd.comm.sparse import INT4_CHUNK, TOPK_CHUNK, TOPK_FRACTION
+from hadpsgd.comm.sparse import INT4_CHUNK, SIGN_CHUNK, TOPK_CHUNK, TOPK_FRACTION
 
 SIZES = [1, 7, 1000, INT4_CHUNK + 1, TOPK_CHUNK - 1, TOPK_CHUNK, TOPK_CHUNK + 1,
          3 * TOPK_CHUNK + 517]
@@ -38,6 +40,15 @@ def _int4_reference(x: np.ndarray) -> np.ndarray:
         scale = np.float32(np.abs(c).max()) / np.float32(7.0)
         if scale > 0:
             out[lo:lo + 1024] = np.clip(np.rint(c / scale), -7, 7) * scale
+    return out
+
+
+def _sign_reference(x: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(x)
+    for lo in range(0, x.size, 4096):
+        c = x[lo:lo + 4096]
+        scale = np.abs(c.astype(np.float64)).mean()
+        out[lo:lo + 4096] = np.where(c >= 0, scale, -scale)
     return out
 
 
@@ -64,6 +75,16 @@ def test_int4_matches_its_definition(n):
     np.testing.assert_allclose(y, _int4_reference(x), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_sign_matches_its_definition(n):
+    x = _data(n, seed=n + 2)
+    x[::97] = 0.0  # zero is coded as +scale
+    p = encode(torch.from_numpy(x), "sign")
+    assert p.numel() == payload_bytes(n, "sign") == 4 * math.ceil(n / SIGN_CHUNK) + math.ceil(n / 8)
+    y = decode(p, n, "sign", torch.float32).numpy()
+    np.testing.assert_allclose(y, _sign_reference(x), rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("fraction", [TOPK_FRACTION, 0.003, 0.1, 1.0])
 @pytest.mark.parametrize("n", SIZES)
 def test_topk_matches_its_definition(n, fraction):
@@ -84,11 +105,12 @@ def test_topk_payload_size_and_ratio_to_fp32():
     n = 43_000_000  # about the SWB BLSTM
     assert payload_bytes(n, "fp32") / payload_bytes(n, "topk") > 140
     assert payload_bytes(n, "fp32") / payload_bytes(n, "int4") > 7.9
+    assert 31.7 < payload_bytes(n, "fp32") / payload_bytes(n, "sign") < 32
     assert payload_bytes(n, "fp32") / payload_bytes(n, "int8") > 3.98
     # Fixed sizes: the bytes depend on the count, never on the values.
     for n in SIZES:
         for x in (torch.zeros(n), torch.from_numpy(_data(n)), torch.full((n,), math.nan)):
-            for spec in ("int4", "topk", spec_of("topk", 0.2)):
+            for spec in ("int4", "sign", "topk", spec_of("topk", 0.2)):
                 assert encode(x, spec).numel() == payload_bytes(n, spec)
     assert payload_bytes(0, "topk") == 0 and encode(torch.zeros(0), "topk").numel() == 0
 
@@ -96,7 +118,7 @@ def test_topk_payload_size_and_ratio_to_fp32():
 def test_rows_are_coded_each_on_its_own():
     # CompressedMean sends row j to node j: each row's bytes are its own row's code.
     x = torch.from_numpy(_data(4 * 3000, seed=9)).view(4, 3000)
-    for spec in ("int4", "topk", spec_of("topk", 0.05)):
+    for spec in ("int4", "sign", "topk", spec_of("topk", 0.05)):
         rows = encode_rows(x, spec)
         assert rows.shape == (4, payload_bytes(3000, spec))
         for j in range(4):

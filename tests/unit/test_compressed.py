@@ -13,7 +13,7 @@ import torch
 
 from hadpsgd.comm import WIRES, decode, encode, payload_bytes
 from hadpsgd.comm.codec import INT8_CHUNK, parse_wire
-from hadpsgd.comm.sparse import INT4_CHUNK, TOPK_CHUNK
+from hadpsgd.comm.sparse import INT4_CHUNK, SIGN_CHUNK, TOPK_CHUNK
 
 SIZES = [0, 1, 5, INT8_CHUNK - 1, INT8_CHUNK, INT8_CHUNK + 1, 3 * INT8_CHUNK + 17]
 
@@ -100,15 +100,16 @@ def test_non_finite_input_stays_non_finite(wire, bad):
     x[at] = bad
     y = decode(encode(x, wire), x.numel(), wire, torch.float32)
     assert not math.isfinite(float(y[at]))
-    chunk = {"int8": INT8_CHUNK, "int4": INT4_CHUNK, "topk": TOPK_CHUNK}.get(wire, 1)
+    chunk = {"int8": INT8_CHUNK, "int4": INT4_CHUNK, "sign": SIGN_CHUNK,
+             "topk": TOPK_CHUNK}.get(wire, 1)
     lo = at // chunk * chunk
-    if wire in ("int8", "int4"):  # every value of the chunk carries the spoilt scale
+    if wire in ("int8", "int4", "sign"):  # every value of the chunk carries the spoilt scale
         assert not bool(torch.isfinite(y[lo:lo + chunk]).any())
     others = torch.cat([y[:lo], y[lo + chunk:]])
     assert bool(torch.isfinite(others).all())
 
 
-@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "topk", "topk:0.1"])
+@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "sign", "topk", "topk:0.1"])
 def test_error_feedback_telescopes(wire):
     # By definition: s_k = decode(encode(x_k + e_{k-1})), e_k = x_k + e_{k-1} - s_k, e_0 = 0.
     # Summing e_k - e_{k-1} = x_k - s_k over k: sum s_k = sum x_k - e_K. So the sent values
@@ -179,7 +180,8 @@ def test_adpsgd_wire_option():
     cfg = parse_config(["--algo", "adpsgd", "--wire", "int8"])
     assert algorithm_kwargs(cfg)["options"].wire == "int8"
     assert ADPSGD.Options(wire="int4").wire == "int4"
-    with pytest.raises(ConfigError, match="--wire must be one of fp32, bf16, int8, int4, topk"):
+    with pytest.raises(ConfigError,
+                       match="--wire must be one of fp32, bf16, int8, int4, sign, topk"):
         ADPSGD.Options(wire="fp8")
     # top-k gossip is CHOCO's compressed differences, with its consensus step in (0, 1]
     cfg = parse_config(["--algo", "adpsgd", "--wire", "topk", "--gossip-step", "0.2"])

@@ -134,7 +134,7 @@ for split in ([False, True] if per_node > 1 else [False]):
         check(f"fp32 bytes split={split}", ring <= bytes_of["fp32", split] <= ring * 1.01)
 
     # Error feedback over K rounds, in float64 (the rounding of the arithmetic is negligible).
-    for wire in ("bf16", "int8", "int4", "topk"):
+    for wire in ("bf16", "int8", "int4", "sign", "topk"):
         tag = f"{wire} split={split}"
         cm = compressed_mean(torch.float64, wire, split, BUCKET)
         out_sum = torch.zeros(N, dtype=torch.float64)

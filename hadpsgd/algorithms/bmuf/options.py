@@ -67,10 +67,11 @@ class BMUFOptions(AlgoOptions):
     and the number of parameter tensors)."""
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, int8 or int4 with one scale per 1024 values, or topk (per 4096 values the
-    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32; ADPSGD sends it
-    as CHOCO-SGD's compressed differences); compressed formats carry their rounding error
-    into the next exchange (error feedback)."""
+    (as is), bf16, int8 or int4 with one scale per 1024 values, sign (one bit a value and
+    one scale per 4096, 1-bit SGD's code: ~32x below fp32), or topk (per 4096 values the
+    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32); ADPSGD sends
+    sign and topk as CHOCO-SGD's compressed differences; compressed formats carry their
+    rounding error into the next exchange (error feedback)."""
     topk_fraction: float = TOPK_FRACTION
     """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
     0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
