@@ -59,7 +59,8 @@ class ADPSGDOptions(AlgoOptions):
     waits in the error-feedback residual for a later exchange."""
     gossip_step: float = DEFAULT_GOSSIP_STEP
     """ADPSGD with --wire topk or sign: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
-    moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip)."""
+    moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip, which
+    lost the model with top-k; 0.2, the default, was the best measured: docs/results.md)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the

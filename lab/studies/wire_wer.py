@@ -1,7 +1,8 @@
 """Bytes between nodes against word error rate, one point per configuration (issue 45).
 
 Reads the rows a wire study recorded (``docs/data/wire-wer-espeak.json``: a configuration,
-a seed, its WER and its inter-node bytes per trained frame), prints the table of means and
+a seed (and a fold, where the set has folds), its WER and its inter-node bytes per trained
+frame), prints the table of means and
 draws the curve: bytes a trained frame on a log axis, the mean WER over seeds with the
 seeds' range as error bars, SSGD fp32 as the reference line. Usage::
 
@@ -32,7 +33,7 @@ def summarise(rows: Sequence[dict[str, Any]], reference: str = "ssgd") -> list[d
         by.setdefault(row["config"], []).append(row)
     out = []
     for config, runs in by.items():
-        wers = [r["wer"] for r in sorted(runs, key=lambda r: r["seed"])]
+        wers = [r["wer"] for r in sorted(runs, key=lambda r: (r["seed"], r.get("fold", "")))]
         out.append({"config": config,
                     "bytes_per_frame": statistics.mean(r["bytes_per_frame"] for r in runs),
                     "ratio": statistics.mean(r["ratio_to_ssgd_fp32"] for r in runs),
