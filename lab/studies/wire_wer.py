@@ -90,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("record", type=Path, help="the study's JSON (its 'rows')")
     parser.add_argument("--png", type=Path, default=None, help="draw the curve here")
+    parser.add_argument("--min-runs", type=int, default=1,
+                        help="draw only the configurations with at least this many runs (the "
+                             "table keeps every one; default 1)")
     parser.add_argument("--reference", default="ssgd",
                         help="the configuration the bytes are also compared with, and the "
                              "figure's reference line (default ssgd)")
@@ -97,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarise(json.loads(opts.record.read_text())["rows"], opts.reference)
     print(table(summary, opts.reference))
     if opts.png is not None:
-        plot(summary, opts.png, opts.reference)
+        plot([e for e in summary if len(e["wers"]) >= opts.min_runs], opts.png, opts.reference)
     return 0
 
 

@@ -79,11 +79,12 @@ def test_default_recipe():
 
 
 def test_int4_wire_takes_its_tested_block_length():
-    # docs/results.md, bytes against WER: int4 deltas at tau 32, SSGD's WER at 248x fewer bytes
+    # docs/results.md, bytes against WER: the tested block length of each codec
     def options(*argv: str) -> BMUFOptions:
         return parse_config(["--algo", "bmuf", *argv]).algo_options()
 
     assert options("--wire", "int4").sync_period == 32
+    assert options("--wire", "sign").sync_period == 40  # 1,196x at SSGD's WER on FSDD
     assert options("--wire", "int4", "--sync-period", "8").sync_period == 8  # the user's wins
     assert options("--wire", "topk").sync_period == 8  # topk's best tested: the default tau
     assert options("--wire", "int4", "--optimizer", "adam").sync_period == 8  # SGD only

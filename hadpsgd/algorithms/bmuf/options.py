@@ -19,10 +19,12 @@ from hadpsgd.comm.codec import TOPK_FRACTION, WIRES, wire_spec
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
-WIRE_SYNC_PERIOD: dict[str, int] = {"int4": 32}
-"""--sync-period that BMUF's SGD recipe takes with a --wire, where none is given: int4 at
-tau 32 was the fewest bytes tested at SSGD's word error rate (248x; docs/results.md).
-topk keeps tau 8, its best tested (1,117x)."""
+WIRE_SYNC_PERIOD: dict[str, int] = {"int4": 32, "sign": 40}
+"""--sync-period that BMUF's SGD recipe takes with a --wire, where none is given, from the
+bytes-against-WER studies (docs/results.md): on unseen human voices (FSDD, 4 workers, 9
+runs) sign deltas every 40 steps sent 1,196x fewer bytes than SSGD fp32 at 0.8 point below
+its WER, int4 every 32 steps 239x fewer at 2.0 below. topk keeps tau 8, its best tested
+(4.4 points above SSGD there)."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,9 @@ class BMUFOptions(AlgoOptions):
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
                    "--bmuf-worker-lr global --adam-moments local --max-grad-norm 1, block "
                    "momentum 0): SSGD's word error rate on unseen speakers at 1/tau of its "
-                   "traffic; with --wire int4, tau 32 (--sync-period 32: 248x fewer bytes "
-                   "than SSGD fp32 at its word error rate). --optimizer adam gives the "
+                   "traffic; with --wire sign, tau 40 (1,196x fewer bytes than SSGD fp32 at "
+                   "its word error rate on unseen voices), with --wire int4, tau 32 (239x). "
+                   "--optimizer adam gives the "
                    "BMUF-Adam paper's recipe (--beta1 0.5 --adam-moments corrected "
                    "--bmuf-worker-lr single, block momentum 1 - 1/N).")
 
@@ -108,7 +111,7 @@ class BMUFOptions(AlgoOptions):
         batch, which diverged at 16 workers unclipped (Kaldi's parallel training, which
         also multiplies the rate by the number of jobs, bounds each step with its
         max-change). Measured: docs/results.md, *BMUF on unseen human voices*.
-        With SGD and ``--wire int4`` and no ``--sync-period``: tau 32
+        With SGD, ``--wire sign`` or ``int4`` and no ``--sync-period``: tau 40 or 32
         (:data:`WIRE_SYNC_PERIOD`). Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5,
         corrected moments, the single learner's rate, block momentum 1 - 1/N).
         """
@@ -120,8 +123,7 @@ class BMUFOptions(AlgoOptions):
                        beta1=0.5)  # the paper's choice for BMUF-Adam (section 2.2)
         else:
             out.update(adam_moments="local", bmuf_worker_lr="global", max_grad_norm=1.0)
-            # A codec's tested block length: int4 deltas every 32 steps sent 248x fewer bytes
-            # than SSGD fp32 at SSGD's WER (docs/results.md, bytes against WER; SGD only).
+            # A codec's tested block length (WIRE_SYNC_PERIOD; measured with SGD only).
             tau = WIRE_SYNC_PERIOD.get(given.get("wire", "fp32"))
             if tau is not None:
                 out["sync_period"] = tau
