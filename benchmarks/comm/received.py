@@ -40,8 +40,8 @@ def table(rows: list[dict[str, Any]], learners: list[int]) -> str:
         cells = []
         for n in learners:
             r = by.get((c, n))
-            cells.append("-" if r is None else
-                         f"{r['received']:,.0f} ({r['ssgd_over']:,.0f}x)")
+            ratio = "-" if r is None or r["ssgd_over"] is None else f"{r['ssgd_over']:,.0f}x"
+            cells.append("-" if r is None else f"{r['received']:,.0f} ({ratio})")
         lines.append(f"{c:<16} {per:<9}" + "".join(f"{x:>16}" for x in cells))
     return "\n".join(lines)
 

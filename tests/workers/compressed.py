@@ -5,7 +5,8 @@ whole tensor per learner and (with several learners per node) split across the n
 
 - the result is bit-identical on every rank; fp32 equals the mean summed in node order;
   bf16 / int8 / int4 lie within two roundings of the true mean (the worker's, then the
-  server's); topk is sparse (the rest waits in the residuals);
+  server's); sign is dense with one magnitude a chunk; topk is sparse (the rest waits in the
+  residuals);
 - bytes_sent is the two-stage (all-to-all + allgather) count, and fp32 / int8 >= 3.5
   (int4 >= 7, topk >= 90 on these short shards); bytes_received equals it;
 - error feedback telescopes, by its definition: out_k = s_k - e_s,k with
@@ -115,6 +116,10 @@ for split in ([False, True] if per_node > 1 else [False]):
             bound = 2.01 * float(xs.abs().max()) / (2 * levels)
             check(f"{wire} bound {tag}", float((t - want).abs().max()) <= bound)
             check(f"{wire} rounds {tag}", float((t - want).abs().max()) > 0)
+        elif wire == "sign":
+            # every value sent, as plus or minus its chunk's scale: dense, few magnitudes
+            check(f"sign dense {tag}", float((t != 0).float().mean()) > 0.99)
+            check(f"sign levels {tag}", t.abs().unique().numel() < N // 256)
         else:
             # top-k sends a few values a chunk: most of the mean is still in the residuals
             # (the telescoping below accounts for it); what was sent is finite and sparse.
@@ -123,7 +128,7 @@ for split in ([False, True] if per_node > 1 else [False]):
         sent, received = cm.bytes_sent, cm.bytes_received
         check(f"bytes {tag}", cm.bytes_sent > 0 if nodes > 1 else cm.bytes_sent == 0)
     if nodes > 1:
-        for wire, least in (("int8", 3.5), ("int4", 7.0), ("topk", 90.0)):
+        for wire, least in (("int8", 3.5), ("int4", 7.0), ("sign", 25.0), ("topk", 90.0)):
             # top-k on shards shorter than a chunk: k = round(shard / 64), a scale per shard
             ratio = bytes_of["fp32", split] / bytes_of[wire, split]
             check(f"fp32/{wire} bytes {ratio:.2f} split={split}", ratio >= least)
