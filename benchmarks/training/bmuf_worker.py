@@ -65,13 +65,13 @@ def bmuf_options(mode: str) -> dict[str, Any]:
             out["block_overlap"] = True
         elif v.startswith("frag"):
             out["fragments"] = int(v[len("frag"):])
-        elif v in ("bf16", "int8", "int4", "topk"):
+        elif v in ("bf16", "int8", "int4", "sign", "topk"):
             out["wire"] = v
         elif v.startswith("topk"):  # topk0.004: top-k at that fraction
             out["wire"], out["topk_fraction"] = "topk", float(v[len("topk"):])
         else:
             raise SystemExit(f"unknown BMUF variant {v!r} in {mode!r} (overlap, fragF, bf16, "
-                             "int8, int4, topk, topkF)")
+                             "int8, int4, sign, topk, topkF)")
     return out
 
 
@@ -150,7 +150,7 @@ def main() -> None:
     p.add_argument("--taus", type=int, nargs="*", default=[1, 8, 32])
     p.add_argument("--variants", nargs="*", default=[],
                    help="BMUF variants at --variant-tau: overlap, fragF, bf16, int8, int4, "
-                        "topk, topkF (top-k at fraction F) joined by '+' (e.g. overlap+topk)")
+                        "sign, topk, topkF (top-k at fraction F) joined by '+' (e.g. overlap+topk)")
     p.add_argument("--variant-tau", type=int, default=8)
     p.add_argument("--pipeline-mb", nargs="*", default=[],
                    help="also SSGD with the pipelined hierarchical mean at each piece size "
