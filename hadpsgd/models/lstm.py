@@ -19,9 +19,10 @@ Autocast alone gets the LSTM (~80 % of the model's FLOPs) wrong in three places:
 So under bf16, on CUDA and CPU alike, autocast is off around the LSTM, and the input and
 weights are cast to bf16 explicitly: the weights once per forward, into one new buffer (on
 CUDA in the layout cuDNN gives its own flat weights, asked of cuDNN, so it runs them in
-place); the functional LSTM (``torch._VF.lstm``) runs on them, and the gradients flow back
-through the cast to the fp32 weights (:func:`cast_lstm`). fp16 on CUDA keeps autocast's fp16
-cuDNN LSTM (fp16 has a loss scale).
+place; one cast of their storage where they already lie so:
+:mod:`hadpsgd.models.lstm_weights`); the functional LSTM (``torch._VF.lstm``) runs on them,
+and the gradients flow back through the cast to the fp32 weights (:func:`cast_lstm`). fp16
+on CUDA keeps autocast's fp16 cuDNN LSTM (fp16 has a loss scale).
 
 Whether the bf16 LSTM runs is asked once per LSTM shape and device, on one frame
 (:func:`lstm_layout`); where it does not, the LSTM runs in fp32 and a warning says so once.
@@ -36,12 +37,16 @@ oneDNN (or any other) error there is the fallback to fp32, never the run's end.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import _VF, nn
 from torch.nn.utils.rnn import PackedSequence
+
+from hadpsgd.models.lstm_weights import Layout, cast_weights, cudnn_layout, dense_layout
+
+__all__ = ["AutocastLSTM", "Layout", "cast_lstm", "cast_weights", "cudnn_layout", "dense_layout",
+           "explicit_dtype", "lstm_layout"]
 
 Hidden = tuple[torch.Tensor, torch.Tensor]
 """An LSTM's ``(h, c)``."""
@@ -50,19 +55,6 @@ _CUDNN_NODE = "CudnnRnn"
 """The name of the autograd node of a cuDNN RNN (``CudnnRnnBackward0``)."""
 _COPY_WARNING = "contiguous chunk"
 """What cuDNN's weight-copy warning says ("not part of single contiguous chunk of memory")."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where an LSTM's weights lie in one buffer, in elements.
-
-    Attributes:
-        offsets: The start of each weight, in the module's ``_flat_weights`` order.
-        total: The buffer's length (cuDNN's may end in padding).
-    """
-
-    offsets: tuple[int, ...]
-    total: int
 
 
 def explicit_dtype(x: torch.Tensor | PackedSequence) -> torch.dtype | None:
@@ -81,67 +73,6 @@ def explicit_dtype(x: torch.Tensor | PackedSequence) -> torch.dtype | None:
     if kind == "cpu" and dtype == torch.float16:
         return torch.float32
     return None
-
-
-def dense_layout(lstm: nn.LSTM) -> Layout:
-    """The weights one after another in the module's order (enough off cuDNN)."""
-    offsets, end = [], 0
-    for w in lstm._flat_weights:  # noqa: SLF001 - the weights torch's LSTM runs on
-        offsets.append(end)
-        end += w.numel()
-    return Layout(tuple(offsets), end)
-
-
-def cudnn_layout(lstm: nn.LSTM, dtype: torch.dtype) -> Layout:
-    """Where cuDNN puts ``lstm``'s weights (a CUDA module) in its flat buffer of ``dtype``.
-
-    Asked of cuDNN itself: it flattens copies of the weights, and each copy's place in the
-    buffer it returns is read back (cuDNN 9 puts every matrix first, then the biases).
-
-    Raises:
-        RuntimeError: If cuDNN cannot flatten weights of ``dtype``, or left them elsewhere.
-    """
-    from torch.backends.cudnn import rnn as cudnn_rnn
-
-    copies = [w.detach().to(dtype, copy=True) for w in lstm._flat_weights]  # noqa: SLF001
-    with torch.no_grad(), torch.cuda.device_of(copies[0]):
-        buf = torch._cudnn_rnn_flatten_weight(  # sets each copy to its view in the buffer
-            copies, 4 if lstm.bias else 2, lstm.input_size, cudnn_rnn.get_cudnn_mode("LSTM"),
-            lstm.hidden_size, lstm.proj_size, lstm.num_layers, lstm.batch_first,
-            bool(lstm.bidirectional))
-    base, size = buf.untyped_storage().data_ptr(), buf.element_size()
-    offsets = tuple((w.data_ptr() - base) // size for w in copies)
-    spans = sorted((o, o + w.numel()) for o, w in zip(offsets, copies, strict=True))
-    if (any(w.untyped_storage().data_ptr() != base for w in copies)
-            or any(a[1] > b[0] for a, b in zip(spans, spans[1:], strict=False))
-            or spans[0][0] < 0 or spans[-1][1] > buf.numel()):
-        raise RuntimeError("cuDNN left the LSTM's weights outside its flat buffer")
-    return Layout(offsets, buf.numel())
-
-
-def cast_weights(lstm: nn.LSTM, dtype: torch.dtype, layout: Layout) -> list[torch.Tensor]:
-    """``lstm``'s weights in ``dtype``, each a view of one new buffer laid out as ``layout``.
-
-    Differentiable: each is a cast of its fp32 weight, so gradients reach the weights.
-    The buffer is one ``cat`` cut by one ``split`` (whose backward is one ``cat`` too, not a
-    zero-filled buffer per weight); gaps of ``layout`` are zeros.
-    """
-    weights = lstm._flat_weights  # noqa: SLF001
-    order = sorted(range(len(weights)), key=layout.offsets.__getitem__)
-    pieces: list[torch.Tensor] = []
-    index = [0] * len(weights)
-    end = 0
-    for i in order:
-        w, start = weights[i], layout.offsets[i]
-        if start > end:
-            pieces.append(w.new_zeros(start - end, dtype=dtype))
-        index[i] = len(pieces)
-        pieces.append(w.reshape(-1).to(dtype))
-        end = start + w.numel()
-    if layout.total > end:
-        pieces.append(weights[0].new_zeros(layout.total - end, dtype=dtype))
-    parts = torch.cat(pieces).split([p.numel() for p in pieces])
-    return [parts[index[i]].view(w.shape) for i, w in enumerate(weights)]
 
 
 def cast_lstm(lstm: nn.LSTM, x: torch.Tensor | PackedSequence, dtype: torch.dtype,

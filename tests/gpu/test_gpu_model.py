@@ -148,3 +148,45 @@ def test_the_bf16_lstm_on_the_flat_buffer_copies_no_weights(preset, per_layer):
         assert not [s for s in said if "contiguous chunk" in s], said
     if _cudnn_runs_bf16_lstm():
         assert set(seen) == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("per_layer", [False, True], ids=["stacked", "per-layer"])
+def test_the_bf16_weights_are_one_cast_of_the_flat_buffer_on_cuda(per_layer, monkeypatch):
+    # Issue 44, item 8(b): on the flat buffer in cuDNN's order, the bf16 weights of each LSTM
+    # module are one cast of its span (hadpsgd.models.lstm_weights), with the per-weight
+    # route's values and gradients, and cuDNN still runs them in place.
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile
+
+    from hadpsgd.comm import FlatBuffer, cudnn_weight_groups
+    from hadpsgd.models import build_model, lstm_weights
+    from hadpsgd.models.lstm import lstm_layout
+
+    if not _cudnn_runs_bf16_lstm():
+        pytest.skip("torch or this GPU runs no bf16 LSTM on cuDNN")
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = build_model("swb", 260, 64, per_layer=per_layer).cuda()
+        FlatBuffer(list(model.parameters()), kind="data", own_storage=cudnn_weight_groups(model))
+        FlatBuffer(list(model.parameters()), kind="grad")
+        models.append(model)
+    lstms = [m for m in models[0].modules() if isinstance(m, nn.LSTM)]
+    totals = []
+    for m in lstms:
+        layout = lstm_layout(m, torch.bfloat16)
+        assert layout is not None
+        assert lstm_weights.storage_span(m._flat_weights, layout) is not None, layout
+        totals.append(layout.total)
+    x = torch.randn(4, 21, 260, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        _, out, said = _lstm_output_dtypes(models[0], "bf16", x)
+    assert not [s for s in said if "contiguous chunk" in s], said
+    flat_casts = [e.input_shapes[0][0] for e in prof.events()
+                  if e.name == "aten::_to_copy" and len(e.input_shapes[0]) == 1]
+    assert sorted(n for n in flat_casts if n in totals) == sorted(totals * 2), flat_casts
+    monkeypatch.setattr(lstm_weights, "storage_span", lambda *_: None)
+    _, ref, _ = _lstm_output_dtypes(models[1], "bf16", x)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=name)
