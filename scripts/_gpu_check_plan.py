@@ -5,19 +5,22 @@ command, so the plan is cut in two parts, each one command that fits :data:`DEFA
 
 - **part 1** (``bash scripts/gpu_check.sh``, the default): what must hold for the GPU to be
   trusted at all. The machine check, the NCCL checks (a one-rank group; with two or more GPUs
-  training over NCCL), ``pytest tests/gpu``, one run of every algorithm on ``small``, bf16 and
-  fp16 (resumed: its loss scale is in the checkpoint) on ``small``, ``swb`` at bf16 (the LSTM
-  in bf16 on cuDNN, and its speed). About 390 s on one H100 (425 s with two or
-  more GPUs, where NCCL training runs).
+  training over NCCL), ``pytest tests/gpu``, one run of each algorithm on ``small`` (SSGD,
+  ADPSGD, H-ADPSGD, BMUF-Adam), ``swb`` at bf16 (the LSTM in bf16 on cuDNN, and its speed).
+  About 410 s on one H200 (445 s with two or more GPUs, where NCCL training runs).
 - **part 2** (``bash scripts/gpu_check.sh --part 2``): the figures and the second opinions.
   The cuDNN weight-copy probe, ``benchmarks.comm``, DDP against SSGD over NCCL (two or more
   GPUs), ``swb``'s step time per LSTM layout (stacked against per-layer) and with ``--tf32``,
-  SSGD on one rank resumed, BMUF-Adam on ``swb``, bf16 on the gradient wire, fp16 BMUF-Adam
-  and ``train_throughput`` of ``swb`` at fp32 against bf16 against DDP. About 295 s on one H100
-  (445 s with two or more GPUs, where DDP against SSGD runs).
+  SSGD on one rank, BMUF-Adam overlapped on the int8 wire, fp16 (resumed: its loss scale is in
+  the checkpoint) and bf16 on ``small``, BMUF-Adam on ``swb``, bf16 on the gradient wire, fp16
+  BMUF-Adam and ``train_throughput`` of ``swb`` at fp32 against bf16 against DDP. About 386 s
+  on one GPU (536 s with two or more GPUs, where DDP against SSGD runs).
 
 In each part the checks run most telling first, so that what the budget cuts is the least
-telling. ``need`` is each check's time on one H100 (the 2026-11-24 report,
+telling. ``need`` is each check's time on one GPU: where one H200 measured it (2026-11-28,
+docs/data/gpu-check-h200-2.md: part 1's pytest and training runs, and the three runs moved
+from part 1 to part 2 then, when tests/gpu had grown to 253 s and part 1 no longer fitted
+its 420 s), that time; else one H100's (the 2026-11-24 report,
 docs/data/gpu-check-h100.md, and its ADPSGD re-run): a check starts only while that much of
 the budget is left, and the sum of a part's ``need`` is its estimate (:func:`estimate`). From
 that report: a ``small`` run of 200 steps stopped half-way and resumed took 33-35 s (two
@@ -176,45 +179,35 @@ def plan(run: Runner, gpus: int, work: Path, quick: bool) -> list[Item]:
                 "--op", "allreduce", "-b", "4K", "-e", "64M", "-f", "8",
                 "--json", str(work / "comm.json")]
     return [
-        # ---- part 1: what must hold for the GPU to be trusted (~390 s on one H100).
+        # ---- part 1: what must hold for the GPU to be trusted (~410 s on one H200).
         Item("machine", "machine check", 120, 10, lambda _: run.machine()),
         Item("nccl1", "one-rank NCCL group", 120, 10, lambda t: run.python(
             "one-rank NCCL group through NCCLIntra", SINGLE_NCCL, t)),
         Item("nccl", "NCCL intra-node training (one rank per GPU)", 150, 35, lambda t: run.train(
             "ssgd small nccl", gpus, ["--algo", "ssgd", "--intra-backend", "nccl"], steps,
             timeout=t), 2),
-        # 113 s for the 25 tests of 2026-11-24 (348 s of tests in 4 xdist workers); the tests
-        # added since (mixed precision x 6, forward x 3, the grid's tiny cell, the bf16 LSTM,
-        # the streams) took ~250 s more by the times of their kind then: ~195 s. The limit
-        # leaves the rest of part 1 its time in the budget when a test hangs.
-        Item("pytest", "pytest tests/gpu", 300, 195, run.pytest),
+        # 253 s for its 62 tests on one H200 (2026-11-28, 4 xdist workers; 113 s for 25 tests
+        # on 2026-11-24). The limit leaves the rest of part 1 its time in the budget when a
+        # test hangs.
+        Item("pytest", "pytest tests/gpu", 340, 255, run.pytest),
         # One run of each algorithm, in one launch: tests/gpu stops and resumes each of them
         # on CUDA already, and the fp16 run below resumes here.
-        Item("ssgdn", "ssgd small n ranks", 150, 20, train(f"ssgd small {n} ranks", n,
+        Item("ssgdn", "ssgd small n ranks", 150, 30, train(f"ssgd small {n} ranks", n,
                                                         ["--algo", "ssgd"], resume=False)),
-        Item("adpsgd", "adpsgd small", 150, 20, train("adpsgd small", n, [
+        Item("adpsgd", "adpsgd small", 150, 27, train("adpsgd small", n, [
             "--algo", "adpsgd", "--super-learner-size", "1"], resume=False)),
-        Item("hadpsgd", "h-adpsgd small 2x2", 150, 20, train("h-adpsgd small 2x2", 4, [
+        Item("hadpsgd", "h-adpsgd small 2x2", 150, 28, train("h-adpsgd small 2x2", 4, [
             "--algo", "adpsgd", "--super-learner-size", "2", "--ranks-per-node", "2"],
             resume=False)),
-        Item("bmuf", "bmuf-adam small", 150, 20, train("bmuf-adam small", n, adam,
+        Item("bmuf", "bmuf-adam small", 150, 26, train("bmuf-adam small", n, adam,
                                                        resume=False)),
-        # The side channel's stream and the int8 wire: a path of its own on the device.
-        Item("bmufo", "bmuf-adam small overlap int8", 150, 20, train(
-            "bmuf-adam small overlap int8", n, [*adam, "--bmuf-overlap", "--wire", "int8"],
-            resume=False)),
-        # Mixed precision on small (issue 27): fp16 resumed (its loss scale is in the
-        # checkpoint), bf16; swb at bf16 in the layout users get (stacked, auto's choice):
-        # the bf16 LSTM on cuDNN and its frames/s.
-        Item("fp16", "ssgd small fp16", 150, 35, train("ssgd small 1 rank fp16", 1, [
-            "--algo", "ssgd", "--precision", "fp16"])),
-        Item("bf16", "ssgd small bf16", 100, 20, train("ssgd small 1 rank bf16", 1, [
-            "--algo", "ssgd", "--precision", "bf16"], resume=False)),
-        Item("swbbf16", "ssgd swb bf16 stacked", 100, 20, train(
+        # swb at bf16 in the layout users get (stacked, auto's choice): the bf16 LSTM on
+        # cuDNN (the check fails where it falls back to fp32) and its frames/s.
+        Item("swbbf16", "ssgd swb bf16 stacked", 100, 24, train(
             "ssgd swb 1 rank bf16 (stacked LSTM)", 1,
             [*swb, "--lstm-layout", "stacked", "--precision", "bf16"], resume=False,
             preset="swb")),
-        # ---- part 2: the figures and second opinions (~295 s on one H100, ~445 s on two).
+        # ---- part 2: the figures and second opinions (~386 s on one GPU, ~536 s on two).
         Item("cudnn", "no cuDNN weight copy", 180, 10, lambda t: run.python(
             "no cuDNN weight copy with stacked and per-layer small and swb", CUDNN_WARN, t),
              part=2),
@@ -235,8 +228,20 @@ def plan(run: Runner, gpus: int, work: Path, quick: bool) -> list[Item]:
             "ssgd swb 1 rank fp32 --tf32 (stacked LSTM)", 1,
             [*swb, "--lstm-layout", "stacked", "--tf32"], resume=False, preset="swb"),
              part=2),
-        Item("ssgd1", "ssgd small 1 rank", 150, 35, train("ssgd small 1 rank", 1,
-                                                       ["--algo", "ssgd"]), part=2),
+        # SSGD on one rank in fp32, the anchor of the fp16 and bf16 runs below (fp16 is the
+        # one resumed: its loss scale is in the checkpoint).
+        Item("ssgd1", "ssgd small 1 rank", 150, 20, train("ssgd small 1 rank", 1,
+                                                       ["--algo", "ssgd"], resume=False),
+             part=2),
+        # The side channel's stream and the int8 wire: a path of its own on the device.
+        Item("bmufo", "bmuf-adam small overlap int8", 150, 28, train(
+            "bmuf-adam small overlap int8", n, [*adam, "--bmuf-overlap", "--wire", "int8"],
+            resume=False), part=2),
+        # Mixed precision on small (issue 27): fp16 resumed, bf16.
+        Item("fp16", "ssgd small fp16", 150, 52, train("ssgd small 1 rank fp16", 1, [
+            "--algo", "ssgd", "--precision", "fp16"]), part=2),
+        Item("bf16", "ssgd small bf16", 100, 26, train("ssgd small 1 rank bf16", 1, [
+            "--algo", "ssgd", "--precision", "bf16"], resume=False), part=2),
         Item("swbn", "bmuf-adam swb n ranks", 100, 25, train(
             f"bmuf-adam swb {n} ranks", n, [*adam, "--batch-size", "16"], resume=False,
             preset="swb"), part=2),

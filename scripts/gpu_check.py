@@ -5,19 +5,20 @@ lent machine (the budget, statuses and report are the pure functions of
 ``scripts/_gpu_check.py``). Each check runs under its own time limit and in a fresh
 directory, most telling first:
 
-- **part 1** (the default, ~390 s on one H100): ``python -m hadpsgd.comm`` on one rank, a
+- **part 1** (the default, ~410 s on one H200): ``python -m hadpsgd.comm`` on one rank, a
   one-rank NCCL group through ``NCCLIntra``, NCCL training with one rank per GPU (with two or
   more GPUs); ``pytest tests/gpu`` (per test: passed, failed, skipped and why), its per-test
-  timeout fitted to the budget; one run of every algorithm on ``small`` through ``python -m
-  hadpsgd.run --device cuda`` (SSGD, ADPSGD, H-ADPSGD, BMUF-Adam blocking and overlapped with
-  the int8 wire); ``small`` at fp16 (stopped half-way and resumed: its loss scale is in the
-  checkpoint) and bf16; ``swb`` at bf16 with the stacked LSTM.
-- **part 2** (``--part 2``, ~295 s on one H100): no cuDNN weight copy with either LSTM layout
+  timeout fitted to the budget; one run of each algorithm on ``small`` through ``python -m
+  hadpsgd.run --device cuda`` (SSGD, ADPSGD, H-ADPSGD, BMUF-Adam); ``swb`` at bf16 with the
+  stacked LSTM.
+- **part 2** (``--part 2``, ~386 s on one GPU): no cuDNN weight copy with either LSTM layout
   of ``small`` and ``swb``; ``benchmarks.comm --device cuda``; with two or more GPUs
   ``train_throughput`` against DDP over NCCL; ``swb`` with the per-layer LSTM (resumed)
-  against the stacked one, stacked with ``--tf32``; SSGD on one rank resumed; BMUF-Adam on
-  ``swb``; bf16 gradients on the wire; fp16 BMUF-Adam; ``train_throughput`` of ``swb`` at fp32
-  against bf16 against DDP under the same autocast (one rank).
+  against the stacked one, stacked with ``--tf32``; SSGD on one rank; BMUF-Adam overlapped
+  with the int8 wire; ``small`` at fp16 (stopped half-way and resumed: its loss scale is in
+  the checkpoint) and bf16; BMUF-Adam on ``swb``; bf16 gradients on the wire; fp16
+  BMUF-Adam; ``train_throughput`` of ``swb`` at fp32 against bf16 against DDP under the same
+  autocast (one rank).
 
 ``--budget`` (seconds) bounds the command: a check starts only while the time it needs is
 left, and its commands end at the budget. A check of the part that the budget leaves out, or

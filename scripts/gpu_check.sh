@@ -2,11 +2,11 @@
 # Prove a GPU machine in two commands of under ten minutes each (docs/gpu.md, "The first
 # hour on a GPU machine"), each into its own report:
 #
-#   bash scripts/gpu_check.sh [REPORT.md] [--budget S]   part 1, ~390 s on one H100: the
-#        machine, NCCL, tests/gpu, every algorithm and bf16 / fp16 through
+#   bash scripts/gpu_check.sh [REPORT.md] [--budget S]   part 1, ~410 s on one H200: the
+#        machine, NCCL, tests/gpu, every algorithm through
 #        `python -m hadpsgd.run --device cuda`, swb at bf16 (default ./gpu-check-report.md)
-#   bash scripts/gpu_check.sh [REPORT.md] --part 2       part 2, ~295 s on one H100: the
-#        benchmarks, swb per LSTM layout and with TF32, the rest
+#   bash scripts/gpu_check.sh [REPORT.md] --part 2       part 2, ~386 s: the benchmarks,
+#        swb per LSTM layout and with TF32, fp16 / bf16 on small, the rest
 #                                                (default ./gpu-check-report-part2.md)
 #   bash scripts/gpu_check.sh [REPORT.md] --only KEY,... some checks of either part
 #   bash scripts/gpu_check.sh --grid [REPORT.md] [--batch 128 --precision bf16 ...]

@@ -15,8 +15,8 @@ sys.path.insert(0, str(SCRIPTS))
 import _gpu_check as gc  # noqa: E402 - scripts/ is no package: found through sys.path
 import _gpu_check_plan as gp  # noqa: E402
 
-PART_1 = {"machine", "nccl1", "nccl", "pytest", "ssgdn", "adpsgd", "hadpsgd", "bmuf", "bmufo",
-          "fp16", "bf16", "swbbf16"}
+PART_1 = {"machine", "nccl1", "nccl", "pytest", "ssgdn", "adpsgd", "hadpsgd", "bmuf",
+          "swbbf16"}
 """What the default command must run: what proves the GPU (docs/gpu.md)."""
 
 
@@ -193,7 +193,7 @@ def test_every_check_is_in_one_part_and_the_default_one_proves_the_gpu(tmp_path)
     assert {item.key for item in items if gp.chosen(item, "1", only)} == only
 
 
-def test_the_default_part_runs_every_algorithm_and_both_half_precisions(tmp_path):
+def test_the_default_part_runs_every_algorithm_and_the_bf16_lstm(tmp_path):
     items, rec = _plan(tmp_path)
     for item in _part(items, "1"):
         item.run(item.limit)
@@ -203,9 +203,17 @@ def test_the_default_part_runs_every_algorithm_and_both_half_precisions(tmp_path
     assert any(gc.flag_value(args, "--super-learner-size") == "2" for *_, args, _, _ in trains)
     precisions = {(gc.flag_value(args, "--precision"), preset)
                   for *_, args, _, preset in trains}
-    assert {("fp16", "small"), ("bf16", "small"), ("bf16", "swb")} <= precisions
-    assert ("pytest", 300) in [c[:2] for c in rec.calls]
+    assert ("bf16", "swb") in precisions
+    assert ("pytest", 340) in [c[:2] for c in rec.calls]
     assert ("machine",) in rec.calls
+    # fp16 (resumed) and bf16 on small run in part 2 (part 1 outgrew its time on 2026-11-28)
+    rec.calls.clear()
+    for item in _part(items, "2"):
+        item.run(item.limit)
+    precisions = {(gc.flag_value(args, "--precision"), preset)
+                  for c in rec.calls if c[0] == "train" for *_, args, _, preset in [c]}
+    assert {("fp16", "small"), ("bf16", "small")} <= precisions
+    assert not [c for c in rec.calls if c[0] in ("pytest", "machine")]
 
 
 def test_the_default_part_fits_its_budget_on_one_h100(tmp_path):
@@ -224,7 +232,7 @@ def test_the_default_part_fits_its_budget_on_one_h100(tmp_path):
                 whole, per_test = gc.pytest_limits(py[0].limit)
                 assert py[0].need < whole and per_test < whole
     items, _ = _plan(tmp_path)
-    assert gp.estimate(_part(items, "1"), 1) == 390
+    assert gp.estimate(_part(items, "1"), 1) == 410
     assert gp.estimate(items, 1) > gp.DEFAULT_BUDGET_S  # why there are two parts
     # What needs more GPUs than the machine has is not in its estimate.
     assert gp.estimate(_part(items, "2"), 2) - gp.estimate(_part(items, "2"), 1) == 150
