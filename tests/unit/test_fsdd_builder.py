@@ -60,3 +60,39 @@ def test_a_fold_holds_out_its_two_speakers(recordings: Path, tmp_path: Path) -> 
 def test_no_recordings_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert fsdd.main([str(tmp_path), str(tmp_path / "out")]) == 2
     assert "free-spoken-digit-dataset" in capsys.readouterr().err
+
+
+def test_speed_perturbation_triples_training_and_leaves_heldout_alone(recordings: Path,
+                                                                     tmp_path: Path) -> None:
+    plain, sp = tmp_path / "plain", tmp_path / "sp"
+    assert fsdd.main([str(recordings), str(plain)]) == 0
+    assert fsdd.main([str(recordings), str(sp), "--speed-perturb", "0.9,1.0,1.1"]) == 0
+    with h5py.File(sp / "train.h5") as f:
+        ids = [u.decode() for u in f["utt_ids"][()]]
+        lengths = dict(zip(ids, np.diff(f["offsets"][()]), strict=True))
+    with h5py.File(plain / "train.h5") as f:
+        base = [u.decode() for u in f["utt_ids"][()]]
+    assert len(ids) == 3 * len(base) == 48
+    assert {u for u in ids if not u.startswith("sp")} == set(base)
+    assert {u for u in ids if u.startswith("sp0.9-")} == {f"sp0.9-{u}" for u in base}
+    u = base[0]  # 0.9: 1/0.9 of the length (slower), 1.1: 1/1.1 (Kaldi's sox speed)
+    assert lengths[f"sp0.9-{u}"] > lengths[u] > lengths[f"sp1.1-{u}"]
+    assert all(u.split("-")[-1] in ("0", "7") for u in ids)  # the reference stays last
+    for name in ("heldout.h5", "heldout.text"):
+        assert (sp / name).read_bytes() == (plain / name).read_bytes()
+
+
+def test_speed_perturbation_refuses_bad_factors(recordings: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0.9,x", "0.1", "1.0,1.0"):
+        assert fsdd.main([str(recordings), str(tmp_path / "o"), "--speed-perturb", bad]) == 2
+        assert "--speed-perturb" in capsys.readouterr().err
+
+
+def test_speed_is_sox_speed_on_a_tone() -> None:
+    t = np.arange(8000) / fsdd.RATE
+    x = np.sin(2 * np.pi * 500 * t)
+    y = fsdd.speed(x, 1.25)  # 25 % faster: 0.8 s, 625 Hz
+    assert len(y) == 6400
+    spectrum = np.abs(np.fft.rfft(y))
+    assert abs(np.argmax(spectrum) * fsdd.RATE / len(y) - 625) < 2
