@@ -52,6 +52,7 @@ from lab.sweep.results import (
     latest_rows,
 )
 from lab.sweep.runner import cell_dir, collect, local_command, run_cell, write_sbatch
+from lab.sweep.score import score_row
 
 # cell_dir is the runner's, named here too: where a cell of this sweep writes its run.
 __all__ = ["MOMENT_STRATEGIES", "OPTIMIZERS", "build_parser", "cell_dir", "main", "parse",
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--print-commands", "--dry-run", dest="print_commands", action="store_true",
                    help="print every cell as an mpirun command line; run nothing")
     g.add_argument("--json", type=Path, default=None, help="also write the summary record here")
+    g.add_argument("--wer", action="store_true",
+                   help="score every finished cell's word error rate on its --heldout set "
+                        "(hadpsgd.forward with the --train set's priors, then hadpsgd.decode: "
+                        "lab/sweep/score.py); finished cells not yet scored are scored")
     g = p.add_argument_group("cluster (Slurm)")
     g.add_argument("--sbatch", nargs="?", type=Path, const=True, default=None, metavar="DIR",
                    help="write one sbatch script per pending cell (to DIR, default "
@@ -237,6 +242,12 @@ def run_all(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> in
     print(TABLE_HEADER, flush=True)
     tic = time.perf_counter()
     for cell in cells:
+        if cell.id in skip and a.wer and rows[cell.id].get("status") == "ok" \
+                and "wer" not in rows[cell.id]:
+            row = score_row(rows[cell.id], cell.extra)  # trained before --wer: score it now
+            append_row(sweep_dir, row)
+            print(format_row(row), flush=True)
+            continue
         if cell.id in skip:
             counts["skipped"] += 1
             print(f"# {cell.id}: skipped ({rows[cell.id].get('status')} in results.jsonl)",
@@ -248,6 +259,8 @@ def run_all(a: argparse.Namespace, cells: Sequence[Cell], sweep_dir: Path) -> in
         except KeyboardInterrupt:
             print(f"# interrupted in {cell.id}: not recorded; rerun to resume", flush=True)
             return 130
+        if a.wer:
+            row = score_row(row, cell.extra)
         append_row(sweep_dir, row)
         counts["ran"] += 1
         counts[row["status"] if row["status"] in FINISHED else "failed"] += 1

@@ -181,9 +181,10 @@ def format_row(row: dict[str, Any]) -> str:
 
     return (f"{row['id']:<56} {row['status']:<8} {num('exit_code', 'd'):>4} "
             f"{num('final_heldout_loss', '.4f'):>9} {num('final_heldout_acc', '.4f'):>8} "
-            f"{num('mean_frames_per_s', '.0f'):>9} {num('wall_s', '.1f'):>8}")
+            f"{num('mean_frames_per_s', '.0f'):>9} {num('wall_s', '.1f'):>8} "
+            f"{num('wer', '.2f'):>6}")
 
 
 TABLE_HEADER = (f"#{'cell':<55} {'status':<8} {'exit':>4} {'loss':>9} {'acc':>8} "
-                f"{'frames/s':>9} {'wall_s':>8}")
+                f"{'frames/s':>9} {'wall_s':>8} {'WER':>6}")
 """Header of the progress table."""
