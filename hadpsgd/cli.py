@@ -159,9 +159,19 @@ def check_finite(obj: Any) -> None:
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring written under each field of a dataclass, by field name.
 
-    Attribute docstrings are not kept at run time, so read them from the class source. A
+    Attribute docstrings are not kept at run time, so read them from the class source, and
+    from its dataclass bases' for the fields it inherits (a subclass's own text wins). A
     generated dataclass (no source) carries them in ``__field_docs__``.
     """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """:func:`field_docs` of the fields ``cls``'s own body declares."""
     if "__field_docs__" in cls.__dict__:
         return dict(cls.__dict__["__field_docs__"])
     try:

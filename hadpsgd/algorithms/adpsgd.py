@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,11 +24,10 @@ from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP
 from hadpsgd.algorithms.gossip import GossipThread
 from hadpsgd.algorithms.gradsync import GradCheck
-from hadpsgd.algorithms.options import AlgoOptions
+from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.algorithms.registry import register
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm import WIRES, CommTimeoutError, Topology
-from hadpsgd.comm.codec import TOPK_FRACTION, wire_spec
+from hadpsgd.comm import CommTimeoutError, Topology
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
 
@@ -37,7 +36,7 @@ _GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
-class ADPSGDOptions(AlgoOptions):
+class ADPSGDOptions(WireOptions):
     """ADPSGD / H-ADPSGD options."""
 
     super_learner_size: int | None = None
@@ -46,17 +45,6 @@ class ADPSGDOptions(AlgoOptions):
     max_staleness: int = 0
     """ADPSGD: a learner more than this many local steps past the snapshot of its exchange in
     flight waits for that exchange and applies it before stepping on (0: never wait)."""
-    wire: str = field(default="fp32", metadata={"choices": WIRES})
-    """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, int8 or int4 with one scale per 1024 values, sign (one bit a value and
-    one scale per 4096, 1-bit SGD's code: ~32x below fp32), or topk (per 4096 values the
-    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32); ADPSGD sends
-    sign and topk as CHOCO-SGD's compressed differences; compressed formats carry their
-    rounding error into the next exchange (error feedback)."""
-    topk_fraction: float = TOPK_FRACTION
-    """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
-    0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
-    waits in the error-feedback residual for a later exchange."""
     gossip_step: float = DEFAULT_GOSSIP_STEP
     """ADPSGD with --wire topk or sign: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
     moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip, which
@@ -74,19 +62,10 @@ class ADPSGDOptions(AlgoOptions):
         if self.max_staleness < 0:
             raise ConfigError(f"{self.flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
-        self.check_choices()  # --wire
-        if not 0.0 < self.topk_fraction <= 1.0:
-            raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
-                              f"each 4096-value chunk --wire topk sends, e.g. 0.015625), got "
-                              f"{self.topk_fraction}")
+        self.check_wire()
         if not 0.0 < self.gossip_step <= 1.0:
             raise ConfigError(f"{self.flag('gossip_step')} must be in (0, 1] (CHOCO's consensus "
                               f"step; 1 mixes as plain gossip), got {self.gossip_step}")
-
-    @property
-    def wire_spec(self) -> str:
-        """The wire as the codec names it: ``topk:<fraction>`` for top-k, else ``wire``."""
-        return wire_spec(self.wire, self.topk_fraction)
 
     def ranks_per_node(self) -> int | None:
         """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
@@ -191,6 +170,10 @@ class ADPSGD(Algorithm):
         # A peer revoked the world after a failure (--on-failure continue): stop stepping
         # now, even if this learner's own exchanges and data pool never touched the dead one.
         self.topo.check_revoked()
+
+    def reduces_world(self) -> bool:
+        """Never: a super-learner's gradients stay inside it; models travel by gossip."""
+        return False
 
     def grad_scope(self) -> GradScope:
         """The gradients are averaged inside the super-learner (node-synchronous) only."""

@@ -125,7 +125,7 @@ class Algorithm:
         groups = cudnn_weight_groups(model) if params and params[0].is_cuda else []
         self.params = FlatBuffer(params, kind="data", own_storage=groups)
         self.gradsync = GradSync(params, topo, self.grad_scope, bucket_mb=grad_bucket_mb,
-                                 overlap=overlap, wire=grad_wire)
+                                 overlap=overlap, wire=grad_wire, world=self.reduces_world())
         self.grads = self.gradsync.flat
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
@@ -199,6 +199,16 @@ class Algorithm:
     def loss_scale(self) -> float:
         """What the training loop multiplies the loss by before backward (1 but for fp16)."""
         return self.scaler.scale if self.scaler is not None else 1.0
+
+    def reduces_world(self) -> bool:
+        """Whether :meth:`grad_scope` can be ``world`` in this run (asked once, at start).
+
+        Only a world-scope mean takes the pipelined hierarchical route, which duplicates the
+        inter-node communicator (``HADPSGD_PIPELINE_MB``); an algorithm whose gradients never
+        leave the node says False and builds none. Decided by the options alone: the same
+        on every rank.
+        """
+        return True
 
     def grad_scope(self) -> GradScope:
         """Over which learners this step's gradients are averaged: ``world``, ``node`` or None.

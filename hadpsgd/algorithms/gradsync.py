@@ -88,11 +88,13 @@ class GradSync:
             bfloat16 for the wire and averaged in fp32 where MPI carries it
             (:meth:`~hadpsgd.comm.Topology.half_mean_`), or by NCCL in bfloat16 where NCCL
             carries the whole scope (DDP's ``bf16_compress_hook``), then cast back.
+        world: Whether ``scope`` can be ``world`` (False: every mean stays in the node, and
+            no pipelined world route is built).
     """
 
     def __init__(self, params: list[nn.Parameter], topo: Topology,
                  scope: Callable[[], GradScope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
-                 overlap: bool | str = "auto", wire: str = "fp32") -> None:
+                 overlap: bool | str = "auto", wire: str = "fp32", world: bool = True) -> None:
         if bucket_mb <= 0:
             raise ValueError(f"grad bucket size must be > 0 MiB, got {bucket_mb}")
         if wire not in GRAD_WIRES:
@@ -123,8 +125,9 @@ class GradSync:
         self._scope_of_step = scope
         # Host gradients of a hierarchical world: each piece's inter-node allreduce runs
         # beside the next piece's intra-node phase (comm.pipeline); device ones keep the
-        # serial route (the pipeline is host-only). Collective: asked on every rank.
-        self._pipe = None if on_gpu or topo.size == 1 else topo.grad_pipeline()
+        # serial route (the pipeline is host-only). Collective: asked on every rank (``world``
+        # is decided by the options, alike everywhere); none where no mean is world-wide.
+        self._pipe = None if on_gpu or topo.size == 1 or not world else topo.grad_pipeline()
         self._piped = False  # a world mean is in the pipeline: drained in finish()
         self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, self._scope,
                                      total, background,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hadpsgd.cli import ConfigError, check_finite, flag, option_name
+from hadpsgd.comm.codec import TOPK_FRACTION, WIRES, wire_spec
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,43 @@ class AlgoOptions:
         return (f"{algo} with {optimizer}: {', '.join(spell(k, v) for k, v in shown.items())} "
                 f"(the recipe for {optimizer}, for what was not given; give any of them to "
                 f"choose otherwise)")
+
+
+@dataclass(frozen=True)
+class WireOptions(AlgoOptions):
+    """Base of the options of an algorithm whose inter-node exchanges take a ``--wire``.
+
+    BMUF's block sync and ADPSGD's gossip share the flag, its text and its checks: one
+    declaration here. A subclass's ``__post_init__`` calls :meth:`check_wire`.
+    """
+
+    wire: str = field(default="fp32", metadata={"choices": WIRES})
+    """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
+    (as is), bf16, int8 or int4 with one scale per 1024 values, sign (one bit a value and
+    one scale per 4096, 1-bit SGD's code: ~32x below fp32), or topk (per 4096 values the
+    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32); ADPSGD sends
+    sign and topk as CHOCO-SGD's compressed differences; compressed formats carry their
+    rounding error into the next exchange (error feedback)."""
+    topk_fraction: float = TOPK_FRACTION
+    """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
+    0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
+    waits in the error-feedback residual for a later exchange."""
+
+    def check_wire(self) -> None:
+        """Refuse a choice outside its field's choices, or a top-k fraction outside (0, 1].
+
+        :meth:`check_choices`, then the fraction; each error names the flag.
+
+        Raises:
+            ConfigError: For the first such value.
+        """
+        self.check_choices()
+        if not 0.0 < self.topk_fraction <= 1.0:
+            raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
+                              f"each 4096-value chunk --wire topk sends, e.g. 0.015625), got "
+                              f"{self.topk_fraction}")
+
+    @property
+    def wire_spec(self) -> str:
+        """The wire as the codec names it: ``topk:<fraction>`` for top-k, else ``wire``."""
+        return wire_spec(self.wire, self.topk_fraction)

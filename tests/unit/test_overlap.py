@@ -145,3 +145,31 @@ def test_overlap_setting_on_cpu(overlap: object, background: bool) -> None:
     with pytest.raises(ValueError, match="overlap"):
         GradSync(list(model.parameters()), TwoLearners(), lambda: None,  # type: ignore[arg-type]
                  overlap="sometimes")  # type: ignore[arg-type]
+
+
+def test_the_pipelined_world_route_is_built_only_where_a_mean_can_be_world_wide() -> None:
+    """GradSync asks the topology for the pipeline (a duplicated inter-node communicator)
+    only for algorithms whose gradient scope can be ``world``: SSGD, BMUF in its warm-up."""
+    from types import SimpleNamespace
+
+    from hadpsgd.algorithms import ADPSGD, BMUF, SSGD, BMUFOptions
+    from hadpsgd.algorithms.gradsync import GradSync
+
+    class Counting(TwoLearners):
+        asked = 0
+
+        def grad_pipeline(self) -> None:
+            Counting.asked += 1
+
+    model = torch.nn.Linear(3, 2)
+    for world, asked in ((False, 0), (True, 1)):
+        Counting.asked = 0
+        sync = GradSync(list(model.parameters()), Counting(), lambda: None,  # type: ignore[arg-type]
+                        world=world)
+        sync.close()
+        assert Counting.asked == asked
+    assert SSGD.reduces_world(SimpleNamespace()) is True  # type: ignore[arg-type]
+    assert ADPSGD.reduces_world(SimpleNamespace()) is False  # type: ignore[arg-type]
+    for warmup, world in ((0, False), (25, True)):
+        algo = SimpleNamespace(options=BMUFOptions(warmup_steps=warmup))
+        assert BMUF.reduces_world(algo) is world  # type: ignore[arg-type]

@@ -185,6 +185,10 @@ class BMUF(Algorithm):
             self.exchange.wait(frag.average)
 
     # ------------------------------------------------------------------ steps
+    def reduces_world(self) -> bool:
+        """Only in the synchronous warm-up (``--bmuf-warmup-steps``); blocks are node-local."""
+        return self.options.warmup_steps > 0
+
     def grad_scope(self) -> GradScope:
         """The node mean (the super-learner) once BMUF runs; all learners' during warm-up."""
         if not self.started:

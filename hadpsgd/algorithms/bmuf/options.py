@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
-from hadpsgd.algorithms.options import AlgoOptions
+from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm.codec import TOPK_FRACTION, WIRES, wire_spec
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
@@ -28,7 +27,7 @@ its WER, int4 every 32 steps 239x fewer at 2.0 below. topk keeps tau 8, its best
 
 
 @dataclass(frozen=True)
-class BMUFOptions(AlgoOptions):
+class BMUFOptions(WireOptions):
     """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
 
     sync_period: int = 8
@@ -67,17 +66,6 @@ class BMUFOptions(AlgoOptions):
     """BMUF: sync the model in this many fragments of whole parameters at staggered steps
     of the block (streaming), so each sync carries 1/F of the model (at most --sync-period
     and the number of parameter tensors)."""
-    wire: str = field(default="fp32", metadata={"choices": WIRES})
-    """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
-    (as is), bf16, int8 or int4 with one scale per 1024 values, sign (one bit a value and
-    one scale per 4096, 1-bit SGD's code: ~32x below fp32), or topk (per 4096 values the
-    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32); ADPSGD sends
-    sign and topk as CHOCO-SGD's compressed differences; compressed formats carry their
-    rounding error into the next exchange (error feedback)."""
-    topk_fraction: float = TOPK_FRACTION
-    """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
-    0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
-    waits in the error-feedback residual for a later exchange."""
     warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
                                                           "flag": "bmuf-warmup-moments"})
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
@@ -147,13 +135,5 @@ class BMUFOptions(AlgoOptions):
                               f"{self.flag('sync_period')} {self.sync_period}: the fragments "
                               "sync at different steps of a block; lower it or lengthen the "
                               "period")
-        self.check_choices()  # --adam-moments, --bmuf-warmup-moments, --bmuf-worker-lr, --wire
-        if not 0.0 < self.topk_fraction <= 1.0:
-            raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
-                              f"each 4096-value chunk --wire topk sends, e.g. 0.015625), got "
-                              f"{self.topk_fraction}")
+        self.check_wire()  # and --adam-moments, --bmuf-warmup-moments, --bmuf-worker-lr
 
-    @property
-    def wire_spec(self) -> str:
-        """The wire as the codec names it: ``topk:<fraction>`` for top-k, else ``wire``."""
-        return wire_spec(self.wire, self.topk_fraction)
