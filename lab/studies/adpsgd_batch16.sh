@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Issue 46, study A: SSGD against ADPSGD against H-ADPSGD at 16 learners across global
 # batches, on unseen human voices, with the H-ADPSGD paper's recipe: SGD (momentum 0.9), the
-# rate scaled linearly with the global batch (--lr 0.5 at --base-batch 128), one epoch of
-# linear warm-up, then 1/sqrt(2) annealing a epoch (hadpsgd.run's defaults). Where does each
-# stop converging, and is ADPSGD's limit larger (the paper: 3x SSGD's batch at 16 learners)?
+# rate scaled linearly with the global batch (--lr 0.5 at --base-batch 128, hadpsgd.run's
+# defaults), linear warm-up over the first half of the epochs (the paper: 10 of 16), then
+# 1/sqrt(2) annealing a epoch. Where does each stop converging, and is ADPSGD's limit larger
+# (the paper: 3x SSGD's batch at 16 learners)?
 #
 # Data: the speed-perturbed FSDD folds of lab/studies/bmuf_adam16.sh. 16 learners on 4
 # emulated nodes of 4: SSGD averages every step over all 16 (hierarchically); flat ADPSGD
 # gossips between 16 learners (--super-learner-size 1); H-ADPSGD between 4 super-learners of
-# 4 (--super-learner-size 4), each averaging its gradients inside. The global batch 64 is 4
-# chunks a learner (~246 steps an epoch), 1024 is 64 (~15).
+# 4 (--super-learner-size 4), each averaging its gradients inside. The global batch 256 is 16
+# chunks a learner (~48 steps an epoch), 1024 is 64 (~12), 2048 is 128 (~6): 8, 16 and 32 times
+# the --base-batch. (Steps run out before the batch does: past 2048 an 8-epoch run has fewer
+# than 50 steps, too few to tell a batch that fails from a run that is short.)
 #
 #   FSDD=/tmp/fsdd bash lab/studies/adpsgd_batch16.sh [SWEEP_ROOT]
 #   python -m lab.studies.scale_wer SWEEP_ROOT
@@ -21,7 +24,8 @@ FSDD=${FSDD:?set FSDD to the folder holding spA, spC, spD}
 EPOCHS=${EPOCHS:-8}
 FOLDS=${FOLDS:-A}
 SEEDS=${SEEDS:-0}
-BATCHES=${BATCHES:-1024 256 64}
+BATCHES=${BATCHES:-2048 1024 256}
+WARMUP=${WARMUP:-$((EPOCHS / 2))}
 PY=${PYTHON:-python}
 
 for batch in $BATCHES; do   # the largest first: where the algorithms part is the question
@@ -30,6 +34,6 @@ for batch in $BATCHES; do   # the largest first: where the algorithms part is th
       --seed "${SEEDS// /,}" --timeout 1500 --algos ssgd,adpsgd --super-learner-size 1,4 \
       --learners 16 --ranks-per-node 4 --global-batch "$batch" --optimizer sgd -- \
       --train "$FSDD/sp$fold/train.h5" --heldout "$FSDD/sp$fold/heldout.h5" \
-      --keep-checkpoints 1 --log-every 50
+      --warmup-epochs "$WARMUP" --keep-checkpoints 1 --log-every 50
   done
 done
