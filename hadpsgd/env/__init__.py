@@ -116,6 +116,41 @@ def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     return value or None
 
 
+def _number(name: str, kind: type[int] | type[float], hint: str, *, above: float | None = None,
+            at_least: float | None = None, finite: bool = False) -> int | float | None:
+    """Variable ``name`` as a number of ``kind`` in range, or ``None`` when unset.
+
+    Args:
+        name: The variable.
+        kind: ``int`` or ``float``.
+        hint: What to do instead, for the error messages (``set it to ..., or unset it``).
+        above: The value must be greater than this.
+        at_least: The value must be at least this.
+        finite: Refuse infinity too.
+
+    Raises:
+        EnvError: If it is set but is no such number; the message names the variable and
+            ends in ``hint``.
+    """
+    value = raw(name)
+    if value is None:
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise EnvError(f"{name}={value!r} is not {what}; {hint}") from None
+    # NaN passes neither "> x" nor "<= x": it would silently disable every comparison.
+    bad = math.isnan(number) or (finite and math.isinf(number))
+    bad = bad or (above is not None and number <= above)
+    bad = bad or (at_least is not None and number < at_least)
+    if bad:
+        rule = f"> {above:g}" if above is not None else f">= {at_least:g}"
+        raise EnvError(f"{name}={value!r} must be {'a finite number ' if finite else ''}{rule}; "
+                       f"{hint}")
+    return number
+
+
 def _positive_float(name: str, default: float, example: str) -> float:
     """Variable ``name`` as a number > 0 (``default`` when unset).
 
@@ -128,19 +163,9 @@ def _positive_float(name: str, default: float, example: str) -> float:
     Raises:
         EnvError: If it is set but is not a number > 0.
     """
-    value = raw(name)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise EnvError(f"{name}={value!r} is not a number; set it to {example}, or unset it "
-                       f"(default {default:g})") from None
-    # NaN passes neither "> 0" nor "<= 0": it would silently disable every comparison.
-    if math.isnan(number) or number <= 0:
-        raise EnvError(f"{name}={value!r} must be > 0; set it to {example}, or unset it "
-                       f"(default {default:g})")
-    return number
+    number = _number(name, float, f"set it to {example}, or unset it (default {default:g})",
+                     above=0)
+    return default if number is None else float(number)
 
 
 def _directory(name: str) -> Path | None:
@@ -196,18 +221,10 @@ def pipeline_mb() -> float:
     Raises:
         EnvError: If it is set but is not a number >= 0.
     """
-    value = raw(PIPELINE_MB)
-    if value is None:
-        return DEFAULT_PIPELINE_MB
-    hint = ("set it to a piece size in MiB, e.g. 4, or 0 to run the phases one after "
-            "another, or unset it (default 0)")
-    try:
-        number = float(value)
-    except ValueError:
-        raise EnvError(f"{PIPELINE_MB}={value!r} is not a number; {hint}") from None
-    if math.isnan(number) or number < 0 or math.isinf(number):
-        raise EnvError(f"{PIPELINE_MB}={value!r} must be a finite number >= 0; {hint}")
-    return number
+    number = _number(PIPELINE_MB, float, "set it to a piece size in MiB, e.g. 4, or 0 to run the "
+                     "phases one after another, or unset it (default 0)", at_least=0,
+                     finite=True)
+    return DEFAULT_PIPELINE_MB if number is None else float(number)
 
 
 def ranks_per_node() -> int | None:
@@ -219,18 +236,9 @@ def ranks_per_node() -> int | None:
     Raises:
         EnvError: If it is set but is not an integer >= 1.
     """
-    value = raw(RANKS_PER_NODE)
-    if value is None:
-        return None
-    hint = ("set it to the number of consecutive ranks that form one emulated node, or unset "
-            "it")
-    try:
-        number = int(value)
-    except ValueError:
-        raise EnvError(f"{RANKS_PER_NODE}={value!r} is not an integer; {hint}") from None
-    if number < 1:
-        raise EnvError(f"{RANKS_PER_NODE}={value!r} must be >= 1; {hint}")
-    return number
+    number = _number(RANKS_PER_NODE, int, "set it to the number of consecutive ranks that form "
+                     "one emulated node, or unset it", at_least=1)
+    return None if number is None else int(number)
 
 
 def intra_backend() -> str:
