@@ -30,16 +30,19 @@ import torch
 
 from hadpsgd.comm.sparse import (
     TOPK_FRACTION,
+    absmax_codes,
     decode_int4_rows,
     decode_sign_rows,
     decode_topk_rows,
     encode_int4_rows,
     encode_sign_rows,
     encode_topk_rows,
+    framed,
     int4_bytes,
     reinterpret,
     sign_bytes,
     topk_bytes,
+    unframed,
 )
 
 WIRES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "sign", "topk")
@@ -115,7 +118,6 @@ def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
     ``int4``, ``sign`` and ``topk`` rows are :mod:`hadpsgd.comm.sparse`'s. Each row has
     ``payload_bytes(m, wire)`` bytes, whatever its values.
     """
-    rows, m = x.shape
     w = parse_wire(wire)
     if w.name == "fp32":
         return x.contiguous().view(torch.uint8)
@@ -127,18 +129,8 @@ def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
         return encode_sign_rows(x)
     if w.name == "topk":
         return encode_topk_rows(x, w.fraction)
-    chunks = -(-m // INT8_CHUNK)
-    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * INT8_CHUNK - m))
-    blocks = blocks.view(rows, chunks, INT8_CHUNK)
-    # amax propagates NaN and abs(-inf) = inf: a non-finite chunk gets a non-finite scale, so
-    # it decodes to non-finite values and the trainer's finiteness checks still see it.
-    scale = blocks.abs().amax(dim=2).div_(127.0)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # zero chunk: q = 0
-    q = blocks.div_(safe.unsqueeze(2)).round_().clamp_(-127, 127).nan_to_num_(0.0)
-    out = torch.empty(rows, 4 * chunks + m, dtype=torch.uint8, device=x.device)
-    out[:, :4 * chunks] = scale.view(torch.uint8)
-    out[:, 4 * chunks:] = q.view(rows, -1)[:, :m].to(torch.int8).view(torch.uint8)
-    return out
+    scale, q = absmax_codes(x, INT8_CHUNK, 127)
+    return framed(scale, q.to(torch.int8).view(torch.uint8))
 
 
 def decode_rows(p: torch.Tensor, m: int, wire: str, dtype: torch.dtype) -> torch.Tensor:
@@ -154,12 +146,7 @@ def decode_rows(p: torch.Tensor, m: int, wire: str, dtype: torch.dtype) -> torch
         return decode_sign_rows(p, m, dtype)
     if w.name == "topk":
         return decode_topk_rows(p, m, w.fraction, dtype)
-    rows, chunks = p.shape[0], -(-m // INT8_CHUNK)
-    scale = reinterpret(p[:, :4 * chunks], torch.float32)
-    out = torch.zeros(rows, chunks * INT8_CHUNK, dtype=torch.float32, device=p.device)
-    out[:, :m] = p[:, 4 * chunks:].view(torch.int8)
-    out.view(rows, chunks, INT8_CHUNK).mul_(scale.unsqueeze(2))
-    return out[:, :m].to(dtype)
+    return unframed(p, m, INT8_CHUNK, dtype, lambda b: reinterpret(b, torch.int8))
 
 
 def encode(x: torch.Tensor, wire: str) -> torch.Tensor:

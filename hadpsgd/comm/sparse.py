@@ -28,6 +28,8 @@ trainer's finiteness checks still see it), and only its chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 INT4_CHUNK = 1024
@@ -55,6 +57,55 @@ def _chunks(m: int, chunk: int) -> int:
     return -(-m // chunk)
 
 
+# ------------------------------------------------------------------ the scaled-chunk frame
+# int8, int4 and sign rows share one frame: per chunk of values one fp32 scale, the row
+# ``[scales | codes]``, a value decoded as its code times its chunk's scale.
+def blocks_of(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[R, m]`` -> fp32 ``[R, chunks, chunk]``, the last chunk padded with zeros (a copy)."""
+    rows, m = x.shape
+    chunks = _chunks(m, chunk)
+    padded = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * chunk - m))
+    return padded.view(rows, chunks, chunk)
+
+
+def absmax_codes(x: torch.Tensor, chunk: int, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per chunk ``scale = absmax / levels`` and ``q = round(x / scale)`` in [-levels, levels].
+
+    Returns ``(scale [R, chunks], q [R, m])``, ``q`` as floats. ``amax`` propagates NaN and
+    ``abs(-inf) = inf``: a non-finite chunk gets a non-finite scale, so it decodes to
+    non-finite values and the trainer's finiteness checks still see it (its codes are 0).
+    """
+    rows, m = x.shape
+    blocks = blocks_of(x, chunk)
+    scale = blocks.abs().amax(dim=2).div_(float(levels))
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # zero chunk: q = 0
+    q = blocks.div_(safe.unsqueeze(2)).round_().clamp_(-levels, levels).nan_to_num_(0.0)
+    return scale, q.view(rows, -1)[:, :m]
+
+
+def framed(scale: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """One byte row a row: ``[scales (fp32) | codes (uint8)]``."""
+    rows, chunks = scale.shape
+    out = torch.empty(rows, 4 * chunks + codes.shape[1], dtype=torch.uint8, device=codes.device)
+    out[:, :4 * chunks] = scale.view(torch.uint8)
+    out[:, 4 * chunks:] = codes
+    return out
+
+
+def unframed(p: torch.Tensor, m: int, chunk: int, dtype: torch.dtype,
+             codes: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Inverse of :func:`framed`: each value ``codes(code bytes)`` times its chunk's scale.
+
+    ``codes`` maps the rows' code bytes to ``[R, m]`` code values.
+    """
+    rows, chunks = p.shape[0], _chunks(m, chunk)
+    scale = reinterpret(p[:, :4 * chunks], torch.float32)
+    out = torch.zeros(rows, chunks * chunk, dtype=torch.float32, device=p.device)
+    out[:, :m] = codes(p[:, 4 * chunks:])
+    out.view(rows, chunks, chunk).mul_(scale.unsqueeze(2))
+    return out[:, :m].to(dtype)
+
+
 # ------------------------------------------------------------------ int4
 def int4_bytes(m: int) -> int:
     """Bytes of an int4 row of ``m`` values: a 4-byte scale per chunk, two values a byte."""
@@ -63,28 +114,14 @@ def int4_bytes(m: int) -> int:
 
 def encode_int4_rows(x: torch.Tensor) -> torch.Tensor:
     """``[R, m]`` floats -> ``[R, int4_bytes(m)]`` bytes (``[scales | nibbles]``)."""
-    rows, m = x.shape
-    chunks = _chunks(m, INT4_CHUNK)
-    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * INT4_CHUNK - m))
-    blocks = blocks.view(rows, chunks, INT4_CHUNK)
-    scale = blocks.abs().amax(dim=2).div_(7.0)  # NaN / inf propagate into the scale
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = blocks.div_(safe.unsqueeze(2)).round_().clamp_(-7, 7).nan_to_num_(0.0)
-    nibbles = (q.view(rows, -1)[:, :m] + 8).to(torch.uint8)  # 1..15: unsigned in a nibble
-    out = torch.empty(rows, int4_bytes(m), dtype=torch.uint8, device=x.device)
-    out[:, :4 * chunks] = scale.view(torch.uint8)
-    out[:, 4 * chunks:] = _pack(nibbles, 4)
-    return out
+    scale, q = absmax_codes(x, INT4_CHUNK, 7)
+    return framed(scale, _pack((q + 8).to(torch.uint8), 4))  # 1..15: unsigned in a nibble
 
 
 def decode_int4_rows(p: torch.Tensor, m: int, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`encode_int4_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype``."""
-    rows, chunks = p.shape[0], _chunks(m, INT4_CHUNK)
-    scale = reinterpret(p[:, :4 * chunks], torch.float32)
-    out = torch.zeros(rows, chunks * INT4_CHUNK, dtype=torch.float32, device=p.device)
-    out[:, :m] = _unpack(p[:, 4 * chunks:], 4, m).to(torch.float32) - 8
-    out.view(rows, chunks, INT4_CHUNK).mul_(scale.unsqueeze(2))
-    return out[:, :m].to(dtype)
+    return unframed(p, m, INT4_CHUNK, dtype,
+                    lambda b: _unpack(b, 4, m).to(torch.float32) - 8)
 
 
 # ------------------------------------------------------------------ sign (1 bit)
@@ -99,28 +136,20 @@ def encode_sign_rows(x: torch.Tensor) -> torch.Tensor:
     chunks = _chunks(m, SIGN_CHUNK)
     if m == 0:
         return torch.empty(rows, 0, dtype=torch.uint8, device=x.device)
-    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, chunks * SIGN_CHUNK - m))
-    blocks = blocks.view(rows, chunks, SIGN_CHUNK)
+    blocks = blocks_of(x, SIGN_CHUNK)
     # The mean magnitude over the chunk's own values (not the padding): the scale that makes
     # scale * sign(x) the closest code to x in the L2 sense. NaN / inf propagate into it.
     counts = torch.full((chunks,), float(SIGN_CHUNK), device=x.device)
     counts[-1] = m - (chunks - 1) * SIGN_CHUNK
     scale = blocks.abs().sum(dim=2).div_(counts)
     bits = (x >= 0).to(torch.uint8)  # 1: +scale, 0: -scale (zero goes up)
-    out = torch.empty(rows, sign_bytes(m), dtype=torch.uint8, device=x.device)
-    out[:, :4 * chunks] = scale.view(torch.uint8)
-    out[:, 4 * chunks:] = _pack(bits, 1)
-    return out
+    return framed(scale, _pack(bits, 1))
 
 
 def decode_sign_rows(p: torch.Tensor, m: int, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`encode_sign_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype``."""
-    rows, chunks = p.shape[0], _chunks(m, SIGN_CHUNK)
-    scale = reinterpret(p[:, :4 * chunks], torch.float32)
-    out = torch.zeros(rows, chunks * SIGN_CHUNK, dtype=torch.float32, device=p.device)
-    out[:, :m] = _unpack(p[:, 4 * chunks:], 1, m).to(torch.float32).mul_(2.0).sub_(1.0)
-    out.view(rows, chunks, SIGN_CHUNK).mul_(scale.unsqueeze(2))
-    return out[:, :m].to(dtype)
+    return unframed(p, m, SIGN_CHUNK, dtype,
+                    lambda b: _unpack(b, 1, m).to(torch.float32).mul_(2.0).sub_(1.0))
 
 
 # ------------------------------------------------------------------ top-k
