@@ -25,6 +25,21 @@ from hadpsgd.comm.overlap import GradScope
 from hadpsgd.precision import check_precision
 
 
+def params_missing_from(model: nn.Module, optimizer: Any) -> list[str]:
+    """The names of ``model``'s trainable parameters that ``optimizer`` does not update."""
+    owned = {id(p) for g in getattr(optimizer, "param_groups", []) for p in g["params"]}
+    return [name for name, p in model.named_parameters()
+            if p.requires_grad and id(p) not in owned]
+
+
+def missing_params_message(missing: list[str]) -> str:
+    """What to say of :func:`params_missing_from`'s names: how many, the first few, the fix."""
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                       else "")
+    return (f"{len(missing)} trainable parameters of the model are not in the optimizer "
+            f"({shown}): build the optimizer from model.parameters()")
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one :meth:`Algorithm.step` found and did: the verdict the training loop reads."""
@@ -113,13 +128,9 @@ class Algorithm:
         """Steps whose synchronised gradient was not finite, so no update was applied."""
         self._closed = False
         params = [p for p in model.parameters() if p.requires_grad]
-        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        missing = [i for i, p in enumerate(params) if id(p) not in owned]
+        missing = params_missing_from(model, optimizer)
         if missing:
-            raise ValueError(
-                f"{type(self).__name__}: {len(missing)} trainable parameters of the model are "
-                "not in the optimizer; build the optimizer from model.parameters()"
-            )
+            raise ValueError(f"{type(self).__name__}: {missing_params_message(missing)}")
         # On CUDA each LSTM's weights get a storage of their own inside the flat buffer, the
         # layout cuDNN runs in place (else it copies every weight at every forward).
         groups = cudnn_weight_groups(model) if params and params[0].is_cuda else []

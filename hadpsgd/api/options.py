@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from hadpsgd.algorithms import AlgoOptions, AlgoSpec, names, spec
+from hadpsgd.algorithms.base import missing_params_message, params_missing_from
 from hadpsgd.algorithms.gradsync import GRAD_WIRES
 from hadpsgd.cli import ConfigError, flag, option_name
 from hadpsgd.comm import Topology
@@ -180,15 +181,9 @@ def check_optimizer(model: nn.Module, optimizer: Any) -> None:
     The algorithm refuses it too (a plain ``ValueError``); here it is a user's mistake said
     as every other one is: once, exit 2 (docs/api.md).
     """
-    owned = {id(p) for g in getattr(optimizer, "param_groups", []) for p in g["params"]}
-    missing = [name for name, p in model.named_parameters()
-               if p.requires_grad and id(p) not in owned]
+    missing = params_missing_from(model, optimizer)
     if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
-                                           else "")
-        raise OptionError("optimizer", f"{len(missing)} trainable parameters of the model are "
-                                       f"not in the optimizer ({shown}): build the optimizer "
-                                       "from model.parameters()")
+        raise OptionError("optimizer", missing_params_message(missing))
 
 
 __all__ = ["SHARED_OPTIONS", "OptionError", "algorithm_spec", "build_options", "check_device",
