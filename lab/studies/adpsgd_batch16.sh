@@ -10,8 +10,8 @@
 # emulated nodes of 4: SSGD averages every step over all 16 (hierarchically); flat ADPSGD
 # gossips between 16 learners (--super-learner-size 1); H-ADPSGD between 4 super-learners of
 # 4 (--super-learner-size 4), each averaging its gradients inside. The global batch 256 is 16
-# chunks a learner (~48 steps an epoch), 1024 is 64 (~12), 2048 is 128 (~6): 8, 16 and 32 times
-# the --base-batch. (Steps run out before the batch does: past 2048 an 8-epoch run has fewer
+# chunks a learner (~58 steps an epoch on fold A's ~14.8k chunks), 1024 is 64 (15), 2048 is 128
+# (7): 2, 8 and 16 times the --base-batch. (Steps run out before the batch does: past 2048 an 8-epoch run has fewer
 # than 50 steps, too few to tell a batch that fails from a run that is short.)
 #
 #   FSDD=/tmp/fsdd bash lab/studies/adpsgd_batch16.sh [SWEEP_ROOT]

@@ -4,13 +4,13 @@
 #
 # Data: FSDD folds built with Kaldi's 3-way speed perturbation of the training speakers
 # (examples/digits/fsdd.py --speed-perturb 0.9,1.0,1.1: 6,000 training utterances, ~250k
-# frames, ~12k chunks of 21 frames), the held-out speakers never heard:
+# frames, ~15k chunks of 21 frames on fold A), the held-out speakers never heard:
 #
 #   for f in A C D; do python examples/digits/fsdd.py RECORDINGS $FSDD/sp$f --fold $f \
 #       --speed-perturb 0.9,1.0,1.1; done
 #
-# Per worker 4 chunks a step (the global batch 64 at 16 workers): ~246 steps an epoch, so
-# EPOCHS=8 gives ~1,970 steps, ~246 block syncs at tau 8. The single learner takes the same
+# Per worker 4 chunks a step (the global batch 64 at 16 workers): 232 steps an epoch on fold A,
+# so EPOCHS=8 gives 1,856 steps, ~229 block syncs at tau 8. The single learner takes the same
 # per-worker batch and epochs (the paper's baseline: one GPU, the same minibatch), so every
 # worker of BMUF-Adam steps at the single learner's rate (--bmuf-worker-lr single).
 # Warm-up as the paper's: the run starts with WARMUP_STEPS synchronous steps (10 % of an
