@@ -117,6 +117,28 @@ class _CastSpan(torch.autograd.Function):
         return (None, None, None, *parts)
 
 
+def _pieces(numels: list[int], layout: Layout) -> tuple[list[int], list[int | None]]:
+    """``layout`` cut into pieces in buffer order: their sizes, and what each one holds.
+
+    Returns ``(sizes, owner)``: ``owner[j]`` is the index of the weight piece ``j`` is, or None
+    for a gap (``layout``'s padding, between weights or at the end).
+    """
+    sizes: list[int] = []
+    owner: list[int | None] = []
+    end = 0
+    for i in sorted(range(len(numels)), key=layout.offsets.__getitem__):
+        if layout.offsets[i] > end:
+            sizes.append(layout.offsets[i] - end)
+            owner.append(None)
+        sizes.append(numels[i])
+        owner.append(i)
+        end = layout.offsets[i] + numels[i]
+    if layout.total > end:
+        sizes.append(layout.total - end)
+        owner.append(None)
+    return sizes, owner
+
+
 def cast_weights(lstm: nn.LSTM, dtype: torch.dtype, layout: Layout) -> list[torch.Tensor]:
     """``lstm``'s weights in ``dtype``, each a view of one new buffer laid out as ``layout``.
 
@@ -126,35 +148,16 @@ def cast_weights(lstm: nn.LSTM, dtype: torch.dtype, layout: Layout) -> list[torc
     too, not a zero-filled buffer per weight), gaps of ``layout`` zeros.
     """
     weights = lstm._flat_weights  # noqa: SLF001
+    sizes, owner = _pieces([w.numel() for w in weights], layout)
     span = storage_span(weights, layout)
     if span is not None:
         buf = _CastSpan.apply(span, dtype, layout, *weights)
-        # Cut by one split, not a slice a weight: a slice's backward is a zeroed buffer of
-        # the whole span and an add into it for every weight (~100 kernels a step for swb,
-        # measured on an H200); a split's is one cat.
-        sizes, index, end = [], [0] * len(weights), 0
-        for i in sorted(range(len(weights)), key=layout.offsets.__getitem__):
-            if layout.offsets[i] > end:
-                sizes.append(layout.offsets[i] - end)
-            index[i] = len(sizes)
-            sizes.append(weights[i].numel())
-            end = layout.offsets[i] + weights[i].numel()
-        if layout.total > end:
-            sizes.append(layout.total - end)
-        parts = buf.split(sizes)
-        return [parts[index[i]].view(w.shape) for i, w in enumerate(weights)]
-    order = sorted(range(len(weights)), key=layout.offsets.__getitem__)
-    pieces: list[torch.Tensor] = []
-    index = [0] * len(weights)
-    end = 0
-    for i in order:
-        w, start = weights[i], layout.offsets[i]
-        if start > end:
-            pieces.append(w.new_zeros(start - end, dtype=dtype))
-        index[i] = len(pieces)
-        pieces.append(w.reshape(-1).to(dtype))
-        end = start + w.numel()
-    if layout.total > end:
-        pieces.append(weights[0].new_zeros(layout.total - end, dtype=dtype))
-    parts = torch.cat(pieces).split([p.numel() for p in pieces])
-    return [parts[index[i]].view(w.shape) for i, w in enumerate(weights)]
+    else:
+        buf = torch.cat([weights[0].new_zeros(n, dtype=dtype) if i is None
+                         else weights[i].reshape(-1).to(dtype)
+                         for n, i in zip(sizes, owner, strict=True)])
+    # Cut by one split, not a slice a weight: a slice's backward is a zeroed buffer of the
+    # whole span and an add into it for every weight (~100 kernels a step for swb, measured
+    # on an H200); a split's is one cat.
+    parts = dict(zip(owner, buf.split(sizes), strict=True))
+    return [parts[i].view(w.shape) for i, w in enumerate(weights)]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.sweep.results import latest_rows
+from lab.sweep.score import flag_value
 
 SKIPPED_FLAGS = {"--train": 1, "--heldout": 1, "--keep-checkpoints": 1, "--log-every": 1}
 """Passthrough flags that do not decide a result (and the values they take)."""
@@ -49,10 +50,8 @@ def config_name(row: dict[str, Any]) -> str:
 
 def fold_of(row: dict[str, Any]) -> str:
     """The fold a cell ran on: the folder of its ``--train`` file (``spA``), else ``-``."""
-    extra = (row.get("extra") or "").split()
-    if "--train" in extra and extra.index("--train") + 1 < len(extra):
-        return Path(extra[extra.index("--train") + 1]).parent.name
-    return "-"
+    train = flag_value((row.get("extra") or "").split(), "--train")
+    return Path(train).parent.name if train else "-"
 
 
 def collect(dirs: Sequence[Path]) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ A model is judged by its WER on speakers it never heard, not by its frame accura
 
 (pseudo-log-likelihoods: the posteriors over the training set's label priors, as a hybrid
 system decodes). The row gains ``wer`` and ``ser`` (percent), or ``wer_error`` saying which
-step failed; a rescored cell is not retrained (``score_missing``).
+step failed; a cell trained before ``--wer`` is scored without training again
+(``lab.sweep``'s ``run_all``).
 """
 
 from __future__ import annotations
