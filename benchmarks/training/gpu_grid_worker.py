@@ -80,10 +80,8 @@ def measure(cell: Cell, a: argparse.Namespace, device: torch.device) -> dict[str
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure every cell of ``--cells``; one JSON line each."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cells", required=True, help="comma-separated batch/precision/layout")
+def add_plain_loop_args(p: argparse.ArgumentParser) -> None:
+    """The plain loop's model, data and timing flags (shared with the CUDA-graph probe)."""
     p.add_argument("--preset", default="swb")
     p.add_argument("--classes", type=int, default=32000)
     p.add_argument("--feat-dim", type=int, default=260)
@@ -91,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=8, help="steps per timed window")
     p.add_argument("--windows", type=int, default=4, help="timed windows after the warm-up")
     p.add_argument("--lr", type=float, default=0.01)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every cell of ``--cells``; one JSON line each."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cells", required=True, help="comma-separated batch/precision/layout")
+    add_plain_loop_args(p)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--profile-cell", default="", help="profile two steps of this cell")
     p.add_argument("--profile-out", default="", help="the chrome trace's path")

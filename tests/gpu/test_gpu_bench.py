@@ -87,3 +87,15 @@ def test_throughput_benchmark_on_cuda(tmp_path):
         assert _positive(r["sec_per_step"]) and _positive(r["ratio_vs_plain"]), r
     assert _positive(rows["ssgd"]["time_vs_ddp"])
     assert "t/t_ddp" in res.stdout
+
+
+def test_graph_probe_captures_the_whole_step(tmp_path):
+    # One small batch: the captured step replays (no error recorded) and is timed beside the
+    # eager one of the same run.
+    out = tmp_path / "graph.json"
+    _run([sys.executable, "-m", "benchmarks.training.graph_probe", "--preset", "small",
+          "--classes", "50", "--feat-dim", "40", "--batch", "16", "--window", "2",
+          "--windows", "2", "--json", str(out)])
+    (row,) = json.loads(out.read_text())["results"]
+    assert "error" not in row["graph"], row["graph"]
+    assert _positive(row["graph"]["frames_per_s"]) and _positive(row["graph_over_eager"])
