@@ -54,8 +54,9 @@ class Opt:
         """Buffer ``key`` (zeros where the optimizer has none yet)."""
         return self.state.get(key, np.zeros(n))
 
-    def step(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
-        c, s = self.c, self.state
+    def step(self, p: np.ndarray, g: np.ndarray, rate: float = 1.0) -> np.ndarray:
+        """One update at ``rate`` times the configured learning rate."""
+        c, s = {**self.c, "lr": self.c["lr"] * rate}, self.state
         if c["opt"] == "sgd":
             g = g + c["wd"] * p
             if c["momentum"]:
@@ -97,9 +98,12 @@ def reference(c: dict, n_super: int, per: int = 1,
     def grad(j: int, t: int) -> np.ndarray:
         return loss_grad(x[j], *group_batch(j * per, per, t))
 
-    for t in range(1, c["warmup"] + 1):  # synchronous SGD over all learners
+    # Synchronous SGD over all learners: at the workers' rate, or (``world``) at the rate
+    # scaled to the world's batch, n_super super-learners' batches.
+    rate = n_super if c["warmup_lr"] == "world" else 1.0
+    for t in range(1, c["warmup"] + 1):
         g = np.mean([grad(j, t) for j in range(n_super)], axis=0)
-        x = [o.step(p, g) for o, p in zip(opts, x, strict=True)]
+        x = [o.step(p, g, rate) for o, p in zip(opts, x, strict=True)]
     if c["warmup"] and c["warmup_moments"] == "reset":  # a fresh optimizer when BMUF starts
         opts = [Opt(c, n) for _ in range(n_super)]
     theta, start, delta = x[0].copy(), x[0].copy(), np.zeros(n)

@@ -28,7 +28,9 @@ FSDD=${FSDD:?set FSDD to the folder holding spA, spC, spD}
 EPOCHS=${EPOCHS:-8}
 FOLDS=${FOLDS:-A C D}
 SEEDS=${SEEDS:-0}
-WARMUP_STEPS=${WARMUP_STEPS:-25}
+WORKERS=${WORKERS:-16}  # BMUF-Adam's workers (and SSGD's learners); 4 chunks each a step
+BATCH=$((4 * WORKERS))
+WARMUP_STEPS=${WARMUP_STEPS:-$((1600 / BATCH))}  # 1,600 chunks of warm-up at any WORKERS
 CONFIGS=${CONFIGS:-paper single ssgd average beta09 tau16}
 PY=${PYTHON:-python}
 
@@ -42,7 +44,8 @@ for config in $CONFIGS; do
   for fold in $FOLDS; do
     data=(--train "$FSDD/sp$fold/train.h5" --heldout "$FSDD/sp$fold/heldout.h5"
           --keep-checkpoints 1 --log-every 50)
-    bmuf=(--algos bmuf --learners 16 --global-batch 64 --optimizer adam --ranks-per-node 1)
+    bmuf=(--algos bmuf --learners "$WORKERS" --global-batch "$BATCH" --optimizer adam
+          --ranks-per-node 1)
     case $config in
       paper)   # the paper's recipe: beta1 0.5, corrected moments, eta 1 - 1/16, tau 8
         run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 8 --adam-moments corrected -- \
@@ -51,7 +54,7 @@ for config in $CONFIGS; do
         run "$fold" --algos ssgd --learners 1 --global-batch 4 --optimizer adam \
           --beta1 0.9 -- "${data[@]}" ;;
       ssgd)    # SSGD with Adam at the world's batch (rate scaled linearly, warm-up 1 epoch)
-        run "$fold" --algos ssgd --learners 16 --global-batch 64 --optimizer adam \
+        run "$fold" --algos ssgd --learners "$WORKERS" --global-batch "$BATCH" --optimizer adam \
           --beta1 0.9 --ranks-per-node 1 -- "${data[@]}" ;;
       average) # the moments averaged (Eq. 13) instead of corrected (Eq. 18)
         run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 8 --adam-moments average -- \
@@ -59,6 +62,9 @@ for config in $CONFIGS; do
       beta09)  # Adam's usual beta1 instead of the paper's 0.5
         run "$fold" "${bmuf[@]}" --beta1 0.9 --sync-period 8 --adam-moments corrected -- \
           "${data[@]}" --bmuf-warmup-steps "$WARMUP_STEPS" ;;
+      warmworld)  # the paper's recipe, its synchronous warm-up at SSGD's rate for the world
+        run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 8 --adam-moments corrected -- \
+          "${data[@]}" --bmuf-warmup-steps "$WARMUP_STEPS" --bmuf-warmup-lr world ;;
       tau16)
         run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 16 --adam-moments corrected -- \
           "${data[@]}" --bmuf-warmup-steps "$WARMUP_STEPS" ;;

@@ -50,12 +50,13 @@ def test_flags_reach_the_algorithm():
     cfg, algo = _built(["--algo", "bmuf", "--sync-period", "4", "--block-momentum", "0.5",
                         "--block-lr", "0.8", "--no-nesterov", "--adam-moments", "average",
                         "--bmuf-warmup-steps", "3", "--bmuf-warmup-moments", "reset",
-                        "--bmuf-fragments", "2", "--optimizer", "adam", "--beta1", "0.5",
-                        "--max-grad-norm", "2"])
+                        "--bmuf-warmup-lr", "world", "--bmuf-fragments", "2", "--optimizer",
+                        "adam", "--beta1", "0.5", "--max-grad-norm", "2"])
     assert algo.options is cfg.algo_options()  # the configuration's object, not a rebuild
     assert algo.options == BMUFOptions(
         sync_period=4, block_momentum=0.5, block_lr=0.8, nesterov=False,
-        adam_moments="average", warmup_steps=3, warmup_moments="reset", fragments=2)
+        adam_moments="average", warmup_steps=3, warmup_moments="reset", warmup_lr="world",
+        fragments=2)
     assert (algo.eta, algo.filter.zeta, algo.filter.nesterov) == (0.5, 0.8, False)
     assert algo.moments.strategy == "average" and algo.max_grad_norm == 2.0
     assert len(algo.fragments) == 2 and [f.first_block for f in algo.fragments] == [2, 4]

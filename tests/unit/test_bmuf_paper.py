@@ -136,6 +136,33 @@ def test_warmup_moments_keep_or_reset(moments):
     torch.testing.assert_close(st["exp_avg"] / (1 - 0.5 ** k), G, rtol=1e-6, atol=1e-9)
 
 
+class FourWorkers(OneLearner):
+    """Four identical workers of one learner each: every mean is the value itself."""
+
+    size, num_nodes = 4, 4
+
+    def grad_pipeline(self) -> None:
+        """No pipelined route: the means stay the fake's own."""
+
+
+@pytest.mark.parametrize("warmup_lr, factor", [("worker", 1.0), ("world", 4.0)])
+def test_warmup_steps_at_the_worker_or_the_world_rate(warmup_lr, factor):
+    # SGD without momentum moves by lr * g a step: the warm-up's steps at the world's rate
+    # (N = 4 workers' batch, --bmuf-worker-lr single) are N such steps each, then BMUF's
+    # workers step at their own rate again, which the schedule set and still finds.
+    model = Linear()
+    opt = torch.optim.SGD(model.parameters(), lr=ALPHA)
+    algo = BMUF(model, opt, FourWorkers(), sync_period=TAU, block_momentum=ETA,
+                adam_moments="local", warmup_steps=3, warmup_lr=warmup_lr)
+    for _ in range(3):
+        _step(model, algo)
+    assert algo.started
+    torch.testing.assert_close(model.theta.detach(), -3 * factor * ALPHA * G)
+    assert opt.param_groups[0]["lr"] == ALPHA
+    _step(model, algo)
+    torch.testing.assert_close(model.theta.detach(), -(3 * factor + 1) * ALPHA * G)
+
+
 def test_sync_keeps_the_block_running_and_finish_closes_it():
     model = Linear()
     opt = torch.optim.Adam(model.parameters(), lr=ALPHA, betas=(0.5, 0.99), eps=EPS)

@@ -48,8 +48,8 @@ def group_batch(first: int, count: int, t: int) -> tuple[np.ndarray, np.ndarray]
 
 def cfg(name: str, opt: str = "adam", moments: str = "corrected", nesterov: bool = True,
         tau: int = 3, eta: float | None = None, zeta: float = 1.0, warmup: int = 0,
-        warmup_moments: str = "keep", kind: str = "bmuf", overlap: bool = False,
-        fragments: int = 1, wire: str = "fp32", **opt_kw: float) -> dict:
+        warmup_moments: str = "keep", warmup_lr: str = "worker", kind: str = "bmuf",
+        overlap: bool = False, fragments: int = 1, wire: str = "fp32", **opt_kw: float) -> dict:
     """One run: ``warmup + 5 * tau + max(1, tau - 1)`` steps (5 blocks and a partial one).
 
     The worker then calls ``sync()`` (which must change nothing) and ``finish()``, which
@@ -60,7 +60,8 @@ def cfg(name: str, opt: str = "adam", moments: str = "corrected", nesterov: bool
                 "sgd": {"lr": 0.05, "momentum": 0.9, "sgd_nesterov": 0.0, "wd": 0.0}}[opt]
     return {"name": name, "opt": opt, "moments": moments, "nesterov": nesterov, "tau": tau,
             "eta": eta, "zeta": zeta, "warmup": warmup, "warmup_moments": warmup_moments,
-            "kind": kind, "overlap": overlap, "fragments": fragments, "wire": wire,
+            "warmup_lr": warmup_lr, "kind": kind, "overlap": overlap, "fragments": fragments,
+            "wire": wire,
             "steps": warmup + 5 * tau + max(1, tau - 1), **defaults, **opt_kw}
 
 
@@ -72,6 +73,7 @@ MAIN = [
     cfg("adam-reset-nbm", moments="reset"),
     cfg("adam-corrected-warmup", warmup=4, tau=4),
     cfg("adam-corrected-warmup-reset", warmup=4, tau=4, warmup_moments="reset"),
+    cfg("adam-corrected-warmup-world", warmup=4, tau=4, warmup_lr="world"),
     cfg("sgd-corrected-warmup-reset", opt="sgd", warmup=3, warmup_moments="reset"),
     cfg("adamw-corrected-eta-zeta", opt="adamw", eta=0.6, zeta=0.8),
     cfg("sgd-corrected-nbm", opt="sgd"),

@@ -45,7 +45,8 @@ def make_opt(c: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
 def make_bmuf(c: dict, model: torch.nn.Module, opt: torch.optim.Optimizer) -> BMUF:
     return BMUF(model, opt, topo, sync_period=c["tau"], block_momentum=c["eta"],
                 block_lr=c["zeta"], nesterov=c["nesterov"], adam_moments=c["moments"],
-                warmup_steps=c["warmup"], warmup_moments=c["warmup_moments"])
+                warmup_steps=c["warmup"], warmup_moments=c["warmup_moments"],
+                warmup_lr=c["warmup_lr"])
 
 
 def train_step(model: torch.nn.Module, algo, group: int, t: int) -> None:

@@ -42,6 +42,7 @@ def make(c: dict, theta: np.ndarray) -> tuple[torch.nn.Module, torch.optim.Optim
     algo = BMUF(model, opt, topo, sync_period=c["tau"], block_momentum=c["eta"],
                 block_lr=c["zeta"], nesterov=c["nesterov"], adam_moments=c["moments"],
                 warmup_steps=c["warmup"], warmup_moments=c["warmup_moments"],
+                warmup_lr=c["warmup_lr"],
                 block_overlap=c["overlap"], fragments=c["fragments"], wire=c["wire"])
     return model, opt, algo
 

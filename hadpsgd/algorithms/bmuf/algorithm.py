@@ -30,6 +30,7 @@ from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
 from hadpsgd.algorithms.bmuf.options import BMUFOptions
 from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
+from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import Topology
 from hadpsgd.comm.overlap import GradScope
@@ -195,6 +196,33 @@ class BMUF(Algorithm):
             return "world"  # warm-up: plain synchronous SGD over every learner
         return "node" if self.topo.local_size > 1 else None
 
+    def apply_update(self, check: GradCheck) -> bool:
+        """The optimizer step; in a ``world``-rate warm-up, at SSGD's rate for the world's batch.
+
+        The warm-up averages every learner's gradient, a batch N super-learners large; at the
+        worker's single-learner rate (``--bmuf-worker-lr single``) each of its steps would
+        move the model as far as one step of one worker, and the paper's warm-up (a single
+        learner on ~10 % of the data) makes N times that progress on the same data.
+        """
+        factor = self._warmup_rate_factor()
+        if factor == 1.0:
+            return super().apply_update(check)
+        groups = self.optimizer.param_groups
+        rates = [group["lr"] for group in groups]
+        for group in groups:
+            group["lr"] = group["lr"] * factor
+        try:
+            return super().apply_update(check)
+        finally:  # the loop's schedule owns the rate: BMUF's workers step at it
+            for group, rate in zip(groups, rates, strict=True):
+                group["lr"] = rate
+
+    def _warmup_rate_factor(self) -> float:
+        """World batch over the update batch in a ``world``-rate warm-up, else 1."""
+        if self.started or self.options.warmup_lr != "world":
+            return 1.0
+        return self.topo.size / self.update_batch(1)
+
     def after_step(self) -> None:
         """End the warm-up when due; a fragment's block sync when its block ends."""
         if not self.started:
@@ -269,7 +297,8 @@ class BMUF(Algorithm):
         ``worker_lr`` single: the BMUF paper keeps the single learner's learning rate on
         every worker, and block momentum accounts for the rest. global: every worker steps
         at SSGD's rate for the world's batch, and the block sync averages (block momentum 0
-        by default). The optional SSGD warm-up runs at this rate too.
+        by default). The optional SSGD warm-up runs at this rate, or at the world's
+        (``warmup_lr``).
         """
         if self.options.worker_lr == "global":
             return super().update_batch(per_learner)  # the world's batch, as SSGD's

@@ -18,6 +18,7 @@ from hadpsgd.cli import ConfigError
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
+WARMUP_LRS: tuple[str, ...] = ("worker", "world")
 WIRE_SYNC_PERIOD: dict[str, int] = {"int4": 32, "sign": 40}
 """--sync-period that BMUF's SGD recipe takes with a --wire, where none is given, from the
 bytes-against-WER studies (docs/results.md): on unseen human voices (FSDD, 4 workers, 9
@@ -66,6 +67,13 @@ class BMUFOptions(WireOptions):
     """BMUF: sync the model in this many fragments of whole parameters at staggered steps
     of the block (streaming), so each sync carries 1/F of the model (at most --sync-period
     and the number of parameter tensors)."""
+    warmup_lr: str = field(default="worker", metadata={"choices": WARMUP_LRS,
+                                                      "flag": "bmuf-warmup-lr"})
+    """BMUF: the rate of the synchronous warm-up (--bmuf-warmup-steps): worker (the rate
+    BMUF's workers then keep) or world (SSGD's: --lr scaled to the world's batch, which
+    the warm-up's averaged gradient is; with --bmuf-worker-lr single that is N times the
+    worker's, as much progress a step as the paper's single-learner warm-up makes on the
+    same data). The same with --bmuf-worker-lr global."""
     warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
                                                           "flag": "bmuf-warmup-moments"})
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
