@@ -17,7 +17,10 @@
 #   FSDD=/tmp/fsdd bash lab/studies/adpsgd_batch16.sh [SWEEP_ROOT]
 #   python -m lab.studies.scale_wer SWEEP_ROOT
 #
-# Rerunning resumes. BATCHES, FOLDS, SEEDS and EPOCHS pick the cells.
+# Rerunning resumes. BATCHES, FOLDS, SEEDS and EPOCHS pick the cells; LEARNERS, ALGOS and
+# SUPER (super-learner sizes) the runs of each: "H-ADPSGD with super-learners of N behaves as
+# ADPSGD with 1/N the learners" compares H-ADPSGD 4 x 4 with LEARNERS=4 ALGOS=adpsgd SUPER=1
+# at the same global batch.
 set -euo pipefail
 ROOT=${1:-runs/adpsgd-batch16}
 FSDD=${FSDD:?set FSDD to the folder holding spA, spC, spD}
@@ -26,13 +29,16 @@ FOLDS=${FOLDS:-A}
 SEEDS=${SEEDS:-0}
 BATCHES=${BATCHES:-2048 1024 256}
 WARMUP=${WARMUP:-$((EPOCHS / 2))}
+LEARNERS=${LEARNERS:-16}
+ALGOS=${ALGOS:-ssgd,adpsgd}
+SUPER=${SUPER:-1,4}
 PY=${PYTHON:-python}
 
 for batch in $BATCHES; do   # the largest first: where the algorithms part is the question
   for fold in $FOLDS; do
     "$PY" -m lab.sweep --sweep-dir "$ROOT/fold$fold" --wer --epochs "$EPOCHS" --preset small \
-      --seed "${SEEDS// /,}" --timeout 1500 --algos ssgd,adpsgd --super-learner-size 1,4 \
-      --learners 16 --ranks-per-node 4 --global-batch "$batch" --optimizer sgd -- \
+      --seed "${SEEDS// /,}" --timeout 1500 --algos "$ALGOS" --super-learner-size "$SUPER" \
+      --learners "$LEARNERS" --ranks-per-node 4 --global-batch "$batch" --optimizer sgd -- \
       --train "$FSDD/sp$fold/train.h5" --heldout "$FSDD/sp$fold/heldout.h5" \
       --warmup-epochs "$WARMUP" --keep-checkpoints 1 --log-every 50
   done
