@@ -7,7 +7,10 @@ tau, moments, super-learner size and the flags passed through, less the data and
 bookkeeping), and prints one row a configuration: its WER per (fold, seed), the mean, and the
 mean of its paired differences to ``--reference`` over the (fold, seed) pairs both have (the
 folds differ by up to 10 points, so only paired differences say much), with the run's steps
-and held-out frame accuracy. ``--json`` writes the rows and the summary. Usage::
+and held-out frame accuracy. ``--json`` writes the rows and the summary; ``--losses`` adds
+a second table of how each configuration trained (held-out loss after the first epoch, its
+best, and the last logged training loss, means over the runs), which tells a model that
+under-trains from one that over-fits. Usage::
 
     python -m lab.studies.scale_wer runs/bmuf-adam16 --reference single
     python -m lab.studies.scale_wer runs/bmuf-adam16/foldA runs/bmuf-adam16/foldC --json out.json
@@ -107,6 +110,52 @@ def summarise(rows: Sequence[dict[str, Any]], reference: str | None = None
     return out
 
 
+def last_train_loss(out_dir: str | None) -> float | None:
+    """The loss of the last training line in a run's ``metrics.jsonl``, if it is there."""
+    path = Path(out_dir) / "metrics.jsonl" if out_dir else None
+    if path is None or not path.exists():
+        return None
+    loss = None
+    for line in path.read_text().splitlines():
+        entry = json.loads(line) if line.strip() else {}
+        if entry.get("kind") == "train" and entry.get("loss") is not None:
+            loss = float(entry["loss"])
+    return loss
+
+
+def losses(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration: mean held-out loss after epoch 1, mean best, mean last training loss.
+
+    Diverged runs are left out (their losses say only that they diverged).
+    """
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("heldout_loss_curve"):
+            by.setdefault(config_name(r), []).append(r)
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.mean(known) if known else None
+
+    return [{"config": name, "runs": len(runs),
+             "first_epoch": mean([r["heldout_loss_curve"][0] for r in runs]),
+             "best": mean([min(r["heldout_loss_curve"]) for r in runs]),
+             "last_train": mean([last_train_loss(r.get("out_dir")) for r in runs])}
+            for name, runs in by.items()]
+
+
+def losses_table(entries: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of :func:`losses`'s entries."""
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    lines = ["| configuration | runs | held-out loss after epoch 1 | best held-out loss | "
+             "last training loss |", "|---|---|---|---|---|"]
+    lines += [f"| {e['config']} | {e['runs']} | {cell(e['first_epoch'])} | {cell(e['best'])} "
+              f"| {cell(e['last_train'])} |" for e in entries]
+    return "\n".join(lines)
+
+
 def table(summary: Sequence[dict[str, Any]], reference: str | None) -> str:
     """A Markdown table of :func:`summarise`'s entries."""
     lines = ["| configuration | WER by fold/seed | mean WER | vs "
@@ -131,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the configuration the others are paired against (its name or a "
                         "unique part of it, e.g. 'N1 ')")
     p.add_argument("--json", type=Path, default=None, help="write rows and summary here")
+    p.add_argument("--losses", action="store_true",
+                   help="also the table of held-out and training losses per configuration")
     a = p.parse_args(argv)
     rows = collect(a.dirs)
     if not rows:
@@ -139,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     summary = summarise(rows, a.reference)
     print(table(summary, a.reference))
+    if a.losses:
+        print("\n" + losses_table(losses(rows)))
     if a.json is not None:
         keep = ("id", "status", "algo", "learners", "global_batch", "batch_size", "optimizer",
                 "beta1", "sync_period", "adam_moments", "super_learner_size", "seed", "epochs",
@@ -147,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.json.write_text(json.dumps({
             "rows": [{k: r.get(k) for k in keep} | {"config": config_name(r),
                                                       "fold": fold_of(r)} for r in rows],
-            "reference": a.reference, "summary": summary}, indent=1) + "\n")
+            "reference": a.reference, "summary": summary, "losses": losses(rows)},
+            indent=1) + "\n")
     return 0
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from lab.studies.scale_wer import config_name, fold_of, summarise
+from lab.studies.scale_wer import config_name, fold_of, losses, losses_table, summarise
 from lab.sweep.score import data_of, flag_value
 
 
@@ -38,3 +40,25 @@ def test_paired_differences_use_only_the_pairs_both_have_and_divergence_is_100()
     assert bmuf["pairs"] == 2 and bmuf["mean"] == pytest.approx((13 + 21 + 50) / 3)
     assert single["paired_delta"] is None and single["mean"] == pytest.approx(15.0)
     assert ssgd["runs"] == {"spA/s0": 100.0} and ssgd["paired_delta"] == pytest.approx(90.0)
+
+
+def test_losses_tell_under_training_from_the_runs_curves_and_logs(tmp_path) -> None:
+    # Two runs of one configuration: the mean held-out loss after epoch 1, the mean of each
+    # run's best, the mean of each run's last logged training loss; a diverged run is left out.
+    logs = []
+    for i, last in enumerate((0.3, 0.1)):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in [
+            {"kind": "eval", "step": 0, "heldout_loss": 3.0},
+            {"kind": "train", "step": 50, "loss": 2.0},
+            {"kind": "train", "step": 100, "loss": last}]) + "\n")
+        logs.append(str(run))
+    rows = [_row("bmuf", 16, "A", 0, 10.0, heldout_loss_curve=[2.0, 1.5, 1.6], out_dir=logs[0]),
+            _row("bmuf", 16, "C", 0, 12.0, heldout_loss_curve=[1.0, 0.9, 1.2], out_dir=logs[1]),
+            _row("bmuf", 16, "D", 0, None, status="diverged", heldout_loss_curve=[9.0])]
+    (entry,) = losses(rows)
+    assert entry["runs"] == 2
+    assert entry["first_epoch"] == pytest.approx(1.5) and entry["best"] == pytest.approx(1.2)
+    assert entry["last_train"] == pytest.approx(0.2)
+    assert "| bmuf N16 B64 adam | 2 | 1.50 | 1.20 | 0.20 |" in losses_table([entry])
