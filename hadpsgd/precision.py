@@ -50,12 +50,18 @@ def check_precision(precision: str) -> None:
                          f"{precision!r}")
 
 
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The context the forward pass and the loss run in: autocast, or nothing for fp32."""
+def autocast(precision: str, device: torch.device, cache: bool = True
+             ) -> contextlib.AbstractContextManager:
+    """The context the forward pass and the loss run in: autocast, or nothing for fp32.
+
+    ``cache=False`` keeps no casts of the weights across calls, as a CUDA graph's capture
+    needs (a cast made outside the graph would be read stale inside it).
+    """
     check_precision(precision)
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision],
+                          cache_enabled=cache)
 
 
 def set_tf32(device: torch.device, allow: bool) -> None:

@@ -10,7 +10,11 @@ over every frame from fp32 logits, random data already on the device), per batch
 - ``eager``: the step as the grid's plain loop runs it;
 - ``graph``: the same step (forward under autocast, backward, the optimizer) captured once
   into a ``torch.cuda.CUDAGraph`` and replayed: one launch a step (the recipe of torch's
-  *whole-network capture*: warm-up on a side stream, gradients kept, not set to ``None``).
+  *whole-network capture*: warm-up on a side stream, gradients kept, not set to ``None``);
+- ``model_graph``: only the model's forward and backward captured
+  (``torch.cuda.make_graphed_callables``), the loss and the optimizer's step eager, as a
+  trainer that keeps its own step (hadpsgd's gradient buckets, finiteness check and
+  communication) could take it.
 
 Both are timed alike: windows of ``--window`` steps, the first left out, the median of the
 rest. A variant that cannot run (capture refused, out of memory) is reported with its error,
@@ -39,8 +43,8 @@ from hadpsgd.models import build_model
 Step = Callable[[], None]
 
 
-def make_steps(batch: int, a: argparse.Namespace) -> tuple[Step, Callable[[], Step]]:
-    """The eager step, and a maker of the graphed step, over one model and one batch."""
+def make_steps(batch: int, a: argparse.Namespace) -> tuple[Step, dict[str, Callable[[], Step]]]:
+    """The eager step, and a maker of each captured variant, over one model and one batch."""
     device = torch.device(a.device)
     torch.manual_seed(0)
     model = build_model(a.preset, a.feat_dim, a.classes,
@@ -50,17 +54,20 @@ def make_steps(batch: int, a: argparse.Namespace) -> tuple[Step, Callable[[], St
     y = torch.randint(0, a.classes, (batch * a.chunk_len,), device=device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
 
-    def forward_backward() -> None:
+    def autocast() -> torch.autocast:
         # No autocast cache: a graph must not keep casts made outside it (torch's advice).
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None,
-                            cache_enabled=False):
-            logits = model(x)
-        F.cross_entropy(logits.float().reshape(-1, a.classes), y).backward()
+        return torch.autocast(device.type, dtype=dtype or torch.float32,
+                              enabled=dtype is not None, cache_enabled=False)
 
-    def eager() -> None:
-        forward_backward()
+    def finish(logits: torch.Tensor) -> None:
+        F.cross_entropy(logits.float().reshape(-1, a.classes), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
+
+    def eager() -> None:
+        with autocast():
+            logits = model(x)
+        finish(logits)
 
     def graphed() -> Step:
         side = torch.cuda.Stream(device)
@@ -74,7 +81,20 @@ def make_steps(batch: int, a: argparse.Namespace) -> tuple[Step, Callable[[], St
             eager()
         return graph.replay
 
-    return eager, graphed
+    def model_graphed() -> Step:
+        # The model's forward and backward in graphs (torch.cuda.make_graphed_callables), the
+        # loss and the optimizer eager: what a trainer that keeps its own step could take.
+        with autocast():
+            graphed_model = torch.cuda.make_graphed_callables(model, (x,))
+
+        def step() -> None:
+            with autocast():
+                logits = graphed_model(x)
+            finish(logits)
+
+        return step
+
+    return eager, {"graph": graphed, "model_graph": model_graphed}
 
 
 def rates(step: Step, frames: int, a: argparse.Namespace) -> dict[str, Any]:
@@ -86,27 +106,25 @@ def rates(step: Step, frames: int, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def probe(batch: int, a: argparse.Namespace) -> dict[str, Any]:
-    """One batch: eager, then graphed, on the same model; errors recorded per variant."""
+    """One batch: eager, then each captured variant, on the same model; errors per variant."""
     frames = batch * a.chunk_len
     out: dict[str, Any] = {"batch": batch, "frames": frames}
     try:
-        eager, graphed = make_steps(batch, a)
+        eager, variants = make_steps(batch, a)
         out["eager"] = rates(eager, frames, a)
     except Exception as err:  # noqa: BLE001 - reported, the next batch still runs
         out["eager"] = {"error": f"{type(err).__name__}: {err}"[:400]}
         return out
-    if a.device != "cuda":
-        out["graph"] = {"error": "CUDA graphs need --device cuda"}
-        return out
-    try:
-        out["graph"] = rates(graphed(), frames, a)
-        out["graph_over_eager"] = (out["graph"]["frames_per_s"]
-                                   / out["eager"]["frames_per_s"])
-    except Exception as err:  # noqa: BLE001
-        out["graph"] = {"error": f"{type(err).__name__}: {err}"[:400]}
-    finally:
-        del eager, graphed
-        if a.device == "cuda":
+    for name, make in variants.items():
+        if a.device != "cuda":
+            out[name] = {"error": "CUDA graphs need --device cuda"}
+            continue
+        try:
+            out[name] = rates(make(), frames, a)
+            out[f"{name}_over_eager"] = out[name]["frames_per_s"] / out["eager"]["frames_per_s"]
+        except Exception as err:  # noqa: BLE001
+            out[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        finally:
             torch.cuda.empty_cache()
     return out
 

@@ -53,6 +53,9 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     # Each phase is named in a peer's deadline error (a rank frozen or stuck in it).
     with topo.startup("option agreement"):
         check_same_config(cfg, topo)
+    if cfg.train.cuda_graph and topo.device.type != "cuda":  # before the run directory
+        raise ConfigError(f"--cuda-graph needs a CUDA device, and this learner runs on "
+                          f"{topo.device}: drop --cuda-graph, or run on a GPU (--device cuda)")
     with topo.startup("run directory check"):
         check_out_dir(cfg, topo)
     with topo.startup("data checks"):

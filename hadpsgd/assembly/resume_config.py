@@ -29,10 +29,10 @@ from hadpsgd.train.checkpoint import (
 )
 
 MAY_CHANGE = ("epochs", "max_steps", "log_every", "progress", "tensorboard", "checkpoint_every",
-              "keep_checkpoints", "keep_best", "num_workers", "max_nonfinite")
+              "keep_checkpoints", "keep_best", "num_workers", "max_nonfinite", "cuda_graph")
 """Options a resume may change freely: how long, how often it logs and checkpoints, how many
-loader workers, and how many non-finite steps it tolerates from now on. None changes what
-the steps compute."""
+loader workers, how many non-finite steps it tolerates from now on, and whether the model's
+passes replay CUDA graphs. None changes what the steps compute."""
 START_ONLY = ("resume", "out_dir", "overwrite", "allow_resume_change")
 """Options of this start, not of the run."""
 PATHS = ("train", "heldout")

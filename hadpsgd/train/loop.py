@@ -22,6 +22,7 @@ from hadpsgd.train.best import SCORE_KEY
 from hadpsgd.train.checkpoint import checkpoint_path
 from hadpsgd.train.control import ControlPoint, DivergedError, DivergenceGuard, NonFiniteError
 from hadpsgd.train.evaluate import EvalResult, evaluate, speech_note
+from hadpsgd.train.graphs import GraphedForward
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.plan import EpochPlan
 from hadpsgd.train.pooled import PooledPlan
@@ -84,6 +85,7 @@ class LoopOptions:
     keep_best: int = 1
     precision: str = "fp32"
     on_failure: str = "stop"
+    cuda_graph: bool = False
 
 
 class Trainer:
@@ -154,6 +156,9 @@ class Trainer:
         # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
         self._inject = faults.active()
         self._step_wait = env.emulated_step_s(topo.rank)
+        self.graphed = (GraphedForward(self.algo.model, opts.precision, topo.device)
+                        if opts.cuda_graph else None)
+        """The model's passes from CUDA graphs (``--cuda-graph``), or ``None``."""
         # The sharded plans (SSGD, BMUF, ADPSGD on one super-learner) go on from the newest
         # control point every survivor holds; learners that take from the pool (ADPSGD) go
         # on from their own replicas as they are (no snapshots needed).
@@ -354,8 +359,12 @@ class Trainer:
         model = self.algo.model
         # From pinned memory on CUDA (make_loader): the copies queue behind the last step's
         # kernels and the host goes on to the forward without waiting for them.
-        with self.dist.autocast():
-            logits = model(feats.to(self.topo.device, non_blocking=True))
+        feats = feats.to(self.topo.device, non_blocking=True)
+        if self.graphed is not None and self.graphed.fits(feats):
+            logits = self.graphed(feats)  # one launch for the forward (--cuda-graph)
+        else:
+            with self.dist.autocast():
+                logits = model(feats)
         target = labels.to(self.topo.device, non_blocking=True).reshape(-1)
         # Summed over the counted frames (padding and frames of another chunk are IGNORE)
         # and divided by the batch's positions, not by its counted frames: every frame

@@ -1,0 +1,76 @@
+"""``--cuda-graph`` on a GPU: the replayed passes compute what the eager ones do.
+
+Skipped without CUDA. The model's forward and backward are captured with
+``torch.cuda.make_graphed_callables`` (``hadpsgd/train/graphs.py``); the loss, the
+reduction and the optimizer stay eager, so a captured run must follow the eager run's
+trajectory: the same gradients on the same batch, and through ``python -m hadpsgd.run`` the
+same losses, step for step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hadpsgd.models import build_model
+from hadpsgd.precision import autocast
+from hadpsgd.train.graphs import GraphedForward
+from tests._mpi import assert_ok, run_mpi
+from tests.mpi._resume import run_args
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_replayed_passes_give_the_eager_gradients(precision):
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = build_model("tiny", 40, 12).to(dev)
+    graphed = GraphedForward(model, precision, dev)
+
+    def grads(run_graph: bool, x: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        if run_graph:
+            logits = graphed(x)
+        else:
+            with autocast(precision, dev):
+                logits = model(x)
+        logits.float().square().mean().backward()
+        return [p.grad.detach().clone() for p in model.parameters()]
+
+    for seed in range(3):  # the capture's batch, then new batches through the same graphs
+        x = torch.randn(8, 21, 40, device=dev, generator=torch.Generator(dev).manual_seed(seed))
+        assert graphed.fits(x)
+        got, want = grads(True, x), grads(False, x)
+        assert graphed.captured and graphed.failed is None
+        tol = 1e-5 if precision == "fp32" else 2e-2
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+    model.eval()
+    assert not graphed.fits(x)  # evaluation runs the model as it is
+    model.train()
+    assert not graphed.fits(x[:4])  # another shape too
+
+
+def _losses(out: Path) -> list[float]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["kind"] == "train"] + [
+        x["heldout_loss"] for x in lines if x["kind"] == "eval"]
+
+
+def test_a_captured_run_follows_the_eager_one(tiny_data, tmp_path):
+    common = ["--device", "cuda", "--batch-size", "4", "--epochs", "2", "--log-every", "2",
+              "--algo", "bmuf", "--ranks-per-node", "1", "--sync-period", "3",
+              "--optimizer", "adam", "--lr", "0.003"]
+    eager, graph = tmp_path / "eager", tmp_path / "graph"
+    assert_ok(run_mpi(2, run_args(tiny_data, eager, *common)))
+    res = run_mpi(2, run_args(tiny_data, graph, *common, "--cuda-graph"))
+    assert_ok(res)
+    assert "could not be captured" not in res.stdout + res.stderr
+    a, b = _losses(eager), _losses(graph)
+    assert len(a) == len(b) > 4
+    assert a == pytest.approx(b, rel=1e-3)
