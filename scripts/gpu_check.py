@@ -5,7 +5,7 @@ lent machine (the budget, statuses and report are the pure functions of
 ``scripts/_gpu_check.py``). Each check runs under its own time limit and in a fresh
 directory, most telling first:
 
-- **part 1** (the default, ~410 s on one H200): ``python -m hadpsgd.comm`` on one rank, a
+- **part 1** (the default, ~420 s on one H200): ``python -m hadpsgd.comm`` on one rank, a
   one-rank NCCL group through ``NCCLIntra``, NCCL training with one rank per GPU (with two or
   more GPUs); ``pytest tests/gpu`` (per test: passed, failed, skipped and why), its per-test
   timeout fitted to the budget; one run of each algorithm on ``small`` through ``python -m

@@ -63,7 +63,7 @@ def _losses(out: Path) -> list[float]:
 
 
 def test_a_captured_run_follows_the_eager_one(tiny_data, tmp_path):
-    common = ["--device", "cuda", "--batch-size", "4", "--epochs", "2", "--log-every", "2",
+    common = ["--device", "cuda", "--batch-size", "4", "--epochs", "1", "--log-every", "2",
               "--algo", "bmuf", "--ranks-per-node", "1", "--sync-period", "3",
               "--optimizer", "adam", "--lr", "0.003"]
     eager, graph = tmp_path / "eager", tmp_path / "graph"
