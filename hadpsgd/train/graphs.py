@@ -25,6 +25,7 @@ first replayed step.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ class GraphedForward:
         self.model = model
         self.precision = precision
         self.device = device
-        self._graphed: nn.Module | None = None
+        self._graphed: Callable[..., torch.Tensor] | None = None
         self._shape: tuple[int, ...] | None = None
         self.failed: str | None = None
         """Why the capture failed (the run goes on eagerly), or ``None``."""
@@ -82,13 +83,19 @@ class GraphedForward:
         sample = feats.detach().clone()
         try:
             with autocast(self.precision, self.device, cache=False):
-                self._graphed = torch.cuda.make_graphed_callables(self.model, (sample,))
+                graphed = torch.cuda.make_graphed_callables(self.model, (sample,))
         except Exception as err:  # noqa: BLE001 - the run goes on without graphs, said once
             self.failed = f"{type(err).__name__}: {err}"
             warnings.warn(f"--cuda-graph: the model's passes could not be captured "
                           f"({self.failed[:300]}); training goes on without CUDA graphs",
                           RuntimeWarning, stacklevel=3)
             return
+        # Given a module, torch replaces its forward (an attribute of the instance) by one
+        # that replays the graphs whenever the module is in training mode. Taken back off the
+        # module, the replay is this object's alone, and ``model(x)`` stays the eager model
+        # for every other caller (a batch of another shape, a user's own forward).
+        replay = vars(self.model).pop("forward", None) if graphed is self.model else graphed
+        self._graphed = replay if replay is not None else graphed
         self._shape = tuple(feats.shape)
 
 

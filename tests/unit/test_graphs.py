@@ -36,3 +36,41 @@ def test_the_run_exits_2_before_its_directory(tmp_path):
     assert ("--cuda-graph needs a CUDA device, and this learner runs on cpu: drop "
             "--cuda-graph, or run on a GPU (--device cuda)") in res.stderr
     assert not out.exists()
+
+
+def test_the_replay_is_taken_off_the_model_so_other_callers_run_it_eagerly(monkeypatch):
+    # torch.cuda.make_graphed_callables, given a module, sets an instance ``forward`` that
+    # replays the graphs in training mode. Stand-in: a replay that marks its output. After
+    # the capture the graphed object replays, while ``model(x)`` (a batch of another shape,
+    # a user's own call) is the model's own forward again.
+    model = torch.nn.Linear(3, 2)
+
+    def fake_capture(module, samples):
+        assert module is model and samples[0].shape == (4, 3)
+        module.forward = lambda x: torch.full((x.shape[0], 2), 7.0)
+        return module
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
+    graphed = GraphedForward(model, "fp32", torch.device("cuda"))
+    x = torch.ones(4, 3)
+    assert graphed.fits(x) and not graphed.captured
+    assert torch.equal(graphed(x), torch.full((4, 2), 7.0))  # captured, then replayed
+    assert graphed.captured and graphed.fits(x) and not graphed.fits(torch.ones(5, 3))
+    assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
+    assert torch.equal(graphed(x), torch.full((4, 2), 7.0))
+    model.eval()
+    assert not graphed.fits(x)
+
+
+def test_a_failed_capture_warns_once_and_trains_on_eagerly(monkeypatch):
+    model = torch.nn.Linear(3, 2)
+
+    def refuse(module, samples):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", refuse)
+    graphed = GraphedForward(model, "fp32", torch.device("cuda"))
+    x = torch.ones(4, 3)
+    with pytest.warns(RuntimeWarning, match="could not be captured.*without CUDA graphs"):
+        out = graphed(x)
+    assert torch.equal(out, model(x)) and graphed.failed and not graphed.fits(x)
