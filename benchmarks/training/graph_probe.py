@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from benchmarks._common.timing import seconds_per_step
-from benchmarks.training.gpu_grid_worker import add_plain_loop_args
+from benchmarks._common.timing import device_sync
+from benchmarks.training.gpu_grid_worker import add_plain_loop_args, window_rates
 from hadpsgd.models import build_model
 
 Step = Callable[[], None]
@@ -99,9 +99,9 @@ def make_steps(batch: int, a: argparse.Namespace) -> tuple[Step, dict[str, Calla
 
 def rates(step: Step, frames: int, a: argparse.Namespace) -> dict[str, Any]:
     """Median frames/s and ms a step over the timed windows (the first one left out)."""
-    sync = (lambda: torch.cuda.synchronize()) if a.device == "cuda" else (lambda: None)
-    seconds = [seconds_per_step(step, a.window, sync=sync) for _ in range(a.windows + 1)][1:]
-    sec = statistics.median(seconds)
+    steady = window_rates(step, a.window, a.windows + 1, frames,
+                          device_sync(torch.device(a.device)))[1:]
+    sec = statistics.median(frames / r for r in steady)
     return {"frames_per_s": frames / sec, "ms_per_step": 1e3 * sec}
 
 

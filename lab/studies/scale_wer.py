@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab.sweep.results import latest_rows
+from lab.sweep.results import latest_rows, read_jsonl
 from lab.sweep.score import flag_value
 
 SKIPPED_FLAGS = {"--train": 1, "--heldout": 1, "--keep-checkpoints": 1, "--log-every": 1}
@@ -112,15 +112,10 @@ def summarise(rows: Sequence[dict[str, Any]], reference: str | None = None
 
 def last_train_loss(out_dir: str | None) -> float | None:
     """The loss of the last training line in a run's ``metrics.jsonl``, if it is there."""
-    path = Path(out_dir) / "metrics.jsonl" if out_dir else None
-    if path is None or not path.exists():
-        return None
-    loss = None
-    for line in path.read_text().splitlines():
-        entry = json.loads(line) if line.strip() else {}
-        if entry.get("kind") == "train" and entry.get("loss") is not None:
-            loss = float(entry["loss"])
-    return loss
+    entries = read_jsonl(Path(out_dir) / "metrics.jsonl") if out_dir else []
+    losses = [float(e["loss"]) for e in entries
+              if e.get("kind") == "train" and e.get("loss") is not None]
+    return losses[-1] if losses else None
 
 
 def losses(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
