@@ -29,9 +29,14 @@ class IntraBackend:
     """
 
     name = "base"
+    scope = "intra-node"
 
-    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int]) -> None:
+    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int],
+                 scope: str = "intra-node") -> None:
         self.comm = comm
+        self.scope = scope
+        """What the group joins, for messages: ``intra-node``, or the super-learners of a
+        host (:mod:`hadpsgd.comm.hostlink`)."""
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self.watchdog = watchdog
@@ -115,7 +120,7 @@ class MPIIntra(IntraBackend):
     name = "mpi"
 
     def _guard(self, what: str) -> Any:
-        return self.watchdog.guard(f"intra-node {what} (mpi)", self.world_ranks)
+        return self.watchdog.guard(f"{self.scope} {what} (mpi)", self.world_ranks)
 
     def allreduce_(self, t: torch.Tensor) -> None:  # noqa: D102
         MPI = _mpi()  # noqa: N806 - the module
@@ -163,8 +168,9 @@ class TorchIntra(IntraBackend):
 
     name = "torch"
 
-    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int]) -> None:
-        super().__init__(comm, watchdog, world_ranks)
+    def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int],
+                 scope: str = "intra-node") -> None:
+        super().__init__(comm, watchdog, world_ranks, scope)
         import torch.distributed as dist
 
         self._dist = dist
@@ -314,4 +320,4 @@ class GlooIntra(TorchIntra):
         try:
             work.wait(store_timeout(self.watchdog.timeout))
         except RuntimeError:
-            self.watchdog.fail(f"intra-node {what} (gloo)", self.world_ranks)
+            self.watchdog.fail(f"{self.scope} {what} (gloo)", self.world_ranks)

@@ -31,6 +31,7 @@ from hadpsgd.comm.backends import IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.direct import Direct, mpi_consts
 from hadpsgd.comm.flat import zeros
+from hadpsgd.comm.hostlink import HostLink
 from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager, wait_device
 
@@ -46,7 +47,8 @@ class Route(NamedTuple):
     """Inside the node: the backend's name, or ``<name> via host`` when staged."""
     inter: str
     """Between nodes: ``mpi`` on host memory, ``mpi (device buffers)`` when CUDA-aware, or
-    ``mpi via host`` when staged."""
+    ``mpi via host`` when staged; ``nccl on one host`` (and MPI's route ``between hosts``)
+    where super-learners share a host (:mod:`hadpsgd.comm.hostlink`)."""
 
 
 def route(device_type: str, dtype: torch.dtype, host_backend: str, device_backend: str | None,
@@ -101,16 +103,20 @@ class Reducer:
         hier_algo: ``shard``, ``leader`` or ``auto`` (shard when node sizes are equal).
         cuda_aware: Whether MPI accepts device buffers.
         device_intra: Intra-node backend for device tensors (NCCL), or None to stage them.
+        host_link: The cross-node leg between super-learners that share a host (NCCL,
+            :mod:`hadpsgd.comm.hostlink`), for the tensors it takes; None: MPI throughout.
     """
 
     def __init__(self, world: Any, inter: Any, intra: IntraBackend, watchdog: Watchdog,
                  inter_ranks: list[int], node_sizes: list[int], bucket_bytes: int,
                  hier_algo: HierAlgo = "auto", cuda_aware: bool = False,
-                 device_intra: IntraBackend | None = None) -> None:
+                 device_intra: IntraBackend | None = None,
+                 host_link: HostLink | None = None) -> None:
         self.world = world
         self.inter = inter
         self.intra = intra
         self.device_intra = device_intra
+        self.host_link = host_link
         self.watchdog = watchdog
         self.inter_ranks = inter_ranks
         self.num_nodes = len(node_sizes)
@@ -131,9 +137,18 @@ class Reducer:
 
     def route(self, t: torch.Tensor) -> Route:
         """The path ``t`` takes in this reducer's reductions."""
-        return route(t.device.type, t.dtype, self.intra.name,
+        path = route(t.device.type, t.dtype, self.intra.name,
                      self.device_intra.name if self.device_intra is not None else None,
                      self.cuda_aware)
+        link = self.host_link
+        if link is None or not link.takes(t):
+            return path
+        between = f", {path.inter} between hosts" if link.hosts > 1 else ""
+        return path._replace(inter=f"{link.name} on one host{between}")
+
+    def _linked(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s cross-node leg goes through the host link (not MPI throughout)."""
+        return self.host_link is not None and self.host_link.takes(t)
 
     def _backend(self, t: torch.Tensor) -> IntraBackend:
         return self.device_intra if t.is_cuda and self.device_intra is not None else self.intra
@@ -145,8 +160,8 @@ class Reducer:
         lacks; otherwise nothing is done and the result is False.
         """
         if t.is_cuda:
-            if self.device_intra is not None or device_direct(t.dtype, self.intra.name,
-                                                               self.cuda_aware):
+            if (self.device_intra is not None or self._linked(t)
+                    or device_direct(t.dtype, self.intra.name, self.cuda_aware)):
                 return False
         elif t.dtype in MPI_NATIVE:
             return False
@@ -194,6 +209,9 @@ class Reducer:
         message names the tensor, as the general path's does.
         """
         intra = self.intra
+        if self.host_link is not None and self.host_link.kind == "cpu" and (
+                scope == "inter" or (scope == "auto" and self.local_size == 1)):
+            return None  # host tensors cross nodes through the link (the CPU tests' gloo)
         # Only MPIIntra's own allreduce_ is known to be that one call.
         mpi_intra = getattr(type(intra), "allreduce_", None) is MPIIntra.allreduce_
         if scope == "flat" or (scope == "auto" and not self.hierarchical and self.num_nodes > 1):
@@ -289,6 +307,9 @@ class Reducer:
         """Sum the 1-D ``t`` over all learners in place."""
         if self._staged(t, lambda h: self.world_sum_(h, path)):
             return
+        if path != "flat" and self.local_size == 1 and self.num_nodes > 1 and self._linked(t):
+            self._buckets(t, self._inter_leg_)  # super-learners of one: the world is ``inter``
+            return
         if path == "flat" or (path == "auto" and not self.hierarchical):
             if self.num_nodes == 1 and path == "auto":
                 self._buckets(t, self.intra_sum_)  # one node: the fast intra path only
@@ -320,6 +341,14 @@ class Reducer:
             return
         self._buckets(t, self._inter_bucket)
 
+    def _inter_leg_(self, t: torch.Tensor, what: str | None = None) -> None:
+        """Sum ``t`` over ``inter``: through the host link where it takes ``t``, else MPI."""
+        what = what or f"inter-node allreduce of {t.numel()} {t.dtype}"
+        if self._linked(t):
+            self.host_link.allreduce_(t, what, self._mpi_allreduce_)  # type: ignore[union-attr]
+        else:
+            self._mpi_allreduce_(self.inter, t, what, self.inter_ranks)
+
     # ------------------------------------------------------------------ per bucket
     def _buckets(self, t: torch.Tensor, fn: Any) -> None:
         n, step = t.numel(), max(1, self.bucket_bytes // t.element_size())
@@ -346,14 +375,14 @@ class Reducer:
             padded, shard = self._padded(b)
             mine = self._scratch_for(b, shard, slot=1)
             intra.reduce_scatter_(padded, mine)
-            self._mpi_allreduce_(self.inter, mine, what, self.inter_ranks)
+            self._inter_leg_(mine, what)
             intra.allgather_(mine, padded)
             if padded.data_ptr() != b.data_ptr():
                 b.copy_(padded[:b.numel()])
         else:
             intra.reduce_(b, root=0)
             if intra.rank == 0:
-                self._mpi_allreduce_(self.inter, b, what, self.inter_ranks)
+                self._inter_leg_(b, what)
             intra.bcast_(b, root=0)
 
     def _inter_bucket(self, b: torch.Tensor) -> None:
@@ -364,13 +393,13 @@ class Reducer:
             mine = self._scratch_for(b, shard, slot=1)
             lo = intra.rank * shard
             mine.copy_(padded[lo:lo + shard])
-            self._mpi_allreduce_(self.inter, mine, what, self.inter_ranks)
+            self._inter_leg_(mine, what)
             intra.allgather_(mine, padded)
             if padded.data_ptr() != b.data_ptr():
                 b.copy_(padded[:b.numel()])
         else:
             if intra.rank == 0:
-                self._mpi_allreduce_(self.inter, b, what, self.inter_ranks)
+                self._inter_leg_(b, what)
             if self.local_size > 1:
                 intra.bcast_(b, root=0)
 

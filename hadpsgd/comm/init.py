@@ -13,6 +13,7 @@ from hadpsgd import env
 from hadpsgd.comm.backends import GlooIntra, IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog, timeout_from_env
 from hadpsgd.comm.hierarchical import HierAlgo, Reducer
+from hadpsgd.comm.hostlink import device_host_link
 from hadpsgd.comm.mpi import check_thread_level, cuda_support, mpi
 from hadpsgd.comm.objects import allgather_object
 from hadpsgd.comm.placement import (
@@ -319,9 +320,11 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     else:  # the survivors of a failure: their ranks at launch, for the messages
         launch_ranks = [int(r) for r in MPI.Group.Translate_ranks(
             world.Get_group(), list(range(size)), MPI.COMM_WORLD.Get_group())]
+    link = device_host_link(backend_name, inter, watchdog, inter_ranks.tolist(), labels, dev,
+                            node_sizes, device_backend is not None, notes)
     try:
         reducer = Reducer(world, inter, backend, watchdog, inter_ranks.tolist(), node_sizes,
-                          int(bucket * 2**20), hier_algo, cuda_aware, device_backend)
+                          int(bucket * 2**20), hier_algo, cuda_aware, device_backend, link)
     except ValueError as err:
         raise TopologyError(str(err)) from None
     errors = None
@@ -340,6 +343,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         reducer=reducer, _backend=backend, _mpi=MPI, host_rank=host_rank, host_size=host_size,
         placement=placement, hosts=[label.partition(":")[0] for label in labels], notes=notes,
         launch_ranks=launch_ranks, _errors=errors, pids=list(pids),
+        _tracked=link.communicators() if link is not None else [],
     )
     log.info("hadpsgd.comm: %s", topo.describe())
     return topo

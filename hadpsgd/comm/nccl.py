@@ -71,14 +71,14 @@ class NCCLIntra(TorchIntra):
     name = "nccl"
 
     def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int],
-                 device: torch.device) -> None:
+                 device: torch.device, scope: str = "intra-node") -> None:
         ok, why = nccl_available()
         if not ok:
             raise ImportError(f"the nccl intra-node backend is not usable: {why} (or choose "
                               "--intra-backend mpi)")
         self.device = device
         self._deferred: list[Any] = []
-        super().__init__(comm, watchdog, world_ranks)
+        super().__init__(comm, watchdog, world_ranks, scope)
         self.connect_s = self._connect()
         """Seconds the communicator took to make and to pass its first allreduce."""
 
@@ -97,7 +97,7 @@ class NCCLIntra(TorchIntra):
             CommTimeoutError: The store gave up waiting for a peer (named in the message).
             RuntimeError: NCCL could not make the communicator (naming the node's ranks).
         """
-        what = f"intra-node NCCL communicator set-up on {self.device} (nccl)"
+        what = f"{self.scope} NCCL communicator set-up on {self.device} (nccl)"
         start = time.monotonic()
         probe = torch.ones(1, device=self.device)
         try:
@@ -140,7 +140,7 @@ class NCCLIntra(TorchIntra):
         event = torch.cuda.Event(blocking=True)
         event.record(torch.cuda.current_stream(self.device))
         try:
-            with self.watchdog.guard(f"intra-node {what} (nccl)", self.world_ranks):
+            with self.watchdog.guard(f"{self.scope} {what} (nccl)", self.world_ranks):
                 event.synchronize()
         except Exception:
             self.pg.abort()

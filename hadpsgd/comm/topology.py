@@ -136,9 +136,14 @@ class Topology:
         else:
             inter = ("CUDA-aware" if self.cuda_aware
                      else "not CUDA-aware: staged through pinned host buffers")
+        cross = f"MPI ({inter})"
+        link = self.reducer.host_link
+        if link is not None and link.kind == self.device.type:
+            cross = f"{link.name} between super-learners of one host" + (
+                f", MPI ({inter}) between hosts" if link.hosts > 1 else "")
         line = (f"{self.size} learners on {self.num_nodes} {kind}nodes {self.node_sizes}, "
                 f"device {self.device}, intra-node {path.intra} (host tensors: "
-                f"{self.reducer.intra.name}), inter-node MPI ({inter}), {self.reducer.algo} "
+                f"{self.reducer.intra.name}), inter-node {cross}, {self.reducer.algo} "
                 f"hierarchy, deadline {self.timeout:g} s")
         if self.placement:
             line += f"; ranks: {self.placement}"
@@ -477,4 +482,6 @@ class Topology:
         self._backend.close()
         if self.reducer.device_intra is not None:
             self.reducer.device_intra.close()
+        if self.reducer.host_link is not None:
+            self.reducer.host_link.close()
         self.watchdog.stop()

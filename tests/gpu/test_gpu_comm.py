@@ -74,6 +74,25 @@ def test_nccl_intra_node():
     assert res.returncode != 0 and "NCCL needs one GPU per rank" in res.output, res.output
 
 
+
+@two_gpus
+def test_super_learners_sharing_a_host_exchange_over_nccl():
+    # Issue 44 item 3: super-learners on one host, each rank on its own GPU. Their
+    # cross-node legs (BMUF's block average, the hierarchical mean's middle step) take an
+    # NCCL group of the host, not pinned host copies and MPI; every collective of comm_ops
+    # must still equal its reference bit for bit on every rank. Super-learners of 1 (BMUF-
+    # Adam's layout), then of 2 where there are 4 GPUs (NCCL inside and between them).
+    gpus = min(torch.cuda.device_count(), 4)
+    layouts = ["1"] + (["2"] if gpus >= 4 else [])
+    for per_node in layouts:
+        res = run_worker(gpus, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": per_node,
+                                                "HADPSGD_CUDA_AWARE": "0",
+                                                "HADPSGD_TEST_DEVICE": "cuda"})
+        assert_ok(res)
+        assert res.stdout.count("OK rank") == gpus
+        assert "nccl between super-learners of one host" in res.stdout, res.stdout
+
+
 ONE_RANK_NCCL = """
 import torch
 from mpi4py import MPI

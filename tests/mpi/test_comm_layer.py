@@ -105,3 +105,25 @@ def test_machine_check_keeps_its_old_name():
     res = run_mpi(1, ["-m", "hadpsgd.env"], env={"HADPSGD_TIMEOUT": "soon"})
     assert res.returncode != 0
     assert "problem: HADPSGD_TIMEOUT='soon' is not a number" in res.stdout
+
+
+@pytest.mark.parametrize(("nprocs", "per_node", "hosts"), [
+    (4, "2", "1"),   # 2 super-learners of 2 on one host: one group allreduce per leg
+    (4, "1", "2"),   # 4 of 1 on 2 hosts: reduce on the host, MPI between leaders, broadcast
+    (5, "2", "2"),   # [2, 2, 1] on 2 hosts: the leader form, a host holding one super-learner
+])
+def test_cross_node_leg_cut_by_host(nprocs, per_node, hosts):
+    # Issue 44 item 3: where super-learners share a host their exchanges take the host's
+    # torch.distributed group (NCCL on GPUs; gloo stands in here, the same TorchIntra
+    # calls), MPI only between hosts. Every collective of comm_ops must still equal its
+    # NumPy reference and be bit-identical on every rank, with the leg taken through the link.
+    res = run_worker(nprocs, "host_link", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": per_node,
+                                               "HOST_LINK_HOSTS": hosts})
+    assert_ok(res)
+    assert res.stdout.count("OK rank") == nprocs
+    assert "inter-node gloo between super-learners of one host" in res.stdout
+    calls = {int(m.group(1)): int(m.group(2))
+             for m in re.finditer(r"link rank (\d+) hosts \d+ calls (\d+)", res.stdout)}
+    assert len(calls) == nprocs and calls[0] > 0, res.stdout
+    if hosts != "1":
+        assert "leader True" in res.stdout and "between hosts" in res.stdout

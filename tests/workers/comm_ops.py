@@ -80,10 +80,18 @@ check("host rank", (topo.host_rank, topo.host_size) == (r, n))
 check("placement", topo.placement.count(">") == n)
 # Routing: host tensors never take a device backend; device tensors take NCCL when present.
 host_route = topo.route(torch.zeros(1, dtype=torch.float64))
-check("host route", host_route.intra == topo.reducer.intra.name and host_route.inter == "mpi")
+link = topo.reducer.host_link  # (tests/workers/host_link.py cuts host legs by host)
+host_inter = "mpi" if link is None or link.kind != "cpu" else (
+    f"{link.name} on one host" + (", mpi between hosts" if link.hosts > 1 else ""))
+check("host route", host_route.intra == topo.reducer.intra.name
+      and host_route.inter == host_inter)
 if dev.type == "cuda":
     want = "nccl" if topo.intra_backend == "nccl" else f"{topo.reducer.intra.name} via host"
     check("device route", topo.route(torch.zeros(1, device=dev)).intra == want)
+    # Super-learners that share a host, each on its own GPU: NCCL between them.
+    if link is not None:
+        check("device link", topo.route(torch.zeros(1, device=dev)).inter.startswith(
+            "nccl on one host"))
 # CUDA-awareness is asked of the MPI library mpi4py really loaded (not the global namespace).
 if "HADPSGD_CUDA_AWARE" not in os.environ:
     from hadpsgd.comm.mpi import cuda_support

@@ -1,0 +1,216 @@
+"""Exchanges between super-learners that share a host: NCCL there, MPI between hosts.
+
+The cross-node leg of every reduction (BMUF's block average, the hierarchical world mean's
+middle step, the super-learners' buffers) runs over the inter-node communicator: the
+learners of one local rank, one per super-learner. Where several super-learners sit on one
+host (an 8-GPU host with super-learners of 1, 2 or 4 GPUs), that leg would otherwise go
+through pinned host copies and MPI's shared memory although the GPUs share NVLink.
+:class:`HostLink` cuts the leg by host instead:
+
+- the members of the inter-node communicator on this host sum over a torch.distributed
+  group of their own (NCCL on GPUs; any :class:`~hadpsgd.comm.backends.TorchIntra`, gloo in
+  the CPU tests);
+- where the communicator spans several hosts, the first member on each host (its host
+  leader) carries the host's sum to the other hosts' leaders over MPI, then shares the
+  result on its host (reduce, MPI allreduce, broadcast);
+- where it lies on one host, that is one allreduce.
+
+Every member ends with the same bits (a sum is made once, then copied). The plan
+(:func:`plan_host_link`) is pure, so which ranks meet where is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hadpsgd.comm.backends import IntraBackend
+from hadpsgd.comm.deadline import Watchdog
+
+Factory = Callable[[Any, list[int]], IntraBackend]
+"""Makes the host group's backend from its communicator and its members' world ranks."""
+
+MpiSum = Callable[[Any, torch.Tensor, str, "list[int] | None"], None]
+"""An in-place MPI sum of a tensor over a communicator (the reducer's, which stages)."""
+
+
+def plan_host_link(hosts: list[str], devices: list[str]) -> tuple[list[int], str]:
+    """Which host group each member of an inter-node communicator joins, and any obstacle.
+
+    Args:
+        hosts: Each member's host name, by rank in the communicator.
+        devices: Each member's device label (:func:`~hadpsgd.comm.placement.device_label`).
+
+    Returns:
+        The host index of each member (hosts numbered in order of first appearance) and
+        why a host group cannot work (``""`` if it can): two members of one host on one
+        GPU (NCCL needs a GPU per rank), or no host holding two members (nothing to gain:
+        the leg stays MPI's).
+    """
+    order: dict[str, int] = {}
+    groups = [order.setdefault(h, len(order)) for h in hosts]
+    if len(order) == len(hosts):
+        return groups, "no two super-learners share a host"
+    for host in order:
+        gpus = [d for h, d in zip(hosts, devices, strict=True) if h == host]
+        if len(set(gpus)) < len(gpus):
+            return groups, (f"super-learners on {host} share a GPU; NCCL needs one GPU per "
+                            "rank: launch at most one rank per GPU")
+    return groups, ""
+
+
+@dataclass
+class HostLink:
+    """The cross-node leg of a reduction, cut by host (see the module's docstring).
+
+    Built collectively over the inter-node communicator by :meth:`build`.
+
+    Attributes:
+        local: The host group's backend (None where this member is alone on its host).
+        leaders: MPI communicator of the host leaders (None on other members, or where the
+            communicator lies on one host).
+        leader_ranks: World ranks in ``leaders``.
+        kind: The device type of the tensors it takes (``cuda`` for NCCL).
+        name: The host groups' backend (``nccl``; ``gloo`` in the CPU tests).
+        hosts: Hosts the inter-node communicator spans.
+        calls: Sums made through it (for tests and the log).
+    """
+
+    local: IntraBackend | None
+    leaders: Any
+    leader_ranks: list[int]
+    kind: str
+    name: str
+    hosts: int
+    calls: int = 0
+
+    @classmethod
+    def build(cls, inter: Any, watchdog: Watchdog, inter_ranks: list[int],
+              hosts: list[Any], kind: str, name: str, factory: Factory) -> HostLink:
+        """Split ``inter`` by host and make each host group's backend (collective).
+
+        Args:
+            inter: The inter-node communicator.
+            watchdog: Deadline keeper of every start-up call.
+            inter_ranks: World rank of each member of ``inter``.
+            hosts: Host index (or name) of each member of ``inter``, the same list on all.
+            kind: Device type of the tensors the host groups take.
+            name: The backend ``factory`` makes (for the log).
+            factory: Makes a host group's backend (called only for groups of two or more).
+        """
+        from mpi4py import MPI
+
+        me = inter.Get_rank()
+        order: dict[Any, int] = {}
+        groups = [order.setdefault(h, len(order)) for h in hosts]
+        with watchdog.guard("super-learners' host communicator (Split)", inter_ranks):
+            local = inter.Split(color=groups[me], key=me)
+        members = [inter_ranks[i] for i, g in enumerate(groups) if g == groups[me]]
+        backend = factory(local, members) if local.Get_size() > 1 else None
+        leaders, leader_ranks = None, [inter_ranks[groups.index(g)] for g in range(len(order))]
+        if len(order) > 1:
+            first = local.Get_rank() == 0
+            with watchdog.guard("super-learners' host leaders' communicator (Split)",
+                                inter_ranks):
+                split = inter.Split(color=0 if first else MPI.UNDEFINED, key=me)
+            leaders = split if first else None
+        return cls(backend, leaders, leader_ranks, kind, name, len(order))
+
+    def takes(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s sum goes this way (tensors on the host groups' device type)."""
+        return t.device.type == self.kind
+
+    def allreduce_(self, t: torch.Tensor, what: str, mpi_sum: MpiSum) -> None:
+        """Sum ``t`` over the inter-node communicator in place, the same bits on every member.
+
+        Args:
+            t: A contiguous 1-D tensor this link :meth:`takes`.
+            what: The operation, for a deadline's message.
+            mpi_sum: The MPI sum of the host leaders' leg (staging what MPI cannot read).
+        """
+        self.calls += 1
+        local = self.local
+        if self.hosts == 1:
+            local.allreduce_(t)  # type: ignore[union-attr] # one host: a group of >= 2
+            return
+        if local is not None:
+            local.reduce_(t, root=0)
+        if self.leaders is not None:
+            mpi_sum(self.leaders, t, f"{what} between hosts", self.leader_ranks)
+        if local is not None:
+            local.bcast_(t, root=0)
+
+    def communicators(self) -> list[Any]:
+        """The MPI communicators this link waits on (a failure revokes them)."""
+        found = [self.leaders] if self.leaders is not None else []
+        if self.local is not None:
+            found.append(self.local.comm)
+        return found
+
+    def close(self) -> None:
+        """Release the host group's backend."""
+        if self.local is not None:
+            self.local.close()
+
+
+SCOPE = "super-learners' host group"
+"""How the host groups' backends name themselves in a deadline's message."""
+
+
+def device_host_link(name: str, inter: Any, watchdog: Watchdog, inter_ranks: list[int],
+                     labels: list[str], device: torch.device, node_sizes: list[int],
+                     nccl_inside: bool, notes: list[str]) -> HostLink | None:
+    """NCCL between the super-learners that share a host, where it can run; else None.
+
+    Every rank calls it (collective over ``inter`` where the question arises). It can run
+    where the learners compute on GPUs with NCCL, each super-learner's own reductions are
+    NCCL's too (``nccl_inside``) or it is one learner, and at least two members of ``inter``
+    share a host, each on its own GPU. The members agree over ``inter`` (one of them unable
+    leaves them all on MPI: they must cut the leg alike).
+
+    Args:
+        name: The chosen intra-node backend: ``mpi`` or ``gloo`` keep every leg off NCCL.
+        inter: The inter-node communicator.
+        watchdog: Deadline keeper.
+        inter_ranks: World rank of each member of ``inter``.
+        labels: Every rank's device label (``host:cuda:i:uuid``), by world rank.
+        device: This learner's device.
+        node_sizes: Learners per super-learner.
+        nccl_inside: Whether the super-learners reduce device tensors over NCCL.
+        notes: Where a reason the link is off goes, for the start-up log.
+    """
+    from hadpsgd.comm.objects import allgather_object  # noqa: PLC0415 - start-up only
+
+    if device.type != "cuda" or name in ("mpi", "gloo") or len(node_sizes) == 1:
+        return None
+    mine = [labels[r] for r in inter_ranks]
+    groups, why = plan_host_link([label.partition(":")[0] for label in mine], mine)
+    if why.startswith("no two"):
+        return None  # the same on every member: each super-learner has a host of its own
+    if not why and not (nccl_inside or max(node_sizes) == 1):
+        why = "the super-learners' own reductions are not on NCCL"
+    if not why:
+        from hadpsgd.comm.nccl import nccl_available  # noqa: PLC0415 - CUDA only
+
+        why = "" if nccl_available()[0] else nccl_available()[1]
+    reasons = sorted({w for w in allgather_object(inter, watchdog, why, inter_ranks) if w})
+    if reasons:
+        notes.append(f"super-learners that share a host exchange through MPI: "
+                     f"{'; '.join(reasons)}")
+        return None
+
+    def nccl(comm: Any, members: list[int]) -> IntraBackend:
+        from hadpsgd.comm.nccl import NCCLIntra  # noqa: PLC0415 - CUDA only
+
+        return NCCLIntra(comm, watchdog, members, device, scope=SCOPE)
+
+    link = HostLink.build(inter, watchdog, inter_ranks, groups, "cuda", "nccl", nccl)
+    notes.append(f"super-learners that share a host exchange over NCCL ({link.hosts} "
+                 f"host{'s' if link.hosts > 1 else ''}, MPI between hosts)")
+    return link
+
+
+__all__ = ["SCOPE", "HostLink", "device_host_link", "plan_host_link"]

@@ -1,0 +1,43 @@
+"""Worker: the comm_ops checks with the cross-node leg cut by host (gloo standing in for NCCL).
+
+``comm.init`` is wrapped so that, once the topology is built, a :class:`HostLink` whose host
+groups are gloo groups (NCCL's twin, :class:`~hadpsgd.comm.backends.TorchIntra`) takes every
+host tensor's cross-node leg, as NCCL takes device tensors between super-learners that share
+a GPU host. ``HOST_LINK_HOSTS=k`` spreads the super-learners over k pretend hosts (nodes in
+consecutive blocks), so the host leaders' MPI leg runs too. Prints ``link rank r ...``.
+"""
+
+import os
+import runpy
+import sys
+
+from hadpsgd import comm
+from hadpsgd.comm.backends import GlooIntra
+from hadpsgd.comm.hostlink import SCOPE, HostLink
+
+real_init = comm.init
+made: list[HostLink] = []
+
+
+def init(**kwargs: object) -> comm.Topology:
+    topo = real_init(**kwargs)  # type: ignore[arg-type]
+    hosts = int(os.environ.get("HOST_LINK_HOSTS", "1"))
+    per_host = -(-topo.num_nodes // hosts)
+    node_of = {r: i for i, r in enumerate(topo.inter_ranks)}  # inter rank i is node i
+    link = HostLink.build(
+        topo.inter, topo.watchdog, topo.inter_ranks,
+        [node_of[r] // per_host for r in topo.inter_ranks], "cpu", "gloo",
+        lambda c, members: GlooIntra(c, topo.watchdog, members, scope=SCOPE))
+    topo.reducer.host_link = link
+    topo.reducer._plans.clear()  # the direct plans are made knowing the link
+    made.append(link)
+    return topo
+
+
+comm.init = init
+sys.argv = [os.path.join(os.path.dirname(__file__), "comm_ops.py")]
+done = runpy.run_path(sys.argv[0], run_name="__main__")
+link = made[0]
+print(f"link rank {done['r']} hosts {link.hosts} calls {link.calls} "
+      f"group {link.local.size if link.local else 1} leader {link.leaders is not None}",
+      flush=True)
