@@ -138,6 +138,7 @@ class GradSync:
                            for i, p in enumerate(self.flat.params)]
         self._local: list[torch.Tensor] = []
         self._deferred = False  # a bucket's mean is in flight on NCCL's stream
+        self._unsettled = False  # joined means whose host wait check() makes
         # bf16 on NCCL: (bucket, its bf16 copy in flight), cast back after the join.
         self._halves: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -208,9 +209,10 @@ class GradSync:
         if self._piped:  # on this thread, after every bucket's first phase: one order
             self._piped = False
             self._pipe.drain()  # type: ignore[union-attr] - set with _piped
-        if self._deferred:  # the optimizer reads the means: wait for NCCL once, here
-            self._deferred = False
-            self.topo.join_deferred()
+        if self._deferred:  # the optimizer reads the means: the stream waits for NCCL here;
+            self._deferred = False  # the host waits in check(), the step's one sync
+            self.topo.join_deferred(host_wait=False)
+            self._unsettled = True
             for view, half in self._halves:
                 view.copy_(half)
             self._halves.clear()
@@ -235,7 +237,16 @@ class GradSync:
             parts.append(torch.stack(sq).sum().sqrt())
         if loss is not None:
             parts.append(loss.detach().reshape(()).to(parts[0]))
-        values = torch.stack(parts).tolist()  # the step's one device synchronisation
+        stacked = torch.stack(parts)
+        if self._unsettled:
+            # The joined means' host wait and this read in one synchronisation, under the
+            # deadline (a peer that never sends is named, not waited for without end).
+            self._unsettled = False
+            host = stacked.to("cpu", non_blocking=True)  # pinned: the copy is stream-ordered
+            self.topo.settle_deferred()
+            values = host.tolist()
+        else:
+            values = stacked.tolist()  # the step's one device synchronisation
         return GradCheck(local_finite=math.isfinite(values[1]), finite=math.isfinite(values[0]),
                          norm=values[2] if norm else math.nan,
                          loss=values[-1] if loss is not None else math.nan)

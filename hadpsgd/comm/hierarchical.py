@@ -194,11 +194,17 @@ class Reducer:
                 and (scope == "intra" or (scope == "world" and self.num_nodes == 1))
                 and self.local_size > 1)
 
-    def join_deferred(self) -> None:
-        """Make the current stream wait for every deferred mean (one host wait)."""
+    def join_deferred(self, host_wait: bool = True) -> None:
+        """Make the current stream wait for every deferred mean (one host wait, or owed)."""
         join = getattr(self.device_intra, "join", None)
         if join is not None:
-            join()
+            join(host_wait=host_wait)
+
+    def settle_deferred(self) -> None:
+        """Make the host wait that :meth:`join_deferred` left owed, if any."""
+        settle = getattr(self.device_intra, "settle", None)
+        if settle is not None:
+            settle()
 
     # ------------------------------------------------------------------ direct path
     def _plan(self, scope: str) -> Direct | None:

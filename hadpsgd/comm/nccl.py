@@ -78,6 +78,7 @@ class NCCLIntra(TorchIntra):
                               "--intra-backend mpi)")
         self.device = device
         self._deferred: list[Any] = []
+        self._owed: str | None = None  # a joined mean whose host wait is left to settle()
         super().__init__(comm, watchdog, world_ranks, scope)
         self.connect_s = self._connect()
         """Seconds the communicator took to make and to pass its first allreduce."""
@@ -161,14 +162,32 @@ class NCCLIntra(TorchIntra):
         opts.reduceOp = self._op(avg)
         self._deferred.append(self.pg.allreduce([t], opts))
 
-    def join(self, what: str = "gradient allreduce") -> None:
-        """Make the current stream wait for every deferred allreduce; one host wait."""
+    def join(self, what: str = "gradient allreduce", host_wait: bool = True) -> None:
+        """Make the current stream wait for every deferred allreduce; one host wait.
+
+        With ``host_wait=False`` the host wait is owed instead: :meth:`settle` makes it,
+        after whatever the caller queues behind the means (the step's finiteness and norm,
+        read in the same wait: one host synchronisation a step, not two).
+        """
         if not self._deferred:
             return
         works, self._deferred = self._deferred, []
         for work in works:
             work.wait()
-        self._host_wait(what)
+        if host_wait:
+            self._host_wait(what)
+        else:
+            self._owed = what
+
+    def settle(self) -> None:
+        """Make the host wait owed by :meth:`join` (under the deadline), if one is owed.
+
+        The host sleeps until everything queued on the current stream so far is done: the
+        joined means and what came after them.
+        """
+        what, self._owed = self._owed, None
+        if what is not None:
+            self._host_wait(what)
 
     def _admit(self, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -177,7 +196,7 @@ class NCCLIntra(TorchIntra):
                                  f"{self.device}: host tensors take the MPI path")
 
     def close(self) -> None:  # noqa: D102
-        self._deferred = []
+        self._deferred, self._owed = [], None
         try:
             self.pg.shutdown()
         except (AttributeError, RuntimeError):

@@ -298,9 +298,21 @@ class Topology:
         tensor.copy_(host)
         return sent
 
-    def join_deferred(self) -> None:
-        """Wait (stream-wise, then once on the host under the deadline) for deferred means."""
-        self.reducer.join_deferred()
+    def join_deferred(self, host_wait: bool = True) -> None:
+        """Wait (stream-wise, then once on the host under the deadline) for deferred means.
+
+        With ``host_wait=False`` only the stream waits: the host wait is owed to
+        :meth:`settle_deferred`, which the caller makes after queuing more work (so one host
+        wait covers both). Until then nothing on the host may read what the means wrote.
+        """
+        self.reducer.join_deferred(host_wait)
+
+    def settle_deferred(self) -> None:
+        """Block the host until the joined means are done, under the deadline (if owed).
+
+        The wait covers the work queued after them on the current stream too.
+        """
+        self.reducer.settle_deferred()
 
     def intra_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
         """Reduce ``tensor`` over the learners of this node only (one super-learner)."""

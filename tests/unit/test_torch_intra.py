@@ -157,3 +157,20 @@ def test_the_tcp_store_listens_on_the_interface_facing_the_peers_only():
         sock.close()
     assert listening_socket(["no-such-host.invalid"]) is None
     assert listening_socket([]) is None
+
+
+def test_a_join_can_leave_its_host_wait_to_settle():
+    # Issue 44 item 8(c): the gradient means' join makes the stream wait only; the host
+    # waits once, in settle(), after the step's finiteness and norm are queued behind them.
+    backend, group = _nccl()
+    backend._deferred, backend._owed = [SimpleNamespace(wait=lambda: group.calls.append(
+        ("wait", None, False)))], None
+    backend.join(host_wait=False)
+    assert group.calls == [("wait", None, False)] and backend._deferred == []
+    backend.settle()
+    backend.settle()  # nothing owed any more
+    assert group.calls == [("wait", None, False), ("host wait", "gradient allreduce", False)]
+    backend._deferred = [SimpleNamespace(wait=lambda: None)]
+    backend.join()  # the default: the host waits at once, nothing left owed
+    backend.settle()
+    assert group.calls[2:] == [("host wait", "gradient allreduce", False)]
