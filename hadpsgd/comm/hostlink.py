@@ -30,8 +30,9 @@ import torch
 from hadpsgd.comm.backends import IntraBackend
 from hadpsgd.comm.deadline import Watchdog
 
-Factory = Callable[[Any, list[int]], IntraBackend]
-"""Makes the host group's backend from its communicator and its members' world ranks."""
+Factory = Callable[[Any, Watchdog, list[int]], IntraBackend]
+"""Makes the host group's backend from its communicator, the watchdog of its waits and its
+members' world ranks."""
 
 MpiSum = Callable[[Any, torch.Tensor, str, "list[int] | None"], None]
 """An in-place MPI sum of a tensor over a communicator (the reducer's, which stages)."""
@@ -77,6 +78,8 @@ class HostLink:
         name: The host groups' backend (``nccl``; ``gloo`` in the CPU tests).
         hosts: Hosts the inter-node communicator spans.
         calls: Sums made through it (for tests and the log).
+        plan: How it was built (``inter_ranks``, host of each member, factory): a
+            :meth:`twin` over a duplicate communicator repeats it.
     """
 
     local: IntraBackend | None
@@ -86,6 +89,7 @@ class HostLink:
     name: str
     hosts: int
     calls: int = 0
+    plan: tuple[list[int], list[Any], Factory] | None = None
 
     @classmethod
     def build(cls, inter: Any, watchdog: Watchdog, inter_ranks: list[int],
@@ -109,7 +113,7 @@ class HostLink:
         with watchdog.guard("super-learners' host communicator (Split)", inter_ranks):
             local = inter.Split(color=groups[me], key=me)
         members = [inter_ranks[i] for i, g in enumerate(groups) if g == groups[me]]
-        backend = factory(local, members) if local.Get_size() > 1 else None
+        backend = factory(local, watchdog, members) if local.Get_size() > 1 else None
         leaders, leader_ranks = None, [inter_ranks[groups.index(g)] for g in range(len(order))]
         if len(order) > 1:
             first = local.Get_rank() == 0
@@ -117,7 +121,20 @@ class HostLink:
                                 inter_ranks):
                 split = inter.Split(color=0 if first else MPI.UNDEFINED, key=me)
             leaders = split if first else None
-        return cls(backend, leaders, leader_ranks, kind, name, len(order))
+        return cls(backend, leaders, leader_ranks, kind, name, len(order),
+                   plan=(inter_ranks, hosts, factory))
+
+    def twin(self, inter: Any, watchdog: Watchdog) -> HostLink:
+        """The same link over ``inter``, a duplicate of its communicator (collective).
+
+        A channel whose means run beside the main thread's (BMUF's overlapped block
+        average, :meth:`~hadpsgd.comm.topology.Topology.side_channel`) needs groups of its
+        own, waited on by its own ``watchdog``: two threads' collectives on one NCCL group
+        would interleave differently on different ranks.
+        """
+        inter_ranks, hosts, factory = self.plan  # type: ignore[misc] - set by build
+        return HostLink.build(inter, watchdog, inter_ranks, hosts, self.kind, self.name,
+                              factory)
 
     def takes(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s sum goes this way (tensors on the host groups' device type)."""
@@ -202,10 +219,10 @@ def device_host_link(name: str, inter: Any, watchdog: Watchdog, inter_ranks: lis
                      f"{'; '.join(reasons)}")
         return None
 
-    def nccl(comm: Any, members: list[int]) -> IntraBackend:
+    def nccl(comm: Any, guard: Watchdog, members: list[int]) -> IntraBackend:
         from hadpsgd.comm.nccl import NCCLIntra  # noqa: PLC0415 - CUDA only
 
-        return NCCLIntra(comm, watchdog, members, device, scope=SCOPE)
+        return NCCLIntra(comm, guard, members, device, scope=SCOPE)
 
     link = HostLink.build(inter, watchdog, inter_ranks, groups, "cuda", "nccl", nccl)
     notes.append(f"super-learners that share a host exchange over NCCL ({link.hosts} "

@@ -26,6 +26,11 @@ copies, its coding kernels and the host's waits for them leave training alone. A
 of a device tensor goes through one page-locked host buffer, allocated once and reused
 (one copy off the device, a sleeping wait for it, MPI, one copy back), not through pageable
 memory. :meth:`SideChannel.wait` makes the waiter's stream wait for the job's last copy.
+
+Where the super-learners (of one learner each) share a host, each on its own GPU, an fp32
+mean of a device tensor takes the channel's own NCCL groups instead (a twin of the
+topology's :class:`~hadpsgd.comm.hostlink.HostLink`, waited on by this channel's watchdog):
+NCCL among the host's members, MPI between hosts (through the page-locked buffer).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch
 from hadpsgd.comm.codec import check_wire, payload_bytes
 from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.deadline import CommTimeoutError, Watchdog
+from hadpsgd.comm.hostlink import HostLink
 from hadpsgd.comm.mpi import MPI_NATIVE, mpi
 from hadpsgd.comm.staging import Stager, host_dtype
 from hadpsgd.comm.streams import bind_thread
@@ -112,17 +118,19 @@ class SideChannel:
         intra: A duplicate of the node's communicator when a node has several learners
             (each then carries a slice across the nodes).
         node_ranks: World ranks in ``intra``, by local rank.
+        link: The channel's own host link (fp32 means of the tensors it takes), or None.
     """
 
     def __init__(self, inter: Any, watchdog: Watchdog, inter_ranks: list[int], wire: str,
                  background: bool, intra: Any = None,
-                 node_ranks: list[int] | None = None) -> None:
+                 node_ranks: list[int] | None = None, link: HostLink | None = None) -> None:
         check_wire(wire)
         self.inter = inter
         self.watchdog = watchdog
         self.inter_ranks = inter_ranks
         self.intra = intra
         self.node_ranks = node_ranks
+        self.link = link
         self.num_nodes = inter.Get_size()
         self.wire = wire
         self.bytes_sent = 0
@@ -163,7 +171,14 @@ class SideChannel:
             self.bytes_sent += comp.bytes_sent - before
             return t
         what = f"background inter-node mean of {t.numel()} {t.dtype}"
-        if t.is_cuda:
+        if self.link is not None and self.link.takes(t) and (t.is_cuda
+                                                             or t.dtype in MPI_NATIVE):
+            work = t if t.is_contiguous() else t.contiguous()
+            self.link.allreduce_(work.view(-1), what, self._leaders_sum_)
+            work.div_(self.num_nodes)
+            if work is not t:
+                t.copy_(work)
+        elif t.is_cuda:
             # One page-locked copy of the whole tensor on the current stream (a job's own):
             # one MPI message, as on the host.
             work = t if t.is_contiguous() else t.contiguous()
@@ -181,16 +196,29 @@ class SideChannel:
 
     def _host_mean_(self, flat: torch.Tensor, what: str) -> None:
         """The mean of the 1-D host tensor ``flat`` across nodes, in place (``what``: errors)."""
+        self._host_sum_(self.inter, flat, what, self.inter_ranks)
+        flat.div_(self.num_nodes)
+
+    def _host_sum_(self, comm: Any, flat: torch.Tensor, what: str, group: list[int]) -> None:
+        """The sum of the 1-D host tensor ``flat`` over ``comm``, in place."""
         MPI = mpi()  # noqa: N806 - the module is conventionally MPI
         if self.background:
             # Non-blocking, polled with short sleeps: a blocking call would spin a core for
             # as long as the link takes, and that core is the one training needs.
-            request = self.inter.Iallreduce(MPI.IN_PLACE, flat.numpy(), MPI.SUM)
-            self.watchdog.wait(request, what, self.inter_ranks)
+            request = comm.Iallreduce(MPI.IN_PLACE, flat.numpy(), MPI.SUM)
+            self.watchdog.wait(request, what, group)
         else:
-            with self.watchdog.guard(what, self.inter_ranks):
-                self.inter.Allreduce(MPI.IN_PLACE, flat.numpy(), MPI.SUM)
-        flat.div_(self.num_nodes)
+            with self.watchdog.guard(what, group):
+                comm.Allreduce(MPI.IN_PLACE, flat.numpy(), MPI.SUM)
+
+    def _leaders_sum_(self, comm: Any, t: torch.Tensor, what: str,
+                      group: list[int] | None) -> None:
+        """The host leaders' MPI leg of a link's sum (a device tensor through the buffer)."""
+        members = group or []
+        if t.is_cuda:
+            self._stager.run_whole(t, lambda flat: self._host_sum_(comm, flat, what, members))
+        else:
+            self._host_sum_(comm, t, what, members)
 
     def state_dict(self) -> dict[str, Any]:
         """The compressed wire's rounding errors (per key), for an exact resume."""
@@ -264,6 +292,8 @@ class SideChannel:
             self._queue.put(None)
             self._thread.join(timeout=self.watchdog.timeout + 5.0)
             self._thread = None
+        if self.link is not None:
+            self.link.close()
         self.watchdog.stop()
 
 

@@ -403,11 +403,18 @@ class Topology:
         control, inter = self._track(*self._dup("side channel", self.comm, self.inter))
         intra = (self._track(*self._dup("side channel", self.intra))[0]
                  if self.local_size > 1 else None)
-        return SideChannel(inter,
-                           Watchdog(control, self.timeout, self.thread_multiple),
-                           self.inter_ranks,
+        watchdog = Watchdog(control, self.timeout, self.thread_multiple)
+        link = self.reducer.host_link
+        if link is not None and wire == "fp32" and max(self.node_sizes) == 1:
+            # Super-learners of one share a host: the channel's fp32 means take NCCL groups
+            # of its own (the same layout agreed at start-up, so every member builds it).
+            link = link.twin(inter, watchdog)
+            self._track(*link.communicators())
+        else:
+            link = None
+        return SideChannel(inter, watchdog, self.inter_ranks,
                            wire, background and self.thread_multiple,
-                           intra=intra, node_ranks=self.node_ranks)
+                           intra=intra, node_ranks=self.node_ranks, link=link)
 
     def grad_pipeline(self) -> GradPipeline | None:
         """A pipeline for hierarchical gradient means, or None where none applies.

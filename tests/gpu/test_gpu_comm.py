@@ -76,7 +76,7 @@ def test_nccl_intra_node():
 
 
 @two_gpus
-def test_super_learners_sharing_a_host_exchange_over_nccl():
+def test_super_learners_sharing_a_host_exchange_over_nccl(tiny_data, tmp_path):
     # Issue 44 item 3: super-learners on one host, each rank on its own GPU. Their
     # cross-node legs (BMUF's block average, the hierarchical mean's middle step) take an
     # NCCL group of the host, not pinned host copies and MPI; every collective of comm_ops
@@ -91,6 +91,16 @@ def test_super_learners_sharing_a_host_exchange_over_nccl():
         assert_ok(res)
         assert res.stdout.count("OK rank") == gpus
         assert "nccl between super-learners of one host" in res.stdout, res.stdout
+    # BMUF-Adam's layout through the main command: blocking block averages, then overlapped
+    # ones (the side channel's twin NCCL groups, in its background thread).
+    from tests.mpi._resume import run_args
+
+    for overlap in ([], ["--bmuf-overlap"]):
+        res = run_mpi(2, run_args(tiny_data, tmp_path / f"bmuf{len(overlap)}", "--device",
+                                  "cuda", "--algo", "bmuf", "--ranks-per-node", "1",
+                                  "--batch-size", "4", "--max-steps", "40", *overlap))
+        assert_ok(res)
+        assert "nccl between super-learners of one host" in res.output, res.output
 
 
 ONE_RANK_NCCL = """
