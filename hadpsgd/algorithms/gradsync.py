@@ -123,11 +123,12 @@ class GradSync:
         background = wanted and topo.size > 1 and topo.thread_multiple
         # The backstop only fires if a reduction hangs outside the watchdog's guards.
         self._scope_of_step = scope
-        # Host gradients of a hierarchical world: each piece's inter-node allreduce runs
-        # beside the next piece's intra-node phase (comm.pipeline); device ones keep the
-        # serial route (the pipeline is host-only). Collective: asked on every rank (``world``
-        # is decided by the options, alike everywhere); none where no mean is world-wide.
-        self._pipe = None if on_gpu or topo.size == 1 or not world else topo.grad_pipeline()
+        # Gradients of a hierarchical world: each piece's inter-node allreduce runs beside
+        # the next piece's intra-node phase (comm.pipeline; on GPUs the node's phases on
+        # NCCL, the shard through page-locked memory). Collective: asked on every rank
+        # (``world`` is decided by the options, alike everywhere); none where no mean is
+        # world-wide.
+        self._pipe = None if topo.size == 1 or not world else topo.grad_pipeline()
         self._piped = False  # a world mean is in the pipeline: drained in finish()
         self.reducer = BucketReducer(self.plan, self.flat.buffers, self._reduce, self._scope,
                                      total, background,

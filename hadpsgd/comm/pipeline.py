@@ -20,9 +20,21 @@ Every rank makes the same calls in the same order, whatever the timing, so they 
 order (:meth:`GradPipeline.drain`); each ``first`` starts its piece's allreduce, each
 ``last`` waits for it under the deadline. The mean is divided on one rank before the
 allgather (or broadcast), then copied: every learner ends with the same bits, as on the
-serial path. Host tensors of an MPI type only (the CPU route); a device tensor keeps the
-serial path (:mod:`hadpsgd.comm.hierarchical`), where staging and NCCL streams would need
-events between the phases that no GPU run has tested yet.
+serial path.
+
+Device tensors (of an MPI type) take it too (issue 44 item 4's GPU route):
+
+- with NCCL inside the node, the node's phases run on NCCL (reduce-scatter, allgather) on
+  the device, and only the shard crosses to a page-locked host buffer for the started
+  allreduce (or goes as it is to a CUDA-aware MPI); the mean comes back to the device on
+  the caller's stream before the allgather, which NCCL orders after it;
+- where the node's ranks share a GPU (no NCCL), the piece is copied to a page-locked buffer
+  once and runs the host route there, then is copied back.
+
+A page-locked buffer is written again only after the copy that last read it (an event per
+slot of buffers). The copies run on the calling thread's current stream: the reduction
+thread's while backward runs, the training thread's when :meth:`GradPipeline.drain` ends
+the step.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from hadpsgd.comm.direct import mpi_consts
 from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.hierarchical import Reducer
 from hadpsgd.comm.mpi import MPI_NATIVE
+from hadpsgd.comm.staging import wait_device
 
 DEFAULT_DEPTH = 2
 """Pieces whose allreduce is in flight before the oldest one's last phase waits for it."""
@@ -44,15 +57,21 @@ DEFAULT_DEPTH = 2
 class _Piece:
     """One piece in flight: the tensor, its buffers and its allreduce's request."""
 
-    __slots__ = ("count", "mine", "padded", "request", "t")
+    __slots__ = ("back", "count", "mine", "padded", "request", "slot", "t", "wire")
 
     def __init__(self, t: torch.Tensor, padded: torch.Tensor | None, mine: torch.Tensor | None,
-                 count: int, request: Any) -> None:
+                 count: int, request: Any, wire: torch.Tensor | None = None,
+                 back: torch.Tensor | None = None, slot: int = 0) -> None:
         self.t = t
         self.padded = padded
         self.mine = mine
         self.count = count
         self.request = request
+        self.wire = wire if wire is not None else mine
+        """What MPI reduces: ``mine``, or its page-locked copy."""
+        self.back = back
+        """The device piece ``t`` mirrors, copied back at the end (ranks sharing a GPU)."""
+        self.slot = slot
 
 
 class GradPipeline:
@@ -84,16 +103,23 @@ class GradPipeline:
         self.depth = depth
         self._open: list[_Piece] = []  # first phase done, last phase not yet run
         # depth + 2 sets of scratch: no buffer of a piece in flight is handed out again.
-        self._scratch: list[dict[tuple[torch.dtype, int], torch.Tensor]] = [
+        self._scratch: list[dict[tuple[torch.dtype, int, str], torch.Tensor]] = [
             {} for _ in range(depth + 2)]
+        self._read: list[Any] = [None] * (depth + 2)  # per slot: the last copy out of it
         self._slot = 0
         self.pieces = 0
         """Pieces averaged so far (for tests and benchmarks)."""
 
     def applies(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` takes the pipeline: a contiguous host tensor of an MPI type."""
-        return (self.reducer.hierarchical and not t.is_cuda and t.dtype in MPI_NATIVE
-                and t.is_contiguous() and not t.requires_grad)
+        """Whether ``t`` takes the pipeline: a contiguous tensor of an MPI type."""
+        link = self.reducer.host_link  # super-learners sharing a host: NCCL's serial route
+        return (self.reducer.hierarchical and t.dtype in MPI_NATIVE
+                and t.is_contiguous() and not t.requires_grad
+                and not (t.is_cuda and link is not None and link.takes(t)))
+
+    def _device(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` takes the device route (a seam: the CPU tests say yes for host ones)."""
+        return t.is_cuda
 
     def mean_(self, t: torch.Tensor, count: int) -> None:
         """Start averaging the 1-D ``t`` over ``count`` learners (the world).
@@ -116,7 +142,16 @@ class GradPipeline:
     def _first(self, t: torch.Tensor, count: int) -> None:
         """A piece's first intra-node phase; then start its allreduce across the nodes."""
         red = self.reducer
-        intra = red.intra
+        device = self._device(t)
+        back = None
+        if device and red.device_intra is None:
+            # Ranks that share a GPU: the piece once through page-locked memory, the host
+            # route on that copy, and back at the end (_last).
+            back, t = t, self._pinned(t.dtype, t.numel(), 2)
+            _to_host(t, back)
+            device = False
+        intra = red.device_intra if device else red.intra
+        assert intra is not None
         if red.algo == "shard":
             ls = red.local_size
             shard = -(-t.numel() // ls)
@@ -125,18 +160,25 @@ class GradPipeline:
                 padded = self._buffer(t.dtype, shard * ls, 0)
                 padded[:t.numel()].copy_(t)
                 padded[t.numel():].zero_()
-            mine: torch.Tensor | None = self._buffer(t.dtype, shard, 1)
+            mine: torch.Tensor | None = self._buffer(t.dtype, shard, 1, t.device)
             intra.reduce_scatter_(padded, mine)
         else:
             padded = None
             intra.reduce_(t, root=0)
             mine = t if intra.rank == 0 else None
-        request = None
+        request, wire = None, mine
         if mine is not None and red.num_nodes > 1:
             in_place, op_sum = mpi_consts()
-            request = self.inter.Iallreduce(in_place, mine.numpy(), op_sum)
+            if device and red.cuda_aware:
+                wait_device(mine.device)  # MPI reads device memory outside the streams
+                request = self.inter.Iallreduce(in_place, mine, op_sum)
+            else:
+                if device:  # the shard alone crosses to the host for the link
+                    wire = self._pinned(mine.dtype, mine.numel(), 3)
+                    _to_host(wire, mine)
+                request = self.inter.Iallreduce(in_place, wire.numpy(), op_sum)
+        self._open.append(_Piece(t, padded, mine, count, request, wire, back, self._slot))
         self._slot = (self._slot + 1) % len(self._scratch)
-        self._open.append(_Piece(t, padded, mine, count, request))
         if len(self._open) > self.depth:
             self._last(self._open.pop(0))
 
@@ -148,29 +190,78 @@ class GradPipeline:
             self.watchdog.wait(piece.request,
                                f"inter-node allreduce of {mine.numel()} {mine.dtype} "  # type: ignore[union-attr]
                                "(gradient pipeline)", red.inter_ranks)
-        if mine is not None and piece.count > 1:
-            mine.div_(piece.count)  # on one rank per shard, then copied: the same bits
+        wire = piece.wire
+        if wire is not None and piece.count > 1:
+            wire.div_(piece.count)  # on one rank per shard, then copied: the same bits
+        device = piece.back is None and self._device(piece.t)
+        intra = red.device_intra if device else red.intra
+        assert intra is not None
+        if wire is not None and wire is not mine:
+            mine.copy_(wire, non_blocking=True)  # type: ignore[union-attr] - set with wire
+            self._copied_out(piece.slot)  # NCCL's allgather is ordered after it
         if red.algo == "shard":
             assert piece.padded is not None and mine is not None
-            red.intra.allgather_(mine, piece.padded)
+            intra.allgather_(mine, piece.padded)
             if piece.padded.data_ptr() != piece.t.data_ptr():
                 piece.t.copy_(piece.padded[:piece.t.numel()])
         elif red.local_size > 1:
-            red.intra.bcast_(piece.t, root=0)
+            intra.bcast_(piece.t, root=0)
+        if piece.back is not None:
+            piece.back.copy_(piece.t, non_blocking=True)
+            self._copied_out(piece.slot)
         self.pieces += 1
 
-    def _buffer(self, dtype: torch.dtype, numel: int, kind: int) -> torch.Tensor:
-        """Scratch of the current slot (a piece's padded copy or its shard)."""
+    def _buffer(self, dtype: torch.dtype, numel: int, kind: int,
+                device: torch.device | None = None) -> torch.Tensor:
+        """Scratch of the current slot (a piece's padded copy or its shard) on ``device``."""
+        device = device or torch.device("cpu")
         store = self._scratch[self._slot]
-        buf = store.get((dtype, kind))
+        key = (dtype, kind, str(device))
+        buf = store.get(key)
         if buf is None or buf.numel() < numel:
-            buf = zeros(numel, dtype, torch.device("cpu"))
-            store[(dtype, kind)] = buf
+            buf = zeros(numel, dtype, device)
+            store[key] = buf
         return buf[:numel]
+
+    def _pinned(self, dtype: torch.dtype, numel: int, kind: int) -> torch.Tensor:
+        """A page-locked buffer of the current slot, once no copy still reads it."""
+        read = self._read[self._slot]
+        if read is not None:
+            read.synchronize()  # the copy out of it, queued on a stream, has run
+            self._read[self._slot] = None
+        store = self._scratch[self._slot]
+        key = (dtype, kind, "pinned")
+        buf = store.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, pin_memory=torch.cuda.is_available())
+            store[key] = buf
+        return buf[:numel]
+
+    def _copied_out(self, slot: int) -> None:
+        """Remember the copy just queued out of ``slot``'s page-locked buffers."""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            event = torch.cuda.Event(blocking=True)
+            event.record()
+            self._read[slot] = event
 
     def close(self) -> None:
         """Drop what is in flight (after an error; a step ends with :meth:`drain`)."""
         self._open.clear()
+
+
+def _to_host(host: torch.Tensor, t: torch.Tensor) -> None:
+    """Copy ``t`` into the page-locked ``host``; the host sleeps until it has arrived.
+
+    The copy runs on the current stream, behind what it holds (the piece's gradients, the
+    node's reduction); a blocking-sync event lets the thread sleep instead of spinning a core.
+    """
+    if not t.is_cuda:
+        host.copy_(t)
+        return
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event(blocking=True)
+    event.record()
+    event.synchronize()
 
 
 __all__ = ["DEFAULT_DEPTH", "GradPipeline"]

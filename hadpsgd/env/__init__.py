@@ -15,7 +15,8 @@ HADPSGD_BUCKET_MB       float > 0   64                bucket size in MiB of larg
 HADPSGD_PIPELINE_MB     float >= 0  0 (off)           piece size in MiB of a pipelined hierarchical
                                                       gradient mean (a piece's inter-node
                                                       allreduce runs beside the next pieces'
-                                                      intra-node phases; host tensors), e.g. 4;
+                                                      intra-node phases; host or device
+                                                      tensors), e.g. 4;
                                                       ``0``: the phases one after another
                                                       (:mod:`hadpsgd.comm.pipeline`)
 HADPSGD_CUDA_AWARE      0 or 1      ask the library   declare the MPI library CUDA-aware (``1``) or

@@ -54,6 +54,19 @@ def test_ranks_sharing_one_gpu_take_the_staged_path(nprocs, per_node):
         assert "intra-node mpi via host" in res.stdout
 
 
+def test_pipelined_gradient_means_on_the_device():
+    # Issue 44 item 4's GPU route (HADPSGD_PIPELINE_MB): 4 ranks in 2 emulated nodes of 2.
+    # On one GPU they share it: each piece goes through page-locked copies and the host
+    # route; with 4 GPUs NCCL runs the node's phases on the device and only the shard is
+    # copied for MPI. The means equal a float64 reference and the serial route's bits on
+    # every rank, and SSGD trains bit-identically through both, overlapped or not.
+    res = run_worker(4, "pipeline", env={"HADPSGD_RANKS_PER_NODE": "2",
+                                         "HADPSGD_CUDA_AWARE": "0",
+                                         "HADPSGD_TEST_DEVICE": "cuda"})
+    assert_ok(res)
+    assert res.stdout.count(" OK") == 4
+
+
 @two_gpus
 def test_nccl_intra_node():
     # Ranks take GPU "host rank mod GPUs" (round robin). Two emulated nodes of k <= GPUs
