@@ -47,7 +47,10 @@ class GossipThread(threading.Thread):
     the main thread has stepped and applied the previous delta: at most one exchange per step.
 
     The snapshot, the exchange and the delta's arithmetic live in host memory (page-locked
-    with CUDA, allocated once). On a GPU the two copies run on a copy stream of their own
+    with CUDA, allocated once), except where the channel swaps on the device (leaders that
+    share a host, each on its own GPU: NCCL, fp32 wire): then in device buffers, the
+    snapshot a device copy, the delta made on this thread's stream and copied after it.
+    On a GPU the two copies run on a copy stream of their own
     (:class:`~hadpsgd.comm.copies.CopyStream`): the snapshot is queued under the lock behind
     the main thread's latest write of the parameters (the weights after its last step, read
     while the next step computes; its next write waits for the copy, on the device, not on
@@ -103,7 +106,12 @@ class GossipThread(threading.Thread):
         self.copies = copies if copies is not None else CopyStream(flat.device)
         # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
         # both partners then skip the round, which keeps the pair's deltas opposite.
-        if wire == "fp32":
+        if wire == "fp32" and channel.on_device(flat):
+            # Leaders that share a host swap on the device (NCCL between their GPUs): the
+            # snapshot is a device copy on the copy stream, the delta made on the device.
+            self._send = torch.empty(n + 1, dtype=flat.dtype, device=flat.device)
+            self._recv = torch.empty(n + 1, dtype=flat.dtype, device=flat.device)
+        elif wire == "fp32":
             self._send = self.copies.host(n + 1, flat.dtype)
             self._recv = self.copies.host(n + 1, flat.dtype)
         else:  # the payload's bytes and one flag byte (CHOCO: and "I hold our edge")

@@ -260,6 +260,20 @@ class TorchIntra(IntraBackend):
         opts.rootRank = root
         self._wait(self.pg.broadcast([t], opts), "broadcast")
 
+    def exchange_(self, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
+        """Send ``send`` to group rank ``peer`` and receive its buffer into ``recv``.
+
+        Both sides call it with the other's rank. The lower rank sends first and the higher
+        receives first, so the two never wait for each other's receive (NCCL's point-to-point
+        calls block until matched).
+        """
+        self._admit(send, recv)
+        first, second = ((self.pg.send, send, "pair send"), (self.pg.recv, recv, "pair receive"))
+        if self.rank > peer:
+            first, second = second, first
+        for call, t, what in (first, second):
+            self._wait(call([t], peer, 0), what)
+
     def close(self) -> None:  # noqa: D102
         if self.rank == 0 and self._path and os.path.exists(self._path):
             try:

@@ -22,7 +22,7 @@ Every member ends with the same bits (a sum is made once, then copied). The plan
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -78,6 +78,8 @@ class HostLink:
         name: The host groups' backend (``nccl``; ``gloo`` in the CPU tests).
         hosts: Hosts the inter-node communicator spans.
         calls: Sums made through it (for tests and the log).
+        members: This host group's members, by rank in the inter-node communicator (a
+            member's rank in ``local`` is its index here).
         plan: How it was built (``inter_ranks``, host of each member, factory): a
             :meth:`twin` over a duplicate communicator repeats it.
     """
@@ -89,6 +91,7 @@ class HostLink:
     name: str
     hosts: int
     calls: int = 0
+    members: list[int] = field(default_factory=list)
     plan: tuple[list[int], list[Any], Factory] | None = None
 
     @classmethod
@@ -122,6 +125,7 @@ class HostLink:
                 split = inter.Split(color=0 if first else MPI.UNDEFINED, key=me)
             leaders = split if first else None
         return cls(backend, leaders, leader_ranks, kind, name, len(order),
+                   members=[i for i, g in enumerate(groups) if g == groups[me]],
                    plan=(inter_ranks, hosts, factory))
 
     def twin(self, inter: Any, watchdog: Watchdog) -> HostLink:
@@ -159,6 +163,10 @@ class HostLink:
             mpi_sum(self.leaders, t, f"{what} between hosts", self.leader_ranks)
         if local is not None:
             local.bcast_(t, root=0)
+
+    def pairs(self, send: torch.Tensor, peer: int) -> bool:
+        """Whether a pair exchange of ``send`` with inter rank ``peer`` takes the host group."""
+        return self.local is not None and self.takes(send) and peer in self.members
 
     def communicators(self) -> list[Any]:
         """The MPI communicators this link waits on (a failure revokes them)."""

@@ -388,8 +388,16 @@ class Topology:
         main thread.
         """
         control, pairs = self._track(*self._dup("pair channel", self.comm, self.inter))
-        return PairChannel(pairs, Watchdog(control, self.timeout),
-                           self.inter_ranks, self.cuda_aware)
+        watchdog = Watchdog(control, self.timeout)
+        link = self.reducer.host_link
+        if link is not None and self.local_rank == 0:
+            # The leaders' exchanges between super-learners that share a host take NCCL
+            # groups of the channel's own (every leader builds them: one agreed layout).
+            link = link.twin(pairs, watchdog)
+            self._track(*link.communicators())
+        else:
+            link = None
+        return PairChannel(pairs, watchdog, self.inter_ranks, self.cuda_aware, link=link)
 
     def side_channel(self, wire: str = "fp32", background: bool = True) -> SideChannel:
         """A private cross-node channel whose reductions may run beside the main thread's.

@@ -4,6 +4,7 @@ Skipped without CUDA. NCCL needs one device per rank of a node, so the NCCL and 
 tests need two GPUs; the staging tests run on one (2-4 ranks sharing it).
 """
 
+import json
 import re
 
 import pytest
@@ -114,6 +115,20 @@ def test_super_learners_sharing_a_host_exchange_over_nccl(tiny_data, tmp_path):
                                   "--batch-size", "4", "--max-steps", "40", *overlap))
         assert_ok(res)
         assert "nccl between super-learners of one host" in res.output, res.output
+    # ADPSGD's gossip between the two leaders: on the device, through the gossip channel's
+    # own NCCL group; the replicas' sum is still conserved (Eqs. 6-7 of the ADPSGD paper).
+    out = tmp_path / "gossip"
+    out.mkdir()
+    res = run_worker(2, "adpsgd_props", "conserve", str(out), env={
+        "HADPSGD_RANKS_PER_NODE": "1", "HADPSGD_CUDA_AWARE": "0", "HADPSGD_TEST_DEVICE": "cuda",
+        "ADPSGD_TEST_STEPS": "30"})
+    assert_ok(res)
+    recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sum(x["linked"] for x in recs) > 0, recs
+    w0 = torch.tensor(recs[0]["w0"], dtype=torch.float64)
+    total = sum(torch.tensor(x["flat"], dtype=torch.float64) for x in recs)
+    want = 2 * w0 - recs[0]["lr"] * recs[0]["steps"] * sum(x["g"] for x in recs)
+    assert float((total - want).norm() / want.norm()) < 1e-5
 
 
 ONE_RANK_NCCL = """

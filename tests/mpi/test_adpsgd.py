@@ -53,6 +53,28 @@ def test_gossip_conserves_mass(n, per_node, tmp_path):
         assert min(x["exchanges"] for x in recs) > 0
 
 
+@pytest.mark.parametrize(("n", "per_node", "hosts"), [(4, 1, "2"), (4, 2, "1")])
+def test_gossip_between_leaders_of_one_host_takes_the_host_group(n, per_node, hosts, tmp_path):
+    # Issue 44 item 3: leaders whose super-learners share a host swap on the host's group of
+    # the gossip's own channel (NCCL between their GPUs; gloo stands in here, the same
+    # TorchIntra calls), across hosts over MPI. 4 super-learners of 1 on 2 hosts: ring
+    # neighbours 0-1 and 2-3 share a host, 1-2 and 3-0 do not; 2 of 2 on one host (H-ADPSGD).
+    # Gossip still conserves the replicas' sum, and the host group really carried exchanges.
+    env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
+           "ADPSGD_TEST_STEPS": "30", "HOST_LINK_HOSTS": hosts}
+    res = run_worker(n, "gossip_link", "conserve", str(tmp_path), env=env)
+    assert_ok(res)
+    recs = _records(tmp_path, n)
+    _assert_conserved(recs)
+    assert all(x["identical"] for x in recs)
+    counts = [tuple(map(int, m)) for m in
+              re.findall(r"gossip rank \d+ linked (\d+) mpi (-?\d+)", res.stdout)]
+    assert len(counts) == n // per_node, res.stdout
+    assert sum(linked for linked, _ in counts) > 0, res.stdout
+    if hosts == "1":
+        assert all(mpi == 0 for _, mpi in counts), res.stdout
+
+
 @pytest.mark.parametrize(("n", "per_node"), [(4, 2), (8, 2)])
 def test_bounded_staleness_in_super_learners(n, per_node, tmp_path):
     # H-ADPSGD with --max-staleness 1 on 2 and 4 super-learners of 2: a leader whose gossip

@@ -95,6 +95,7 @@ record["lr"] = lr
 record["steps"] = steps
 record["exchanges"] = algo.thread.exchanges if algo.thread else 0
 record["rounds"] = algo.thread.rounds if algo.thread else 0
+record["linked"] = algo.thread.channel.linked if algo.thread else 0  # on a host group
 record["wire_bytes"] = algo.metrics()["wire_bytes"]
 record["stale_waits"] = algo.stale_waits
 (out / f"rank{r}.json").write_text(json.dumps(record))

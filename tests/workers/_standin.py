@@ -1,0 +1,38 @@
+"""gloo standing in for NCCL between super-learners that share a host (issue 44 item 3).
+
+:func:`install` wraps ``comm.init`` so that, once a topology is built, a
+:class:`~hadpsgd.comm.hostlink.HostLink` whose host groups are gloo groups (NCCL's twin,
+:class:`~hadpsgd.comm.backends.TorchIntra`) takes every host tensor's cross-node leg, as
+NCCL takes device tensors where super-learners share a GPU host; the channels made after it
+(the side channel, the gossip's pair channel) build their own twins from it. ``hosts``
+spreads the super-learners over that many pretend hosts, nodes in consecutive blocks.
+"""
+
+from hadpsgd import comm
+from hadpsgd.comm.backends import GlooIntra
+from hadpsgd.comm.hostlink import SCOPE, HostLink
+
+made: list[HostLink] = []
+"""The links installed, in order (one per ``comm.init``)."""
+
+
+def install(hosts: int, after: object = None) -> None:
+    """Wrap ``comm.init``; ``after(topo)``, if given, runs once the link is in place."""
+    real_init = comm.init
+
+    def init(**kwargs: object) -> comm.Topology:
+        topo = real_init(**kwargs)  # type: ignore[arg-type]
+        per_host = -(-topo.num_nodes // hosts)
+        node_of = {r: i for i, r in enumerate(topo.inter_ranks)}  # inter rank i: node i
+        link = HostLink.build(
+            topo.inter, topo.watchdog, topo.inter_ranks,
+            [node_of[r] // per_host for r in topo.inter_ranks], "cpu", "gloo",
+            lambda c, guard, members: GlooIntra(c, guard, members, scope=SCOPE))
+        topo.reducer.host_link = link
+        topo.reducer._plans.clear()  # the direct plans are made knowing the link
+        made.append(link)
+        if after is not None:
+            after(topo)  # type: ignore[operator]
+        return topo
+
+    comm.init = init
