@@ -102,6 +102,8 @@ class Topology:
     survivors of a failure renumber themselves (``hadpsgd.comm.ulfm``)."""
     _tracked: list[Any] = field(repr=False, default_factory=list)
     """Communicators made after start-up (channels, counters): revoked with the rest."""
+    _links: list[Any] = field(repr=False, default_factory=list)
+    """Host links of the pair channels (their NCCL groups), released by :meth:`close`."""
     _errors: Any = field(repr=False, default=None)
     """A communicator for :meth:`every_rank_failed` and the notes about a frozen learner
     (``hadpsgd.comm.ulfm``): nothing else waits on it, and a failure does not revoke it."""
@@ -395,6 +397,7 @@ class Topology:
             # groups of the channel's own (every leader builds them: one agreed layout).
             link = link.twin(pairs, watchdog)
             self._track(*link.communicators())
+            self._links.append(link)
         else:
             link = None
         return PairChannel(pairs, watchdog, self.inter_ranks, self.cuda_aware, link=link)
@@ -509,6 +512,7 @@ class Topology:
         self._backend.close()
         if self.reducer.device_intra is not None:
             self.reducer.device_intra.close()
-        if self.reducer.host_link is not None:
-            self.reducer.host_link.close()
+        for link in [self.reducer.host_link, *self._links]:
+            if link is not None:
+                link.close()
         self.watchdog.stop()
