@@ -14,6 +14,7 @@ neighbour meanwhile (the paper's ring lets either neighbour serve).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -212,7 +213,16 @@ class GossipThread(threading.Thread):
     def run(self) -> None:  # noqa: D102
         try:
             bind_thread(self.flat.device)  # else the copy stream's contexts switch to GPU 0
-            self._loop()
+            # A stream of this thread's own: its kernels (the finiteness sum, a device
+            # delta, NCCL's swap) neither wait for training's queued kernels nor hold them.
+            stream = torch.cuda.Stream(self.flat.device) if self.flat.is_cuda else None
+            try:
+                with (torch.cuda.stream(stream) if stream is not None
+                      else contextlib.nullcontext()):
+                    self._loop()
+            finally:
+                if stream is not None:  # whoever joins this thread reads what it last wrote
+                    stream.synchronize()
         except BaseException as err:  # noqa: BLE001 - reported to the main thread
             self.error = err
 

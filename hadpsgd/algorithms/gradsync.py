@@ -244,8 +244,9 @@ class GradSync:
             # deadline (a peer that never sends is named, not waited for without end).
             self._unsettled = False
             host = stacked.to("cpu", non_blocking=True)  # pinned: the copy is stream-ordered
-            self.topo.settle_deferred()
-            values = host.tolist()
+            # Read only after a wait that covers the copy; where none was owed after all,
+            # the plain synchronising read.
+            values = host.tolist() if self.topo.settle_deferred() else stacked.tolist()
         else:
             values = stacked.tolist()  # the step's one device synchronisation
         return GradCheck(local_finite=math.isfinite(values[1]), finite=math.isfinite(values[0]),

@@ -200,11 +200,10 @@ class Reducer:
         if join is not None:
             join(host_wait=host_wait)
 
-    def settle_deferred(self) -> None:
-        """Make the host wait that :meth:`join_deferred` left owed, if any."""
+    def settle_deferred(self) -> bool:
+        """Make the host wait that :meth:`join_deferred` left owed, if any; whether it did."""
         settle = getattr(self.device_intra, "settle", None)
-        if settle is not None:
-            settle()
+        return bool(settle()) if settle is not None else False
 
     # ------------------------------------------------------------------ direct path
     def _plan(self, scope: str) -> Direct | None:

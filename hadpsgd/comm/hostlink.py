@@ -116,10 +116,14 @@ class HostLink:
         with watchdog.guard("super-learners' host communicator (Split)", inter_ranks):
             local = inter.Split(color=groups[me], key=me)
         members = [inter_ranks[i] for i, g in enumerate(groups) if g == groups[me]]
-        backend = factory(local, watchdog, members) if local.Get_size() > 1 else None
+        first = local.Get_rank() == 0  # this host's leader
+        backend = None
+        if local.Get_size() > 1:
+            backend = factory(local, watchdog, members)
+        else:
+            local.Free()  # alone on its host: its leg is the host leaders' MPI call
         leaders, leader_ranks = None, [inter_ranks[groups.index(g)] for g in range(len(order))]
         if len(order) > 1:
-            first = local.Get_rank() == 0
             with watchdog.guard("super-learners' host leaders' communicator (Split)",
                                 inter_ranks):
                 split = inter.Split(color=0 if first else MPI.UNDEFINED, key=me)
@@ -220,7 +224,8 @@ def device_host_link(name: str, inter: Any, watchdog: Watchdog, inter_ranks: lis
     if not why:
         from hadpsgd.comm.nccl import nccl_available  # noqa: PLC0415 - CUDA only
 
-        why = "" if nccl_available()[0] else nccl_available()[1]
+        ok, reason = nccl_available()
+        why = "" if ok else reason
     reasons = sorted({w for w in allgather_object(inter, watchdog, why, inter_ranks) if w})
     if reasons:
         notes.append(f"super-learners that share a host exchange through MPI: "

@@ -179,15 +179,20 @@ class NCCLIntra(TorchIntra):
         else:
             self._owed = what
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """Make the host wait owed by :meth:`join` (under the deadline), if one is owed.
 
         The host sleeps until everything queued on the current stream so far is done: the
         joined means and what came after them.
+
+        Returns:
+            Whether it waited (False: nothing was owed, and nothing was waited for).
         """
         what, self._owed = self._owed, None
-        if what is not None:
-            self._host_wait(what)
+        if what is None:
+            return False
+        self._host_wait(what)
+        return True
 
     def _admit(self, *tensors: torch.Tensor) -> None:
         for t in tensors:

@@ -100,7 +100,8 @@ class PairChannel:
         if link is not None and link.pairs(send, peer):
             # Both ends on this host, each on its own GPU: NCCL's point-to-point calls on
             # the current stream, under this channel's deadline (its watchdog).
-            link.local.exchange_(send, recv, link.members.index(peer))  # type: ignore[union-attr]
+            link.local.exchange_(send, recv, link.members.index(peer),  # type: ignore[union-attr]
+                                 what or f"pair exchange with rank {self.world_ranks[peer]}")
             self.linked += 1
             return
         sbuf, shost = self._wire(send, slot=3)

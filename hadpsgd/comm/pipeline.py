@@ -112,10 +112,11 @@ class GradPipeline:
 
     def applies(self, t: torch.Tensor) -> bool:
         """Whether ``t`` takes the pipeline: a contiguous tensor of an MPI type."""
-        link = self.reducer.host_link  # super-learners sharing a host: NCCL's serial route
+        # (Where super-learners share a host the pieces' inter-node leg is still MPI's: the
+        # host link is agreed per inter-node communicator, and every rank of a node must cut
+        # its pieces alike, so the link cannot decide whether a tensor is piped.)
         return (self.reducer.hierarchical and t.dtype in MPI_NATIVE
-                and t.is_contiguous() and not t.requires_grad
-                and not (t.is_cuda and link is not None and link.takes(t)))
+                and t.is_contiguous() and not t.requires_grad)
 
     def _device(self, t: torch.Tensor) -> bool:
         """Whether ``t`` takes the device route (a seam: the CPU tests say yes for host ones)."""
@@ -157,7 +158,7 @@ class GradPipeline:
             shard = -(-t.numel() // ls)
             padded = t
             if shard * ls != t.numel():
-                padded = self._buffer(t.dtype, shard * ls, 0)
+                padded = self._buffer(t.dtype, shard * ls, 0, t.device)
                 padded[:t.numel()].copy_(t)
                 padded[t.numel():].zero_()
             mine: torch.Tensor | None = self._buffer(t.dtype, shard, 1, t.device)

@@ -309,12 +309,16 @@ class Topology:
         """
         self.reducer.join_deferred(host_wait)
 
-    def settle_deferred(self) -> None:
+    def settle_deferred(self) -> bool:
         """Block the host until the joined means are done, under the deadline (if owed).
 
         The wait covers the work queued after them on the current stream too.
+
+        Returns:
+            Whether it waited: False where no wait was owed (nothing was deferred, or the
+            join already waited), and the caller must synchronise itself.
         """
-        self.reducer.settle_deferred()
+        return self.reducer.settle_deferred()
 
     def intra_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
         """Reduce ``tensor`` over the learners of this node only (one super-learner)."""

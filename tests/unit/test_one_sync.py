@@ -9,6 +9,7 @@ would run it for real (tests/gpu/test_gpu_comm.py's NCCL tests).
 
 import math
 
+import pytest
 import torch
 
 from hadpsgd.algorithms.gradsync import GradSync
@@ -21,8 +22,9 @@ class Learners:
     thread_multiple = True
     timeout = 5.0
 
-    def __init__(self) -> None:
+    def __init__(self, owed: bool = True) -> None:
         self.calls: list[str] = []
+        self.owed = owed
 
     def grad_pipeline(self) -> None:
         """One node: no pipeline."""
@@ -30,12 +32,15 @@ class Learners:
     def join_deferred(self, host_wait: bool = True) -> None:
         self.calls.append(f"join host_wait={host_wait}")
 
-    def settle_deferred(self) -> None:
+    def settle_deferred(self) -> bool:
         self.calls.append("settle")
+        return self.owed
 
 
-def test_finish_joins_without_a_host_wait_and_check_settles_once():
-    topo = Learners()
+@pytest.mark.parametrize("owed", [True, False])
+def test_finish_joins_without_a_host_wait_and_check_settles_once(owed):
+    # owed=False: the join had waited after all; check() then reads with a plain sync.
+    topo = Learners(owed)
     model = torch.nn.Linear(3, 2)
     model(torch.ones(4, 3)).sum().backward()
     sync = GradSync(list(model.parameters()), topo, lambda: None)  # type: ignore[arg-type]

@@ -167,8 +167,8 @@ def test_a_join_can_leave_its_host_wait_to_settle():
         ("wait", None, False)))], None
     backend.join(host_wait=False)
     assert group.calls == [("wait", None, False)] and backend._deferred == []
-    backend.settle()
-    backend.settle()  # nothing owed any more
+    assert backend.settle() is True
+    assert backend.settle() is False  # nothing owed any more
     assert group.calls == [("wait", None, False), ("host wait", "gradient allreduce", False)]
     backend._deferred = [SimpleNamespace(wait=lambda: None)]
     backend.join()  # the default: the host waits at once, nothing left owed
