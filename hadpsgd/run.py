@@ -166,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         topo = comm.init(options.ranks_per_node() or cfg.comm.ranks_per_node, cfg.comm.device,
                          cfg.comm.intra_backend, cfg.comm.hier_algo, cfg.comm.bucket_mb)
     except comm.TopologyError as err:
-        print(f"hadpsgd: error: {err}", file=sys.stderr)
+        if not err.uniform or comm.world_rank() == 0:  # alike on every rank: said once
+            print(f"hadpsgd: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except comm.CommTimeoutError as err:  # a rank never came: named, with the phase
         return timed_out(err, None)

@@ -11,9 +11,10 @@ from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
 from hadpsgd.comm.flat import FlatBuffer, cudnn_weight_groups
 from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
 from hadpsgd.comm.mpi import library_version as mpi_library_version
+from hadpsgd.comm.mpi import world_rank
 from hadpsgd.comm.topology import Topology, TopologyError
 
 __all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "WIRES", "CommTimeoutError", "CompressedMean",
            "FlatBuffer", "SharedCounter", "Topology", "TopologyError", "Watchdog",
            "cudnn_weight_groups", "decode", "encode", "init", "mpi_library_version",
-           "payload_bytes", "timeout_from_env"]
+           "payload_bytes", "timeout_from_env", "world_rank"]

@@ -281,8 +281,8 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     host_rank = host.Get_rank()
     try:
         dev = resolve_device(device, host_rank, host_size)
-    except ValueError as err:
-        raise TopologyError(str(err)) from None
+    except ValueError as err:  # this host's GPUs: said by each rank that finds it
+        raise TopologyError(str(err), uniform=False) from None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     elif backend_name == "nccl":

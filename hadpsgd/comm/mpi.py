@@ -25,6 +25,17 @@ _THREAD_NAMES = {0: "SINGLE", 1: "FUNNELED", 2: "SERIALIZED", 3: "MULTIPLE"}
 MPI_NATIVE = {torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8}
 
 
+def world_rank() -> int:
+    """This process's rank in ``MPI_COMM_WORLD``, or 0 where MPI is not (or no longer) up.
+
+    Never starts MPI: for messages that one rank says for all (a uniform user error).
+    """
+    module = sys.modules.get("mpi4py.MPI")
+    if module is None or not module.Is_initialized() or module.Is_finalized():
+        return 0
+    return int(module.COMM_WORLD.Get_rank())
+
+
 def mpi() -> Any:
     """Import and initialise MPI (thread level MULTIPLE requested) and return the module.
 

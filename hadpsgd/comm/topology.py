@@ -33,7 +33,17 @@ ReduceOp = Literal["avg", "sum"]
 
 
 class TopologyError(ValueError):
-    """A process layout that cannot work (bad ``ranks_per_node``, unequal nodes, ...)."""
+    """A process layout that cannot work (bad ``ranks_per_node``, unequal nodes, ...).
+
+    Attributes:
+        uniform: Whether every rank finds it alike (a layout, a flag, an environment
+            variable): then rank 0 says it once (``hadpsgd.run``). False where it is this
+            rank's own (its device).
+    """
+
+    def __init__(self, message: str, uniform: bool = True) -> None:
+        super().__init__(message)
+        self.uniform = uniform
 
 
 @dataclass

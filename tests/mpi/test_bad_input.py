@@ -238,3 +238,13 @@ def test_an_error_every_rank_finds_is_said_once_and_exits_2_cleanly(tiny_data, t
     lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and lines[0].startswith("hadpsgd: error: --out-dir"), res.stderr
     assert "already holds a run" in lines[0] and "MPI_ABORT" not in res.output
+
+
+def test_a_layout_error_every_rank_finds_is_said_once(tiny_data, tmp_path):
+    """--ranks-per-node larger than the launch: every rank's comm.init refuses it alike
+    (before any run directory), and rank 0 says it once, exit 2 (it was printed per rank)."""
+    res = launch(2, *tiny_data, tmp_path / "r", "--ranks-per-node", "3")
+    assert res.returncode == 2, res.output[-4000:]
+    lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "ranks_per_node=3 is larger than the 2" in lines[0], res.stderr
+    assert not (tmp_path / "r").exists()
