@@ -15,7 +15,8 @@ through pinned host copies and MPI's shared memory although the GPUs share NVLin
   result on its host (reduce, MPI allreduce, broadcast);
 - where it lies on one host, that is one allreduce.
 
-Every member ends with the same bits (a sum is made once, then copied). The plan
+Every member ends with the same bits: across hosts a sum is made once, then copied; on one
+host NCCL's allreduce gives them (its ring and tree reduce each element once). The plan
 (:func:`plan_host_link`) is pure, so which ranks meet where is tested without a GPU.
 """
 
