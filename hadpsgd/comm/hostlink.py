@@ -202,7 +202,8 @@ def device_host_link(name: str, inter: Any, watchdog: Watchdog, inter_ranks: lis
     leaves them all on MPI: they must cut the leg alike).
 
     Args:
-        name: The chosen intra-node backend: ``mpi`` or ``gloo`` keep every leg off NCCL.
+        name: The chosen intra-node backend: ``mpi`` or ``gloo`` keep every leg off NCCL,
+            as does ``HADPSGD_HOST_LINK=0``.
         inter: The inter-node communicator.
         watchdog: Deadline keeper.
         inter_ranks: World rank of each member of ``inter``.
@@ -212,9 +213,11 @@ def device_host_link(name: str, inter: Any, watchdog: Watchdog, inter_ranks: lis
         nccl_inside: Whether the super-learners reduce device tensors over NCCL.
         notes: Where a reason the link is off goes, for the start-up log.
     """
+    from hadpsgd import env  # noqa: PLC0415 - start-up only
     from hadpsgd.comm.objects import allgather_object  # noqa: PLC0415 - start-up only
 
-    if device.type != "cuda" or name in ("mpi", "gloo") or len(node_sizes) == 1:
+    if (device.type != "cuda" or name in ("mpi", "gloo") or len(node_sizes) == 1
+            or not env.host_link()):
         return None
     mine = [labels[r] for r in inter_ranks]
     groups, why = plan_host_link([label.partition(":")[0] for label in mine], mine)

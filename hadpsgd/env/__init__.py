@@ -21,6 +21,9 @@ HADPSGD_PIPELINE_MB     float >= 0  0 (off)           piece size in MiB of a pip
                                                       (:mod:`hadpsgd.comm.pipeline`)
 HADPSGD_CUDA_AWARE      0 or 1      ask the library   declare the MPI library CUDA-aware (``1``) or
                                                       not (``0``)
+HADPSGD_HOST_LINK       bool        on                NCCL between super-learners that share a
+                                                      host (``0``: MPI between every two;
+                                                      :mod:`hadpsgd.comm.hostlink`)
 HADPSGD_CACHE           directory   ~/.cache/hadpsgd  where the synthetic default data set is cached
 HADPSGD_DEBUG           bool        off               print full tracebacks for user errors too
                                                       (``1``/``true``/``yes``/``on`` or
@@ -68,6 +71,7 @@ INTRA_BACKEND = "HADPSGD_INTRA_BACKEND"
 BUCKET_MB = "HADPSGD_BUCKET_MB"
 PIPELINE_MB = "HADPSGD_PIPELINE_MB"
 CUDA_AWARE = "HADPSGD_CUDA_AWARE"
+HOST_LINK = "HADPSGD_HOST_LINK"
 CACHE = "HADPSGD_CACHE"
 DEBUG = "HADPSGD_DEBUG"
 FAULT = "HADPSGD_FAULT"
@@ -77,7 +81,7 @@ STDOUT_TTY = "HADPSGD_STDOUT_TTY"
 FT_DETECTOR = "HADPSGD_FT_DETECTOR"
 
 NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, PIPELINE_MB,
-                          CUDA_AWARE, CACHE, DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP,
+                          CUDA_AWARE, HOST_LINK, CACHE, DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP,
                           STDOUT_TTY, FT_DETECTOR)
 """Every variable of the table above."""
 
@@ -279,6 +283,22 @@ def cuda_aware() -> bool | None:
     return value == "1"
 
 
+def host_link() -> bool:
+    """``HADPSGD_HOST_LINK``: NCCL between super-learners that share a host.
+
+    Returns:
+        Whether it may be built (default on; ``0`` keeps those exchanges on MPI, the route
+        before it: a switch for comparing the two, or for a node where it misbehaves).
+
+    Raises:
+        EnvError: If it is set to something that is neither a yes nor a no.
+    """
+    if raw(HOST_LINK) is None:
+        return True
+    return _on_off(HOST_LINK, "set it to 0 to keep exchanges between super-learners on MPI, "
+                   "1 or unset it for NCCL where they share a host")
+
+
 def cache_dir() -> Path:
     """``HADPSGD_CACHE``: where the synthetic default data set is cached.
 
@@ -436,6 +456,7 @@ def check() -> None:
     bucket_mb()
     pipeline_mb()
     cuda_aware()
+    host_link()
     cache_dir()
     debug()
     trace_chunks_dir()

@@ -35,6 +35,7 @@ CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
     ("HADPSGD_BUCKET_MB", env.bucket_mb, 64.0, "0.0001", 0.0001, ["big", "0", "-2"]),
     ("HADPSGD_PIPELINE_MB", env.pipeline_mb, 0.0, "4", 4.0, ["big", "-1", "nan", "inf"]),
     ("HADPSGD_CUDA_AWARE", env.cuda_aware, None, "0", False, ["yes", "2", "true"]),
+    ("HADPSGD_HOST_LINK", env.host_link, True, "0", False, ["maybe", "2"]),
     ("HADPSGD_CACHE", env.cache_dir, Path.home() / ".cache" / "hadpsgd", "/tmp/hadpsgd-c",
      Path("/tmp/hadpsgd-c"), ["<a file>"]),
     ("HADPSGD_DEBUG", env.debug, False, "1", True, ["maybe", "2"]),

@@ -50,6 +50,11 @@ def test_no_link_on_cpu_for_a_chosen_host_backend_or_one_super_learner():
     assert _decide(node_sizes=[2]) == (None, [])
 
 
+def test_no_link_when_switched_off(monkeypatch):
+    monkeypatch.setenv("HADPSGD_HOST_LINK", "0")
+    assert _decide(labels=["h:cuda:0:u", "h:cuda:0:u"]) == (None, [])
+
+
 def test_no_link_and_no_note_where_each_super_learner_has_a_host():
     assert _decide(labels=["a:cuda:0:u", "b:cuda:0:v"]) == (None, [])
 
