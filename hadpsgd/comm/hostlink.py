@@ -39,6 +39,12 @@ MpiSum = Callable[[Any, torch.Tensor, str, "list[int] | None"], None]
 """An in-place MPI sum of a tensor over a communicator (the reducer's, which stages)."""
 
 
+def _number(hosts: list[Any]) -> tuple[list[int], int]:
+    """Each member's host index (hosts numbered in order of first appearance), and how many."""
+    order: dict[Any, int] = {}
+    return [order.setdefault(h, len(order)) for h in hosts], len(order)
+
+
 def plan_host_link(hosts: list[str], devices: list[str]) -> tuple[list[int], str]:
     """Which host group each member of an inter-node communicator joins, and any obstacle.
 
@@ -52,11 +58,10 @@ def plan_host_link(hosts: list[str], devices: list[str]) -> tuple[list[int], str
         GPU (NCCL needs a GPU per rank), or no host holding two members (nothing to gain:
         the leg stays MPI's).
     """
-    order: dict[str, int] = {}
-    groups = [order.setdefault(h, len(order)) for h in hosts]
-    if len(order) == len(hosts):
+    groups, count = _number(hosts)
+    if count == len(hosts):
         return groups, "no two super-learners share a host"
-    for host in order:
+    for host in dict.fromkeys(hosts):
         gpus = [d for h, d in zip(hosts, devices, strict=True) if h == host]
         if len(set(gpus)) < len(gpus):
             return groups, (f"super-learners on {host} share a GPU; NCCL needs one GPU per "
@@ -112,25 +117,23 @@ class HostLink:
         from mpi4py import MPI
 
         me = inter.Get_rank()
-        order: dict[Any, int] = {}
-        groups = [order.setdefault(h, len(order)) for h in hosts]
+        groups, count = _number(hosts)
         with watchdog.guard("super-learners' host communicator (Split)", inter_ranks):
             local = inter.Split(color=groups[me], key=me)
-        members = [inter_ranks[i] for i, g in enumerate(groups) if g == groups[me]]
+        members = [i for i, g in enumerate(groups) if g == groups[me]]
         first = local.Get_rank() == 0  # this host's leader
         backend = None
         if local.Get_size() > 1:
-            backend = factory(local, watchdog, members)
+            backend = factory(local, watchdog, [inter_ranks[i] for i in members])
         else:
             local.Free()  # alone on its host: its leg is the host leaders' MPI call
-        leaders, leader_ranks = None, [inter_ranks[groups.index(g)] for g in range(len(order))]
-        if len(order) > 1:
+        leaders, leader_ranks = None, [inter_ranks[groups.index(g)] for g in range(count)]
+        if count > 1:
             with watchdog.guard("super-learners' host leaders' communicator (Split)",
                                 inter_ranks):
                 split = inter.Split(color=0 if first else MPI.UNDEFINED, key=me)
             leaders = split if first else None
-        return cls(backend, leaders, leader_ranks, kind, name, len(order),
-                   members=[i for i, g in enumerate(groups) if g == groups[me]],
+        return cls(backend, leaders, leader_ranks, kind, name, count, members=members,
                    plan=(inter_ranks, hosts, factory))
 
     def twin(self, inter: Any, watchdog: Watchdog) -> HostLink:

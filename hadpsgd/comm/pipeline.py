@@ -254,15 +254,11 @@ def _to_host(host: torch.Tensor, t: torch.Tensor) -> None:
     """Copy ``t`` into the page-locked ``host``; the host sleeps until it has arrived.
 
     The copy runs on the current stream, behind what it holds (the piece's gradients, the
-    node's reduction); a blocking-sync event lets the thread sleep instead of spinning a core.
+    node's reduction).
     """
-    if not t.is_cuda:
-        host.copy_(t)
-        return
-    host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event(blocking=True)
-    event.record()
-    event.synchronize()
+    host.copy_(t, non_blocking=t.is_cuda)
+    if t.is_cuda:
+        wait_device(t.device)
 
 
 __all__ = ["DEFAULT_DEPTH", "GradPipeline"]

@@ -118,7 +118,8 @@ class SideChannel:
         intra: A duplicate of the node's communicator when a node has several learners
             (each then carries a slice across the nodes).
         node_ranks: World ranks in ``intra``, by local rank.
-        link: The channel's own host link (fp32 means of the tensors it takes), or None.
+        link: The channel's own host link (fp32 means of the tensors it takes), or None;
+            the topology that made it releases it.
     """
 
     def __init__(self, inter: Any, watchdog: Watchdog, inter_ranks: list[int], wire: str,
@@ -292,8 +293,6 @@ class SideChannel:
             self._queue.put(None)
             self._thread.join(timeout=self.watchdog.timeout + 5.0)
             self._thread = None
-        if self.link is not None:
-            self.link.close()
         self.watchdog.stop()
 
 

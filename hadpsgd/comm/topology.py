@@ -26,6 +26,7 @@ from hadpsgd.comm.staging import wait_device
 from hadpsgd.comm.ulfm import raise_if_revoked
 
 if TYPE_CHECKING:
+    from hadpsgd.comm.hostlink import HostLink
     from hadpsgd.comm.pipeline import GradPipeline
     from hadpsgd.comm.side import SideChannel
 
@@ -113,7 +114,8 @@ class Topology:
     _tracked: list[Any] = field(repr=False, default_factory=list)
     """Communicators made after start-up (channels, counters): revoked with the rest."""
     _links: list[Any] = field(repr=False, default_factory=list)
-    """Host links of the pair channels (their NCCL groups), released by :meth:`close`."""
+    """Host links of the pair and side channels (their NCCL groups), released by
+    :meth:`close`."""
     _errors: Any = field(repr=False, default=None)
     """A communicator for :meth:`every_rank_failed` and the notes about a frozen learner
     (``hadpsgd.comm.ulfm``): nothing else waits on it, and a failure does not revoke it."""
@@ -405,15 +407,9 @@ class Topology:
         """
         control, pairs = self._track(*self._dup("pair channel", self.comm, self.inter))
         watchdog = Watchdog(control, self.timeout)
-        link = self.reducer.host_link
-        if link is not None and self.local_rank == 0:
-            # The leaders' exchanges between super-learners that share a host take NCCL
-            # groups of the channel's own (every leader builds them: one agreed layout).
-            link = link.twin(pairs, watchdog)
-            self._track(*link.communicators())
-            self._links.append(link)
-        else:
-            link = None
+        # The leaders' exchanges between super-learners that share a host take NCCL groups
+        # of the channel's own (every leader builds them: one agreed layout).
+        link = self._twin(pairs, watchdog) if self.local_rank == 0 else None
         return PairChannel(pairs, watchdog, self.inter_ranks, self.cuda_aware, link=link)
 
     def side_channel(self, wire: str = "fp32", background: bool = True) -> SideChannel:
@@ -429,17 +425,26 @@ class Topology:
         intra = (self._track(*self._dup("side channel", self.intra))[0]
                  if self.local_size > 1 else None)
         watchdog = Watchdog(control, self.timeout, self.thread_multiple)
-        link = self.reducer.host_link
-        if link is not None and wire == "fp32" and max(self.node_sizes) == 1:
-            # Super-learners of one share a host: the channel's fp32 means take NCCL groups
-            # of its own (the same layout agreed at start-up, so every member builds it).
-            link = link.twin(inter, watchdog)
-            self._track(*link.communicators())
-        else:
-            link = None
+        # Super-learners of one that share a host: the channel's fp32 means take NCCL groups
+        # of its own (the same layout agreed at start-up, so every member builds it).
+        link = (self._twin(inter, watchdog) if wire == "fp32" and max(self.node_sizes) == 1
+                else None)
         return SideChannel(inter, watchdog, self.inter_ranks,
                            wire, background and self.thread_multiple,
                            intra=intra, node_ranks=self.node_ranks, link=link)
+
+    def _twin(self, comm: Any, watchdog: Watchdog) -> HostLink | None:
+        """The host link's twin over a channel's duplicate ``comm`` (collective), or None.
+
+        Its communicators are revoked with the rest after a failure, its groups released by
+        :meth:`close`.
+        """
+        if self.reducer.host_link is None:
+            return None
+        link = self.reducer.host_link.twin(comm, watchdog)
+        self._track(*link.communicators())
+        self._links.append(link)
+        return link
 
     def grad_pipeline(self) -> GradPipeline | None:
         """A pipeline for hierarchical gradient means, or None where none applies.
