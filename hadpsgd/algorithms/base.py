@@ -32,6 +32,31 @@ def params_missing_from(model: nn.Module, optimizer: Any) -> list[str]:
             if p.requires_grad and id(p) not in owned]
 
 
+def broadcast_frozen(model: nn.Module, topo: Topology, root: int = 0) -> None:
+    """Give every learner ``root``'s parameters that do not require a gradient.
+
+    A frozen layer or a fixed random projection is in no flat buffer (nothing trains it), so
+    the flat buffers' broadcast misses it, and each rank would keep what its own seed drew:
+    replicas that differ for the whole run. One message per device and dtype.
+
+    Args:
+        model: The local replica.
+        topo: The communication topology.
+        root: The rank whose values every learner takes.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if not p.requires_grad:
+            groups.setdefault((p.device, p.dtype), []).append(p.data)
+    for tensors in groups.values():
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        topo.broadcast_(flat, root=root)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 def missing_params_message(missing: list[str]) -> str:
     """What to say of :func:`params_missing_from`'s names: how many, the first few, the fix."""
     shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
@@ -63,11 +88,11 @@ class StepResult:
 class Algorithm:
     """Wraps a model and a ``torch.optim`` optimizer and keeps the replicas in agreement.
 
-    Subclasses implement :meth:`step`; the constructor broadcasts rank 0's parameters and
-    buffers so every replica starts identical, and puts the gradients into one flat buffer
-    per dtype. The model's buffers (BatchNorm's running statistics) live in one memory per
-    device (:class:`~hadpsgd.algorithms.buffers.ModelBuffers`), kept in agreement as each
-    algorithm says unless the options' ``sync_buffers`` is False: by default (SSGD) every
+    Subclasses implement :meth:`step`; the constructor broadcasts rank 0's parameters (the
+    frozen ones too) and buffers so every replica starts identical, and puts the gradients into
+    one flat buffer per dtype. The model's buffers (BatchNorm's running statistics) live in one
+    memory per device (:class:`~hadpsgd.algorithms.buffers.ModelBuffers`), kept in agreement as
+    each algorithm says unless the options' ``sync_buffers`` is False: by default (SSGD) every
     learner takes rank 0's after each step, as DDP's ``broadcast_buffers``.
 
     Args:
@@ -140,6 +165,7 @@ class Algorithm:
         self.grads = self.gradsync.flat
         for buf in self.params.buffers.values():
             topo.broadcast_(buf, root=0)
+        broadcast_frozen(model, topo)
         self.buffers = ModelBuffers(model, topo)
         """The model's buffers in one memory per device (none: every agreement is free)."""
         self.buffers.broadcast()  # the replicas start from rank 0's buffers too, as DDP's

@@ -41,10 +41,10 @@ from hadpsgd.precision import autocast
 class Distributed:
     """Trains ``model`` with ``optimizer`` under the algorithm ``algo`` (see docs/api.md).
 
-    Every learner (MPI rank) makes one, with the same arguments. Rank 0's parameters and
-    buffers are broadcast, so the replicas start identical whatever each rank initialised;
-    the buffers (BatchNorm's statistics) then stay in agreement as the algorithm says
-    (``sync_buffers``, docs/api.md, *Buffers*).
+    Every learner (MPI rank) makes one, with the same arguments. Rank 0's parameters (the frozen
+    ones too) and buffers are broadcast, so the replicas start identical whatever each rank
+    initialised; the buffers (BatchNorm's statistics) then stay in agreement as the algorithm
+    says (``sync_buffers``, docs/api.md, *Buffers*).
 
     Args:
         model: The local replica, already on ``topology.device``.

@@ -139,6 +139,24 @@ def test_a_model_elsewhere_or_outside_the_optimizer_is_refused():
     assert err.value.option == "optimizer"  # said once, exit 2, as every option error
 
 
+class _RankZeroIsZeros(OneLearner):
+    """One learner whose broadcasts bring rank 0's values: zeros, unlike any rank's own."""
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        return tensor.zero_()
+
+
+@pytest.mark.parametrize("algo", ["ssgd", "bmuf"])
+def test_frozen_parameters_start_as_rank_zeros_too(algo):
+    """A frozen layer (a fixed random projection, seeded by rank) is broadcast as the rest."""
+    net = _model(seed=3)
+    net[0].requires_grad_(False)
+    hadpsgd.Distributed(net, torch.optim.SGD(net[2].parameters(), lr=0.1), algo,
+                        topology=_RankZeroIsZeros())
+    assert not net[0].weight.any() and not net[0].bias.any()
+    assert not net[2].weight.any()
+
+
 # ---------------------------------------------------------------------- state
 @pytest.mark.parametrize(("algo", "kw"), [("ssgd", {}), ("bmuf", {"sync_period": 3}),
                                           ("ssgd", {"precision": "fp16"})])
