@@ -4,7 +4,8 @@
 variable                type        default           meaning
 ======================  ==========  ================  ==============================================
 HADPSGD_TIMEOUT         float > 0   300               deadline in seconds of every blocking
-                                                      communication (``inf``: none)
+                                                      communication, at most 2592000 (30
+                                                      days; ``inf``: none)
 HADPSGD_RANKS_PER_NODE  int >= 1    the real nodes    emulate nodes of this many consecutive ranks
                                                       (same as ``--ranks-per-node``)
 HADPSGD_INTRA_BACKEND   choice      auto              intra-node backend (``auto``, ``mpi``,
@@ -87,6 +88,10 @@ NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, PIP
 
 DEFAULT_TIMEOUT_S = 300.0
 """Deadline in seconds when ``HADPSGD_TIMEOUT`` is not set."""
+MAX_TIMEOUT_S = 30 * 86_400.0
+"""The longest finite ``HADPSGD_TIMEOUT``: 30 days. A longer one is as good as none, and past
+what a thread's wait or a ``timedelta`` can hold (``1e12`` crashed start-up with an
+``OverflowError``); ``inf`` says "no deadline" in so many words."""
 DEFAULT_BUCKET_MB = 64.0
 """Bucket size in MiB when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""
 DEFAULT_PIPELINE_MB = 0.0
@@ -200,9 +205,17 @@ def timeout() -> float:
         The deadline (default :data:`DEFAULT_TIMEOUT_S`); ``inf`` is allowed (no deadline).
 
     Raises:
-        EnvError: If it is set but is not a number > 0.
+        EnvError: If it is set but is not a number > 0 and at most :data:`MAX_TIMEOUT_S`
+            (or ``inf``).
     """
-    return _positive_float(TIMEOUT, DEFAULT_TIMEOUT_S, "a deadline in seconds, e.g. 300")
+    hint = (f"set it to a deadline in seconds, > 0 and at most {MAX_TIMEOUT_S:.0f} (30 days), "
+            f"e.g. 300, or to inf for none, or unset it (default {DEFAULT_TIMEOUT_S:g})")
+    number = _number(TIMEOUT, float, hint, above=0)
+    if number is None:
+        return DEFAULT_TIMEOUT_S
+    if math.isfinite(number) and number > MAX_TIMEOUT_S:
+        raise EnvError(f"{TIMEOUT}={raw(TIMEOUT)!r} is too long; {hint}")
+    return float(number)
 
 
 def bucket_mb() -> float:

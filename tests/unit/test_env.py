@@ -29,7 +29,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # (variable, reader, default, good value, what it parses to, bad values)
 CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
-    ("HADPSGD_TIMEOUT", env.timeout, 300.0, "4.5", 4.5, ["abc", "0", "-1", "nan"]),
+    ("HADPSGD_TIMEOUT", env.timeout, 300.0, "4.5", 4.5, ["abc", "0", "-1", "nan", "1e12"]),
     ("HADPSGD_RANKS_PER_NODE", env.ranks_per_node, None, "2", 2, ["two", "1.5", "0", "-3"]),
     ("HADPSGD_INTRA_BACKEND", env.intra_backend, "auto", "gloo", "gloo", ["MPI", "ucx"]),
     ("HADPSGD_BUCKET_MB", env.bucket_mb, 64.0, "0.0001", 0.0001, ["big", "0", "-2"]),
@@ -107,6 +107,8 @@ def test_env_error_is_a_value_error() -> None:
 def test_other_spellings_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HADPSGD_TIMEOUT", "inf")  # no deadline, as before
     assert env.timeout() == float("inf")
+    monkeypatch.setenv("HADPSGD_TIMEOUT", "2592000")  # the longest finite one: 30 days
+    assert env.timeout() == env.MAX_TIMEOUT_S
     for word, on in [("TRUE", True), ("yes", True), ("On", True), ("0", False), ("off", False)]:
         monkeypatch.setenv("HADPSGD_DEBUG", word)
         assert env.debug() is on
@@ -204,6 +206,7 @@ def test_tables_list_the_same_variables() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [("HADPSGD_TIMEOUT", "abc"),
+                                             ("HADPSGD_TIMEOUT", "1e12"),  # was OverflowError
                                              ("HADPSGD_DEBUG", "maybe")])
 def test_bad_variable_ends_the_run_cleanly(tmp_path: Path, name: str, value: str) -> None:
     # One rank without mpirun is a singleton MPI job. A launcher's task count (tests run
