@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hadpsgd.env import ft_detector
+from hadpsgd.env import EnvError, ft_detector
 from hadpsgd.env.cpus import usable_cpus
 
 
@@ -190,6 +190,10 @@ def failure_flags(launcher: Launcher, argv: list[str],
     seven (4 to 8 ranks on a loaded 2-core machine) crashed inside ``MPI_Init`` (a segfault,
     then ``MPI_ERR_INTERN`` in the others), before any training (docs/failures.md, the
     soak). A frozen learner is then found at ``HADPSGD_TIMEOUT``, as before.
+
+    Raises:
+        LauncherError: For a ``HADPSGD_FT_DETECTOR`` that is neither on nor off (naming it
+            and the values it takes), said as the launcher's other errors: one line, exit 2.
     """
     if launcher.flavour != "openmpi" or not continues_on_failure(argv):
         return []
@@ -197,7 +201,11 @@ def failure_flags(launcher: Launcher, argv: list[str],
     given = os.environ if env is None else env
     if any(name.startswith("OMPI_MCA_mpi_ft_detector") for name in given):
         return flags
-    if not ft_detector(given):
+    try:
+        wanted = ft_detector(given)
+    except EnvError as err:  # the user's setting, not a bug: no traceback
+        raise LauncherError(str(err)) from None
+    if not wanted:
         return flags
     return [*flags, "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread",
             "true", "--mca", "mpi_ft_detector_period", f"{DETECTOR_PERIOD_S:g}", "--mca",

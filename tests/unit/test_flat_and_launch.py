@@ -164,3 +164,18 @@ def test_an_elastic_run_gets_the_heartbeat_detector_when_asked_unless_the_user_s
     monkeypatch.delenv("HADPSGD_FT_DETECTOR")
     assert "mpi_ft_detector_thread" not in mpirun_command(2, ["--on-failure", "continue"],
                                                           launcher=openmpi, python="p")
+
+
+def test_a_bad_ft_detector_value_is_the_launchers_user_error(monkeypatch, capsys):
+    """HADPSGD_FT_DETECTOR=maybe: one line naming it and its values, exit 2, no traceback."""
+    import hadpsgd.launch.__main__ as launcher
+
+    monkeypatch.setattr(launcher, "mpirun_command", lambda *a, **kw: mpirun_command(
+        *a, **kw, launcher=Launcher("/x/mpirun", "openmpi")))
+    monkeypatch.delenv("OMPI_MCA_mpi_ft_detector", raising=False)
+    monkeypatch.setenv("HADPSGD_FT_DETECTOR", "maybe")
+    with pytest.raises(SystemExit) as end:
+        launcher.main(["-n", "2", "--dry-run", "--", "--on-failure", "continue"])
+    assert end.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: HADPSGD_FT_DETECTOR='maybe' is neither on nor off; set it to 1" in err, err
