@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
@@ -31,7 +31,7 @@ from hadpsgd.config_file import merge, read_config_file
 from hadpsgd.precision import PRECISIONS
 
 __all__ = ["AlgoConfig", "CommConfig", "ConfigError", "DataConfig", "ModelConfig",
-           "OptimConfig", "RunConfig", "TrainConfig", "parse_config"]
+           "OptimConfig", "RunConfig", "TrainConfig", "check_read", "parse_config"]
 
 
 def _algo_names() -> list[str]:
@@ -462,11 +462,37 @@ def _check_resume_changes(text: str | bool | None) -> None:
                           f"ranks), or nothing for all of them; got {text!r}")
 
 
-def _foreign_options(ns: argparse.Namespace, algo: str) -> list[str]:
-    """Flags given on the command line that belong only to other algorithms than ``algo``."""
+def _foreign_options(given: Iterable[str], algo: str) -> list[str]:
+    """Options among ``given`` that belong only to other algorithms than ``algo``."""
     owners: dict[str, list[str]] = AlgoConfig.__owners__  # type: ignore[attr-defined]
+    names = set(given)
     return [f"{flag(name)} (an option of --algo {' / '.join(who)})"
-            for name, who in owners.items() if hasattr(ns, name) and algo not in who]
+            for name, who in owners.items() if name in names and algo not in who]
+
+
+def check_read(algo: str, given: Iterable[str], resumed: str | None = None) -> None:
+    """Refuse an option in ``given`` that the algorithm ``algo`` does not read.
+
+    Silently ignoring it would run something else than the user asked for.
+
+    Args:
+        algo: The run's ``--algo``.
+        given: The options the user gave, by name.
+        resumed: The checkpoint a resume continues, whose run's algorithm ``algo`` is (the
+            one to check against, not the default ``--algo``).
+
+    Raises:
+        ConfigError: Naming each such flag, whose algorithm it is, and the fix.
+    """
+    foreign = _foreign_options(given, algo)
+    if not foreign:
+        return
+    if resumed is None:
+        raise ConfigError(f"--algo {algo} does not read {', '.join(foreign)}; drop it or "
+                          "choose that algorithm")
+    raise ConfigError(f"the run resumed from {resumed} is --algo {algo}, which does not read "
+                      f"{', '.join(foreign)}; drop it to continue that run, or start a new "
+                      "run of that algorithm in another --out-dir")
 
 
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
@@ -512,11 +538,13 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         cfg = from_namespace(RunConfig, ns)
     except ConfigError as err:
         parser.error(str(err))
-    foreign = _foreign_options(ns, cfg.train.algo)
-    if foreign:
-        # Silently ignoring them would run something else than the user asked for.
-        parser.error(f"--algo {cfg.train.algo} does not read {', '.join(foreign)}; drop it or "
-                     "choose that algorithm")
+    # A resume runs its run's algorithm: checked against that (resume_config), not the
+    # default --algo, unless --algo is given.
+    if not cfg.train.resume or "algo" in given:
+        try:
+            check_read(cfg.train.algo, given)
+        except ConfigError as err:
+            parser.error(str(err))
     cfg._given = given  # type: ignore[attr-defined]
     if show:
         print(json.dumps(to_dict(cfg), indent=2))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from hadpsgd.cli import ConfigError, flag, from_namespace, option_name
-from hadpsgd.config import RunConfig
+from hadpsgd.config import RunConfig, check_read
 from hadpsgd.train.checkpoint import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -142,16 +142,22 @@ def resumed_config(cfg: RunConfig) -> tuple[RunConfig, Path | None]:
     ``cfg`` unchanged.
 
     Raises:
-        ConfigError: Naming every refused difference, the flags that may change, and the
-            two ways on (drop them, or ``--allow-resume-change``).
+        ConfigError: For an option the run's algorithm does not read (the resumed run's, not
+            the default ``--algo``); naming every refused difference, the flags that may
+            change, and the two ways on (drop them, or ``--allow-resume-change``).
     """
     path = resume_checkpoint(cfg)
     if path is None or not path.is_dir():
+        # A fresh start: parse_config left the check to here for want of the run's --algo.
+        check_read(cfg.train.algo, cfg.given())
         return cfg, None  # resume() names a missing --resume PATH, or starts afresh
     saved = saved_config(path)
     if saved is None:
         return cfg, path  # resume() names the broken checkpoint
     values, refused = differences(cfg, saved)
+    # Before the differences: another algorithm's option differs from the run's saved
+    # (unused) value, and "the run has 8" would hide that the run never reads it.
+    check_read(values.get("algo", cfg.train.algo), cfg.given(), resumed=str(path))
     if refused:
         may = ", ".join(flag(n) for n in MAY_CHANGE)
         names = ",".join(r.split()[0].lstrip("-") for r in refused)

@@ -119,6 +119,30 @@ def test_option_of_another_algorithm_is_refused(capsys):
     assert cfg.algo_options().ranks_per_node() == 2
 
 
+def test_a_resume_checks_options_against_the_algorithm_of_the_run_it_resumes(tmp_path,
+                                                                            monkeypatch):
+    """Issue 55 item 8a: --resume auto --wire int4 on a BMUF run said "--algo ssgd does not
+    read --wire", checked against the default --algo before the run's configuration."""
+    from hadpsgd.assembly import resume_config
+
+    saved = to_dict(parse_config(["--algo", "bmuf"]))
+    monkeypatch.setattr(resume_config, "resume_checkpoint", lambda cfg: tmp_path)
+    monkeypatch.setattr(resume_config, "saved_config", lambda path: saved)
+    resume = ["--resume", "auto", "--out-dir", str(tmp_path)]
+    cfg = parse_config([*resume, "--wire", "int4", "--allow-resume-change", "wire"])
+    resolved, _ = resume_config.resumed_config(cfg)
+    assert resolved.train.algo == "bmuf" and resolved.algo_options().wire == "int4"
+    with pytest.raises(ConfigError, match="differ from it: --sync-period 3 \\(the run has 8"):
+        resume_config.resumed_config(parse_config([*resume, "--sync-period", "3"]))
+    with pytest.raises(ConfigError, match=f"the run resumed from {tmp_path} is --algo bmuf, "
+                                          "which does not read --gossip-step"):
+        resume_config.resumed_config(parse_config([*resume, "--gossip-step", "0.5"]))
+    # No checkpoint yet: a fresh start of the default --algo, which reads no --wire.
+    monkeypatch.setattr(resume_config, "resume_checkpoint", lambda cfg: None)
+    with pytest.raises(ConfigError, match="--algo ssgd does not read --wire"):
+        resume_config.resumed_config(parse_config([*resume, "--wire", "int4"]))
+
+
 def test_abbreviated_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--batch", "8"])
