@@ -6,6 +6,12 @@ collective; hadpsgd's deadlines would end them (naming the dead rank), but only 
 calls :func:`init` aborts the whole job on an exception that escapes it (in any thread): the
 error is printed by the rank that had it, and every rank ends at once.
 
+At its end every rank meets the others under the same deadline
+(:func:`hadpsgd.comm.meet_at_end`), so that a rank deadlocked in the script's own code is
+named instead of holding the others in ``MPI_Finalize`` forever; and a rank that leaves
+early with ``sys.exit(N)`` ends the job with ``N`` (at once where ``N`` is not 0; with 0
+its peers that wait for it in a collective end the job with 0 as soon as they learn it).
+
 A user's mistake (:data:`USER_ERRORS`: a bad option of :class:`~hadpsgd.Distributed`, an
 impossible layout) is said as the CLI says one: every rank finds it, rank 0 says it in one
 line, every rank exits 2 (:data:`~hadpsgd.exit_codes.EXIT_USER_ERROR`), no abort.
@@ -13,6 +19,7 @@ line, every rank exits 2 (:data:`~hadpsgd.exit_codes.EXIT_USER_ERROR`), no abort
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -21,7 +28,7 @@ from types import TracebackType
 
 from hadpsgd import comm
 from hadpsgd.cli import ConfigError, launch_rank, leave_it_to_rank_zero
-from hadpsgd.comm import CommTimeoutError, Topology, TopologyError
+from hadpsgd.comm import CommTimeoutError, PeerEndedError, Topology, TopologyError
 from hadpsgd.exit_codes import EXIT_FAILED, EXIT_TIMED_OUT, EXIT_USER_ERROR
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)
@@ -33,6 +40,8 @@ prints six ``Error: OSC UCX component …`` lines per window on a machine withou
 network (``hadpsgd.launch.launch_env`` sets the same for the ranks it starts)."""
 
 _installed = False
+_exit_code: int | None = None
+"""The code of the main thread's ``sys.exit``, once called (None: the script's own end)."""
 _topology: Topology | None = None
 """The topology the hooks report for; None before :func:`init` (then no rank has MPI)."""
 
@@ -69,6 +78,8 @@ def init(ranks_per_node: int | None = None, device: str = "auto", *,
     for name, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(name, value)
     topo = comm.init(ranks_per_node, device, intra_backend)
+    # What a peer that times out waiting for this rank is told, until a step says more.
+    topo.now_doing("in the script's own code, outside hadpsgd's calls")
     if abort_on_error:
         install_error_hooks(topo)
     return topo
@@ -90,6 +101,28 @@ def install_error_hooks(topo: Topology | None = None) -> None:
     _installed = True
     sys.excepthook = _report
     threading.excepthook = _in_thread
+    # Python tells an exit handler neither that sys.exit was called nor its code: note it.
+    # Exit handlers run last-registered first, so the end meeting runs before the watchdog
+    # stops (registered by comm.init) and before mpi4py's MPI_Finalize.
+    sys.exit = _noted_exit
+    atexit.register(_at_exit)
+
+
+def _noted_exit(status: object = None) -> None:
+    """``sys.exit`` that notes the code of the main thread's exit for :func:`_at_exit`."""
+    global _exit_code  # noqa: PLW0603 - the process's own exit
+    if threading.current_thread() is threading.main_thread():
+        # Python's own rule: None is 0, an int is itself, anything else is printed and 1.
+        _exit_code = 0 if status is None else status if isinstance(status, int) else 1
+    raise SystemExit(status)
+
+
+def _at_exit() -> None:
+    """The script has ended: meet every rank under the deadline, or end the job with its code."""
+    topo = _topology
+    if topo is None or topo.size == 1:
+        return
+    comm.meet_at_end(topo, _exit_code or 0)
 
 
 def said_once(topo: Topology, message: str) -> bool:
@@ -130,7 +163,12 @@ def _failed(kind: type[BaseException], err: BaseException, tb: TracebackType | N
         sys.__excepthook__(kind, err, tb)
         return
     code = EXIT_FAILED
-    if isinstance(err, CommTimeoutError):
+    if isinstance(err, PeerEndedError):
+        # A peer ended its script while this rank waited for it: its code is the job's.
+        code = err.code
+        print(f"hadpsgd: {'error' if code else 'rank ended'}: {err}", file=sys.stderr,
+              flush=True)
+    elif isinstance(err, CommTimeoutError):
         # The message names the missing peer and what it was doing: a traceback of this
         # rank's wait would only hide it. Its rank leads it, as the watchdog prints it, and
         # its code is the watchdog's (a peer's deadline: one cause, one code).

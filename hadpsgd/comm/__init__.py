@@ -7,7 +7,8 @@
 from hadpsgd.comm.codec import WIRES, decode, encode, payload_bytes
 from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.counter import SharedCounter
-from hadpsgd.comm.deadline import CommTimeoutError, Watchdog, timeout_from_env
+from hadpsgd.comm.deadline import CommTimeoutError, PeerEndedError, Watchdog, timeout_from_env
+from hadpsgd.comm.ending import meet_at_end
 from hadpsgd.comm.flat import FlatBuffer, cudnn_weight_groups
 from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
 from hadpsgd.comm.mpi import library_version as mpi_library_version
@@ -15,6 +16,6 @@ from hadpsgd.comm.mpi import world_rank
 from hadpsgd.comm.topology import Topology, TopologyError
 
 __all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "WIRES", "CommTimeoutError", "CompressedMean",
-           "FlatBuffer", "SharedCounter", "Topology", "TopologyError", "Watchdog",
-           "cudnn_weight_groups", "decode", "encode", "init", "mpi_library_version",
+           "FlatBuffer", "PeerEndedError", "SharedCounter", "Topology", "TopologyError", "Watchdog",
+           "cudnn_weight_groups", "decode", "encode", "init", "meet_at_end", "mpi_library_version",
            "payload_bytes", "timeout_from_env", "world_rank"]

@@ -26,6 +26,8 @@ _DIAG_TAG = 7_771
 _REPLY_TAG = 7_772
 """Tag of the answers "I am alive, doing <activity>" to a stuck peer's note."""
 _REPLY_BYTES = 160
+_END_TAG = 7_773
+"""Tag of the note "I have ended my script, with this exit code" (:meth:`Watchdog.announce_end`)."""
 
 
 class CommTimeoutError(RuntimeError):
@@ -43,6 +45,19 @@ class CommTimeoutError(RuntimeError):
         self.peer_killed = peer_killed
         """The silent peers were frozen and are being killed (``--on-failure continue``): a
         peer failure the survivors go on from, not the end of the job."""
+
+
+class PeerEndedError(CommTimeoutError):
+    """A peer this rank waits for has ended its script: the wait can never complete.
+
+    Attributes:
+        code: The exit code the peer ended with: the job ends with it, as it would had the
+            peer raised.
+    """
+
+    def __init__(self, message: str, ended: dict[int, int]) -> None:
+        super().__init__(message, missing=sorted(ended))
+        self.code = next((c for c in ended.values() if c), 0)
 
 
 _silent_handler: Callable[[list[int]], bool] | None = None
@@ -170,6 +185,9 @@ class Watchdog:
         self._sending: list[tuple[Any, Any]] = []  # in-flight replies and their buffers
         self._stopped = False
         self._reprieve: dict[int, float] = {}  # blocked call -> until when a kill may end it
+        self.ended: dict[int, int] = {}
+        """Peers that have ended their script (:meth:`announce_end`), with their exit code: a
+        wait they take part in can never complete, so it ends the job at once."""
         # MPI_ANY_SOURCE is -1 in Open MPI but -2 in MPICH (where -1 is MPI_PROC_NULL).
         self._any = _any_source()
         if self.answer:
@@ -239,7 +257,60 @@ class Watchdog:
                 reply[:len(text)] = np.frombuffer(text, dtype=np.uint8)
                 self._sending.append((self.control.Isend(reply, dest=peer, tag=_REPLY_TAG),
                                       reply))
+            while (msg := self.control.Improbe(source=self._any, tag=_END_TAG, status=status)):
+                msg.Recv(note)
+                self.ended[status.Get_source()] = int(note[0])
             self._sending = [(r, b) for r, b in self._sending if not r.Test()]
+
+    def announce_end(self, code: int) -> None:
+        """Tell every peer that this rank has ended its script with exit ``code``.
+
+        Fire and forget (the notes are small, sent eagerly); the sends are kept with the
+        replies' and completed as those are. A peer blocked in a wait this rank takes part
+        in then ends the job at once with ``code`` (:meth:`check_ended`), instead of
+        waiting for its deadline and blaming this rank as dead or frozen.
+        """
+        import numpy as np
+
+        note = np.array([code], dtype=np.int64)
+        me = self.control.Get_rank()
+        with self._lock:
+            for peer in range(self.control.Get_size()):
+                if peer != me:
+                    self._sending.append((self.control.Isend(note, dest=peer, tag=_END_TAG),
+                                          note))
+
+    def take_notes(self) -> None:
+        """Receive the peers' notes now, from the calling thread (where no monitor runs)."""
+        self._answer_notes()
+
+    def finish_notes(self) -> bool:
+        """Whether every note this rank sent (replies, ends) has left (then MPI may end)."""
+        with self._lock:
+            self._sending = [(r, b) for r, b in self._sending if not r.Test()]
+            return not self._sending
+
+    def check_ended(self, what: str, group: list[int] | None, seq: int | None = None) -> None:
+        """Raise :class:`PeerEndedError` if a peer of ``group`` has ended its script.
+
+        Args:
+            what: The operation waited on, for the message.
+            group: World ranks taking part (None: everyone).
+            seq: The operation's number (default: the last one).
+        """
+        ended = self.ended
+        if not ended:
+            return
+        gone = {r: c for r, c in ended.items() if group is None or r in group}
+        if not gone:
+            return
+        who = ", ".join(f"rank {r} (exit code {c})" for r, c in sorted(gone.items()))
+        code = next((c for c in gone.values() if c), 0)
+        raise PeerEndedError(
+            f"{self._where()}: {what} (operation #{self.seq if seq is None else seq}) cannot "
+            f"complete: {who} ended its script without it (sys.exit, or the script's end "
+            f"reached on another path); the job ends with exit code {code}, as it would "
+            "had that rank raised", gone)
 
     def _watch(self) -> None:
         tick = min(0.2, self.timeout / 10)
@@ -261,6 +332,17 @@ class Watchdog:
                 except Exception:  # noqa: BLE001, S112 - MPI finalized at exit: stop answering
                     return
             active = self._active
+            if active is not None and self.ended:
+                try:
+                    self.check_ended(active[0], active[1], active[3])
+                except PeerEndedError as err:
+                    if self._active is not None and self._active[3] == active[3]:
+                        # The blocked call can never return: say why and end the job with
+                        # the ended rank's code, as its exception would have.
+                        _say(f"hadpsgd: {'error' if err.code else 'rank ended'}: {err}")
+                        time.sleep(0.2)
+                        self.control.Abort(err.code)
+                        return
             if active is None or time.monotonic() < active[2]:
                 continue
             what, group, _, seq = active
@@ -295,9 +377,23 @@ class Watchdog:
             group: World ranks taking part (default: everyone); only they are asked.
         """
         self.seq += 1
-        if poll(request.Test, self.timeout):
+        if poll(self._unless_ended(request.Test, what, group), self.timeout):
             return
         self.fail(what, group)
+
+    def _unless_ended(self, done: Callable[[], bool], what: str,
+                      group: list[int] | None) -> Callable[[], bool]:
+        """``done``, raising :class:`PeerEndedError` once a peer of ``group`` ended its script."""
+        if not self.answer:
+            return done  # no monitor receives the peers' notes: the deadline decides
+
+        def test() -> bool:
+            if done():
+                return True
+            self.check_ended(what, group)
+            return False
+
+        return test
 
     def wait_all(self, requests: list[Any], what: str, group: list[int] | None = None,
                  progress: Callable[[], None] | None = None) -> None:
@@ -315,7 +411,7 @@ class Watchdog:
             pending[:] = [r for r in pending if not r.Test()]
             return not pending
 
-        if poll(done, self.timeout):
+        if poll(self._unless_ended(done, what, group), self.timeout):
             return
         self.fail(what, group)
 
@@ -323,7 +419,7 @@ class Watchdog:
                    group: list[int] | None = None) -> None:
         """Wait for any completion test ``done`` (e.g. a gloo work item or a CUDA event)."""
         self.seq += 1
-        if poll(done, self.timeout):
+        if poll(self._unless_ended(done, what, group), self.timeout):
             return
         self.fail(what, group)
 
