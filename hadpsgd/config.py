@@ -427,6 +427,15 @@ class RunConfig:
         """
         return dict(getattr(self, "_given", {}))
 
+    def typed(self) -> set[str]:
+        """The options given on the command line (not by a ``--config`` file), by name.
+
+        Empty for a configuration built in code. An option of the run's algorithm that its
+        other choices leave unread is refused only where typed (a run's ``config.json`` holds
+        every option): :meth:`AlgoOptions.check_read`.
+        """
+        return set(getattr(self, "_typed", set()))
+
     def recipe_note(self) -> str | None:
         """The line that says what ``--algo``'s recipe filled in, or None.
 
@@ -519,6 +528,9 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     show = bool(vars(ns).pop("print_config", False))
     path = vars(ns).pop("config", None)
     owners: dict[str, list[str]] = AlgoConfig.__owners__  # type: ignore[attr-defined]
+    # A --config file (a run's config.json) holds every option: only the typed ones are
+    # refused where the chosen wire does not read them, as its other algorithms' are dropped.
+    typed = set(vars(ns))
     if path is not None:
         try:
             from_file = read_config_file(path, _option_types(RunConfig),
@@ -543,9 +555,11 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     if not cfg.train.resume or "algo" in given:
         try:
             check_read(cfg.train.algo, given)
+            cfg.algo_options().check_read(typed)
         except ConfigError as err:
             parser.error(str(err))
     cfg._given = given  # type: ignore[attr-defined]
+    cfg._typed = typed  # type: ignore[attr-defined]
     if show:
         print(json.dumps(to_dict(cfg), indent=2))
         raise SystemExit(0)

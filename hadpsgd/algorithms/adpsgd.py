@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from hadpsgd.cli import ConfigError
 from hadpsgd.comm import CommTimeoutError, Topology
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
+
+CHOCO_WIRES: tuple[str, ...] = ("topk", "sign")
+"""The wires whose gossip is CHOCO-SGD's compressed differences (and reads --gossip-step)."""
 
 _GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
 """A super-learner's leader's verdicts on its gossip in flight (see ``_bound_staleness``)."""
@@ -54,6 +57,11 @@ class ADPSGDOptions(WireOptions):
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
     floating-point ones (integer ones: rank 0's); --no-sync-buffers leaves each learner its
     own (docs/api.md, Buffers)."""
+
+    # CHOCO-SGD's consensus step is read by the compressed gossip only (the comment of
+    # WireOptions.wire_readers).
+    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
+        **WireOptions.wire_readers, "gossip_step": CHOCO_WIRES}
 
     def __post_init__(self) -> None:
         if self.super_learner_size is not None and self.super_learner_size < 1:
@@ -156,7 +164,7 @@ class ADPSGD(Algorithm):
                                        delta_buf=self._delta_buf,
                                        # A top-k or sign code of a whole model is useless:
                                        # they send CHOCO's compressed differences.
-                                       choco=self.options.wire in ("topk", "sign"),
+                                       choco=self.options.wire in CHOCO_WIRES,
                                        step=self.options.gossip_step)
             self.thread.start()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -78,6 +78,20 @@ class AlgoOptions:
         """Learners per super-learner this algorithm asks for (None: the nodes as they are)."""
         return None
 
+    def check_read(self, given: Iterable[str]) -> None:
+        """Refuse an option the user gave that these options, as chosen, never read.
+
+        An option of another algorithm is the configuration's to refuse; this is for one of
+        this algorithm's that another of its choices makes idle (a wire's own option under
+        another wire). None by default.
+
+        Args:
+            given: The options the user gave explicitly, by name.
+
+        Raises:
+            ConfigError: For the first such option, naming its flag and the fix.
+        """
+
     # One line for --help: the defaults recipe() sets (empty if none). A comment, not a
     # docstring, so that the generated CLI does not take it for an option.
     recipe_help: ClassVar[str] = ""
@@ -137,6 +151,27 @@ class WireOptions(AlgoOptions):
     """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
     0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
     waits in the error-feedback residual for a later exchange."""
+
+    # The options only some wires read, and those wires (a comment, not a docstring, so that
+    # the generated CLI does not take it for an option).
+    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {"topk_fraction": ("topk",)}
+
+    def check_read(self, given: Iterable[str]) -> None:
+        """Refuse a wire's own option given with another wire (``--topk-fraction`` with sign).
+
+        Silently ignored, it would run something else than the user asked for, as an option
+        of another algorithm would (:meth:`AlgoOptions.check_read`).
+
+        Raises:
+            ConfigError: For the first such option, naming it, the wire and the fix.
+        """
+        for name in given:
+            wires = self.wire_readers.get(name, (self.wire,))
+            if self.wire not in wires:
+                readers = " or ".join(f"{self.flag('wire')} {w}" for w in wires)
+                raise ConfigError(f"{self.flag(name)} is read by {readers} only, not by "
+                                  f"{self.flag('wire')} {self.wire}; drop it or choose "
+                                  f"{readers}")
 
     def check_wire(self) -> None:
         """Refuse a choice outside its field's choices, or a top-k fraction outside (0, 1].

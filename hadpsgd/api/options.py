@@ -74,7 +74,7 @@ def build_options(entry: AlgoSpec, values: Mapping[str, Any],
 
     Raises:
         OptionError: For an unknown keyword, a value of the wrong type or one out of range,
-            naming the keyword.
+            or one the chosen ``wire`` does not read, naming the keyword.
     """
     if built is not None:
         if values:
@@ -95,9 +95,11 @@ def build_options(entry: AlgoSpec, values: Mapping[str, Any],
     for name, value in values.items():
         _check_type(entry.name, name, value, hints[name])
     try:
-        return entry.options(**values)
+        options = entry.options(**values)
+        options.check_read(values)  # a keyword the chosen wire never reads: not ignored
     except ConfigError as err:
         raise _in_keywords(err, entry) from None
+    return options
 
 
 def _check_type(algo: str, name: str, value: Any, hint: Any) -> None:

@@ -150,6 +150,7 @@ def resumed_config(cfg: RunConfig) -> tuple[RunConfig, Path | None]:
     if path is None or not path.is_dir():
         # A fresh start: parse_config left the check to here for want of the run's --algo.
         check_read(cfg.train.algo, cfg.given())
+        cfg.algo_options().check_read(cfg.typed())
         return cfg, None  # resume() names a missing --resume PATH, or starts afresh
     saved = saved_config(path)
     if saved is None:
@@ -173,5 +174,7 @@ def resumed_config(cfg: RunConfig) -> tuple[RunConfig, Path | None]:
     except ConfigError as err:
         raise ConfigError(f"the configuration of {path} no longer validates ({err}); start a "
                           "new run in another --out-dir") from None
+    resolved.algo_options().check_read(cfg.typed())  # against the run's wire
     resolved._given = cfg.given()  # type: ignore[attr-defined]
+    resolved._typed = cfg.typed()  # type: ignore[attr-defined]
     return resolved, path

@@ -143,6 +143,37 @@ def test_a_resume_checks_options_against_the_algorithm_of_the_run_it_resumes(tmp
         resume_config.resumed_config(parse_config([*resume, "--wire", "int4"]))
 
 
+def test_an_option_the_chosen_wire_does_not_read_is_refused(tmp_path, capsys, monkeypatch):
+    """Issue 55 item 8f: --topk-fraction with --wire sign, --gossip-step with a wire that is
+    not CHOCO's, were silently ignored."""
+    for argv, says in [
+            (["--algo", "adpsgd", "--wire", "sign", "--topk-fraction", "0.1"],
+             "--topk-fraction is read by --wire topk only, not by --wire sign; drop it or "
+             "choose --wire topk"),
+            (["--algo", "adpsgd", "--wire", "int4", "--gossip-step", "0.5"],
+             "--gossip-step is read by --wire topk or --wire sign only, not by --wire int4"),
+            (["--algo", "bmuf", "--topk-fraction", "0.1"], "not by --wire fp32")]:
+        with pytest.raises(SystemExit):
+            parse_config(argv)
+        assert says in capsys.readouterr().err
+    assert parse_config(["--algo", "adpsgd", "--wire", "sign", "--gossip-step", "0.5"])
+    assert parse_config(["--algo", "bmuf", "--wire", "topk", "--topk-fraction", "0.1"])
+    # A run's config.json holds every option: given as --config, its idle ones are no error.
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps(to_dict(parse_config(["--algo", "adpsgd"]))))
+    assert parse_config(["--config", str(saved)]).algo_options().wire == "fp32"
+    # A resume: against the run's wire, also where the change is allowed.
+    from hadpsgd.assembly import resume_config
+
+    monkeypatch.setattr(resume_config, "resume_checkpoint", lambda cfg: tmp_path)
+    monkeypatch.setattr(resume_config, "saved_config",
+                        lambda path: to_dict(parse_config(["--algo", "bmuf"])))
+    with pytest.raises(ConfigError, match="--topk-fraction is read by --wire topk only"):
+        resume_config.resumed_config(parse_config(
+            ["--resume", "auto", "--out-dir", str(tmp_path), "--topk-fraction", "0.1",
+             "--allow-resume-change", "topk-fraction"]))
+
+
 def test_abbreviated_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--batch", "8"])
