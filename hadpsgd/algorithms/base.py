@@ -320,6 +320,35 @@ class Algorithm:
         """
         self.sync()
 
+    def finish_changes_state(self) -> bool:
+        """Whether :meth:`finish` would change what training goes on from.
+
+        BMUF's closing sync ends a partial block, which an uninterrupted longer run never
+        does: the trainer then checkpoints the state before it for a resume that extends
+        the run (``--epochs``, ``--max-steps``), and the finished model for deployment.
+        """
+        return False
+
+    def steps_not_deployed(self) -> int:
+        """Local steps up to now that :meth:`evaluation_parameters` has not taken in yet.
+
+        0 where the deployable model is the replica (SSGD, ADPSGD); BMUF's global model
+        lags by the block in flight (and, overlapped, by the block whose mean is in flight).
+        A run carried over from the deployable model alone (a failure's survivors, a resume
+        at another world size) goes on from the data position that many steps back, so
+        that no chunk's progress is lost.
+        """
+        return 0
+
+    def carry_bytes(self, old: Algorithm) -> None:
+        """Add ``old``'s byte counters to this one's (a run rebuilt after a failure).
+
+        The counters say what crossed the links over the whole run; the rebuilt
+        algorithm's start at 0. Algorithms add their own exchanges' counters.
+        """
+        self.gradsync.wire_bytes += old.gradsync.wire_bytes
+        self.gradsync.internode_bytes += old.gradsync.internode_bytes
+
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:
         """Context in which ``self.model`` holds the parameters to evaluate and deploy.

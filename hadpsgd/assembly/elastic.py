@@ -24,7 +24,9 @@ What each algorithm does with the new world:
   nothing is lost but the steps since it.
 - **BMUF** restarts its blocks from the global model at the snapshot, among the survivors'
   super-learners, with the block momentum of the new worker count (1 - 1/N' by default);
-  the block in flight at the failure is dropped (its local steps are retrained).
+  the block in flight at the failure is retrained: the data position goes back to the
+  step of the snapshot's global model (the last block sync), so that the chunks no model
+  took in are trained again by the survivors.
   A super-learner that loses a member leaves as a whole (its local model is one node's, and
   BMUF needs nodes of equal size); the others keep their node groups.
 - **ADPSGD / H-ADPSGD** go on from each survivor's own replica as it is at the failure
@@ -35,11 +37,12 @@ What each algorithm does with the new world:
   completed is a valid average with the dead learner's last model and stays.
 
 SSGD and BMUF go on at the new global batch right after the chunks the snapshot had
-trained (``adopt``: a chunk offset into the epoch's order), so the interrupted epoch trains
-every chunk exactly once. ADPSGD's survivors pool the slots each trained since the last meeting and
-hand out the slots none of them trained next (:func:`~hadpsgd.train.pooled.reorder`): the
-dead learner's slots go back to the pool (counted in the failure record as
-``returned_slots``), and no survivor's slot is trained twice.
+trained (``adopt``: a chunk offset into the epoch's order; BMUF's: those its global model
+took in), so the interrupted epoch trains every chunk exactly once. ADPSGD's survivors pool
+the slots each trained since the last meeting and hand out the slots none of them trained
+next (:func:`~hadpsgd.train.pooled.reorder`): the dead learner's slots go back to the pool
+(counted in the failure record as ``returned_slots``), and no survivor's slot is trained
+twice.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig
 from hadpsgd.train.loop import Trainer
 from hadpsgd.train.pooled import PooledPlan, reorder
-from hadpsgd.train.snapshot import learner_state
+from hadpsgd.train.snapshot import deployed_view, learner_state
 
 
 class LeftTheJob(RuntimeError):
@@ -179,7 +182,9 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     rebuilt = build_trainer(continued, new)
     if pooled:
         rebuilt.keep_the_pool()  # adopted in the pool's slots, even on one super-learner
-    summary = adopt(rebuilt, snapshot, same_optimizer=True)
+    summary = adopt(rebuilt, snapshot, same_optimizer=True, name_block=False)
+    # The bytes that crossed the links before the failure count in the run's (its last line).
+    rebuilt.algo.carry_bytes(trainer.algo)
     extra: dict[str, Any] = {}
     if pooled:
         summary, returned = _place_pooled(rebuilt, trainer.plan.epoch_base, start, order,
@@ -190,8 +195,13 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
         where = (f"from their own replicas; {returned} slot(s) taken but trained by no "
                  "survivor go back to the data pool")
     else:
-        where = (f"from the control point at step {step} ({failed_at - step} steps "
-                 "retrained)")
+        # BMUF mid-block: the snapshot's global model is of the last block sync, and the
+        # data position goes back there (adopt): the block in flight is retrained.
+        model_step = deployed_view(snapshot)["progress"]["global_step"]
+        block = (f", whose global model is of step {model_step}: the block in flight (steps "
+                 f"{model_step + 1}-{failed_at}) is retrained" if model_step < step else "")
+        where = (f"from the control point at step {step}{block} ({failed_at - model_step} "
+                 "steps retrained)")
     if new.size < need:
         extra["stopped"] = f"below --min-learners {need}"
     rebuilt.metrics.write("failure", step, learners=new.size, lost=gone,

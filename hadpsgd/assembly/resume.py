@@ -27,6 +27,7 @@ from hadpsgd.train.evaluate import EvalResult
 from hadpsgd.train.loop import Position, Trainer
 from hadpsgd.train.plan import global_batch_of, trained_chunks
 from hadpsgd.train.shards import PART_KEY, load_part
+from hadpsgd.train.snapshot import deployed_view
 
 
 def _say(topo: Topology, msg: str) -> None:
@@ -174,7 +175,8 @@ def check_layout(cfg: RunConfig, topo: Topology) -> None:
     layout_changes(path, manifest.get("world_size"), manifest.get(PART_KEY), cfg, topo)
 
 
-def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
+def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool,
+          name_block: bool = True) -> str:
     """Continue from a checkpoint of another world size or algorithm (not exact).
 
     Takes its deployable model (BMUF's global model), the optimizer state when the optimizer
@@ -182,7 +184,17 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
     ADPSGD's pool) goes on over exactly the others, whatever plan and global batch wrote
     the checkpoint (:meth:`~hadpsgd.train.plan.EpochPlan.load_state_dict`), and the global
     steps go on from the checkpoint's; the algorithm's own state starts afresh from the
-    weights.
+    weights. Where the deployable model lags the checkpoint's position (BMUF mid-block: the
+    global model of the last block sync), the position, the chunks trained and the history
+    are those of that model's step (:func:`~hadpsgd.train.snapshot.deployed_view`): the
+    block in flight is trained again, and no chunk's progress is lost.
+
+    Args:
+        trainer: The trainer to go on in.
+        state: The checkpoint's common state, or a failure's snapshot.
+        same_optimizer: Whether the optimizer is the state's kind (its state is taken).
+        name_block: Whether the summary names the block in flight trained again (a
+            failure's line names it from the failure's step instead).
 
     Returns:
         A one-line summary of what was carried over.
@@ -197,6 +209,8 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
         except (ValueError, KeyError):
             pass  # a different parameter layout: start the optimizer afresh
     algo.restart_from_model()
+    lagged = state["progress"]["global_step"]
+    state = deployed_view(state)
     old = Position(**state["progress"])
     old_global = global_batch_of(state) or trainer.opts.batch_size * trainer.topo.size
     new_global = trainer.opts.batch_size * trainer.topo.size
@@ -206,7 +220,10 @@ def adopt(trainer: Trainer, state: dict[str, Any], same_optimizer: bool) -> str:
     sampler = trainer.sampler
     done = sum(hi - lo for lo, hi in trained_chunks(state, sampler.num_chunks))
     left = len(sampler) - trainer.pos.step_in_epoch
-    return (f"carried over {', '.join(kept)}; epoch {old.epoch}, {done} of its "
+    redo = lagged - old.global_step
+    again = (f"; the block in flight (steps {old.global_step + 1}-{lagged}), which its "
+             f"global model had not taken in, is trained again" if redo and name_block else "")
+    return (f"carried over {', '.join(kept)}{again}; epoch {old.epoch}, {done} of its "
             f"{sampler.num_chunks} chunks trained: the rest in {left} steps of global batch "
             f"{new_global} from step {old.global_step + 1} (was step {old.step_in_epoch} in it "
             f"at global batch {old_global})")

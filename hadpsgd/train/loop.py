@@ -29,7 +29,7 @@ from hadpsgd.train.pooled import PooledPlan
 from hadpsgd.train.progress import Progress, internode_line, on_terminal
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
-from hadpsgd.train.snapshot import Snapshots
+from hadpsgd.train.snapshot import DEPLOYED_KEY, POSITIONS_KEY, Positions, Snapshots, host_copy
 from hadpsgd.train.stop import FLAG, StopFlag
 from hadpsgd.train.trace import ChunkTrace, Recorder
 
@@ -165,6 +165,10 @@ class Trainer:
         self.snapshots: Snapshots | None = Snapshots() if (
             opts.on_failure == "continue" and not self.plan.meets) else None
         """With --on-failure continue, the state at the last agreed control points."""
+        self.positions = Positions()
+        """The data positions back to the one the deployable model has taken in."""
+        self._unfinished: dict[str, Any] | None = None
+        """The training state before the closing :meth:`_finish`, for the checkpoint after."""
 
     @property
     def nonfinite(self) -> list[tuple[int, str]]:
@@ -196,6 +200,15 @@ class Trainer:
             "divergence": self.guard.state_dict(),
         }
         state.update(self.plan.state_dict())
+        deployed = self.positions.deployed(self)
+        if deployed is not None:  # BMUF mid-block: the global model is of an earlier step
+            state[DEPLOYED_KEY] = deployed
+        if not self.plan.meets:
+            state[POSITIONS_KEY] = self.positions.state_dict()
+        if self._unfinished is not None:
+            # What an extended run goes on from (before the closing sync); the deployable
+            # model (eval_model) is the finished one, and of this very position.
+            state.update(self._unfinished["state"])
         if self.algo.separate_eval_model:
             state["eval_model"] = evaluated
         if node_parts is not None:
@@ -221,6 +234,7 @@ class Trainer:
         elif state.get("node_states") is not None:  # written before parts were sharded
             self.algo.load_node_state(state["node_states"][self.topo.node])
         self.plan.load_state_dict(state, self.pos)
+        self.positions.load_state_dict(state.get(POSITIONS_KEY, []))
 
     def checkpoint(self) -> Path:
         """Write a checkpoint (collective; every rank waits for the whole).
@@ -243,7 +257,9 @@ class Trainer:
             if self._evaluated_step == step and self.history:
                 # Evaluated at this very step: its score ranks it (--keep-best, best.json).
                 meta[SCORE_KEY] = asdict(self.history[-1])
-            write_sharded(self.topo, path, self.state_dict, self.algo.node_state(),
+            node_state = (self._unfinished["node"] if self._unfinished is not None
+                          else self.algo.node_state())
+            write_sharded(self.topo, path, self.state_dict, node_state,
                           keep=self.opts.keep_checkpoints, meta=meta, on_phase=hook,
                           keep_best=self.opts.keep_best)
             if self.topo.rank != 0 and faults.active():
@@ -252,7 +268,26 @@ class Trainer:
             self.topo.barrier()
         self.last_checkpoint = path
         self._checkpointed_step = self.pos.global_step
+        self._unfinished = None
         return path
+
+    def _finish(self) -> None:
+        """End training (:meth:`Algorithm.finish`), keeping what an extended run needs.
+
+        BMUF's closing sync ends a partial block that a longer run never ends there: the
+        state before it (the local models, the filter and the block schedule, the data
+        positions) is what the final checkpoint holds for a resume, and the closed global
+        model its deployable model, so that a run extended by ``--epochs`` or
+        ``--max-steps`` equals the uninterrupted one.
+        """
+        if self.algo.finish_changes_state():
+            self._unfinished = {
+                "state": {"model": host_copy(compact(self.algo.model.state_dict())),
+                          "algo": host_copy(self.algo.state_dict()),
+                          POSITIONS_KEY: self.positions.state_dict()},
+                "node": host_copy(self.algo.node_state())}
+        self.dist.finish()
+        self._note_position()
 
     # ------------------------------------------------------------------ loop
     def _done(self) -> bool:
@@ -276,6 +311,7 @@ class Trainer:
         launch = self.topo.launch_ranks[self.topo.rank] if self.topo.launch_ranks \
             else self.topo.rank
         self._trace = ChunkTrace(launch)
+        self._note_position()
         if self.snapshots is not None:
             self.snapshots.take(self)  # where a failure before the first control point goes on
         if self.pos.global_step == 0 and not self.history:
@@ -289,23 +325,29 @@ class Trainer:
                     return self.history
                 if self.pos.step_in_epoch >= len(self.sampler):
                     if self.pos.epoch + 1 >= self.opts.epochs or self._done():
-                        self.dist.finish()  # the last epoch: nothing trained may be left out
+                        self._finish()  # the last epoch: nothing trained may be left out
                     self._evaluate()
                     self.pos.epoch += 1
                     self.pos.step_in_epoch = 0
                     self.plan.end_epoch()
+                    self._note_position()
                     self.checkpoint()
                     if self.agree(None):
                         return self.history
             # Stopped inside an epoch by max_steps (or resumed a finished run): still leave
             # a held-out figure and a checkpoint of the final state.
             if self._checkpointed_step != self.pos.global_step:
-                self.dist.finish()
+                self._finish()
                 self._evaluate()
                 self.checkpoint()
             return self.history
         finally:
             self._trace.close()
+
+    def _note_position(self) -> None:
+        """Note the position now (:class:`Positions`): where the learners step together."""
+        if not self.plan.meets:
+            self.positions.note(self)
 
     def close(self) -> None:
         """Release the plan's shared data pool (collective: every rank, after :meth:`run`)."""
@@ -444,6 +486,7 @@ class Trainer:
                 loss = self.train_step(feats, labels, step, trace_key)
                 trained += 1
                 count = plan.stepped(pos, loss)
+                self._note_position()
                 progress.step()
                 log = count % opts.log_every == 0
                 if ((log or count % opts.control_every == 0)

@@ -21,14 +21,14 @@ from typing import Any
 import torch
 
 
-def _host_copy(obj: Any) -> Any:
+def host_copy(obj: Any) -> Any:
     """A deep copy of ``obj`` with every tensor cloned to host memory."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _host_copy(v) for k, v in obj.items()}
+        return {k: host_copy(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_host_copy(v) for v in obj)
+        return type(obj)(host_copy(v) for v in obj)
     return obj
 
 
@@ -43,13 +43,92 @@ def learner_state(trainer: Any, model: Any = None) -> dict[str, Any]:
     algo = trainer.algo
     return {
         **trainer.plan.state_dict(),  # the epoch's chunk offset, as a checkpoint holds it
-        "model": _host_copy((model or algo.model).state_dict()),
-        "algo": {"optimizer": _host_copy(algo.optimizer.state_dict())},
+        "model": host_copy((model or algo.model).state_dict()),
+        "algo": {"optimizer": host_copy(algo.optimizer.state_dict())},
         "progress": asdict(trainer.pos),
         "history": [asdict(r) for r in trainer.history],
         "world_size": trainer.topo.size,
         "config": trainer.config,
     }
+
+
+DEPLOYED_KEY = "deployed"
+"""State key: where the deployable model stands in the data, where it lags the position.
+
+The position, the plan's state and the held-out history as they were at the step the
+deployable model (BMUF's global model) has taken in every step up to; a run carried over
+from that model alone goes on from there (:func:`deployed_view`)."""
+POSITIONS_KEY = "positions"
+"""State key: the positions the deployable model may still lag to (:class:`Positions`)."""
+
+
+def deployed_view(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its position, plan state and history those of its deployable model.
+
+    A checkpoint or snapshot whose deployable model lags its position (BMUF mid-block)
+    records the position that model was at (:data:`DEPLOYED_KEY`); a run that goes on from
+    the deployable model alone (``hadpsgd.assembly.resume.adopt``) goes on from there, so
+    that the steps it has not taken in are trained again. Other states are returned as
+    they are.
+    """
+    seen = state.get(DEPLOYED_KEY)
+    if not seen:
+        return state
+    # The plan's keys are the deployed position's alone (an epoch earlier: none carried).
+    view = {k: v for k, v in state.items() if k not in seen["plan_keys"]}
+    view.update(seen["state"])
+    return view
+
+
+class Positions:
+    """The positions of the last steps, back to the one the deployable model has taken in.
+
+    Noted after every step (the sharded plan: one global step is one local step of every
+    learner), so that a checkpoint or snapshot can say where its deployable model stands in
+    the data (:meth:`deployed`). Plain numbers: saved with the checkpoints for an exact
+    resume that goes on mid-block.
+    """
+
+    def __init__(self) -> None:
+        self._kept: deque[tuple[int, dict[str, Any]]] = deque()
+
+    def note(self, trainer: Any) -> None:
+        """Record the trainer's position now; forget those the deployable model is past."""
+        step = trainer.pos.global_step
+        oldest = step - trainer.algo.steps_not_deployed()
+        kept = self._kept
+        if step == oldest:
+            kept.clear()  # the deployable model is the position's: nothing older is needed
+        elif kept and kept[-1][0] == step:
+            kept.pop()  # the same step, later: the epoch's end (evaluated, next epoch)
+        while len(kept) > 1 and kept[1][0] <= oldest:
+            kept.popleft()  # the newest record at or before the oldest step stays
+        kept.append((step, {"progress": asdict(trainer.pos), "plan": trainer.plan.state_dict(),
+                            "history": len(trainer.history)}))
+
+    def deployed(self, trainer: Any) -> dict[str, Any] | None:
+        """The :data:`DEPLOYED_KEY` entry of a state of ``trainer`` now (None: no lag).
+
+        Where the record of that step is gone (a checkpoint written before positions were
+        saved), the oldest kept stands in.
+        """
+        lag = trainer.algo.steps_not_deployed()
+        if not lag or not self._kept:
+            return None
+        oldest = trainer.pos.global_step - lag
+        _, rec = next(((s, r) for s, r in reversed(self._kept) if s <= oldest), self._kept[0])
+        plan_keys = sorted(set(trainer.plan.state_dict()) | set(rec["plan"]))
+        return {"plan_keys": plan_keys,
+                "state": {**rec["plan"], "progress": dict(rec["progress"]),
+                          "history": [asdict(r) for r in trainer.history[:rec["history"]]]}}
+
+    def state_dict(self) -> list[list[Any]]:
+        """The kept positions, as plain lists (a checkpoint's :data:`POSITIONS_KEY`)."""
+        return [[step, rec] for step, rec in self._kept]
+
+    def load_state_dict(self, saved: list[list[Any]]) -> None:
+        """Restore :meth:`state_dict` (an exact resume)."""
+        self._kept = deque((int(step), rec) for step, rec in saved)
 
 
 class Snapshots:
@@ -67,6 +146,9 @@ class Snapshots:
         with trainer.algo.evaluation_parameters() as model:
             # The deployable model: BMUF's global model, the replica elsewhere.
             state = learner_state(trainer, model)
+        deployed = trainer.positions.deployed(trainer)
+        if deployed is not None:  # BMUF mid-block: its global model is of an earlier step
+            state[DEPLOYED_KEY] = deployed
         self._kept.append((trainer.pos.global_step, state))
 
     @property

@@ -53,6 +53,13 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
     for key in ("model", "eval_model"):
         for name, value in full[key].items():
             assert torch.equal(value, plain[key][name]), (key, name)
+    # A run ended by --max-steps mid-block (step 10: its closing sync ends a partial block)
+    # and then extended equals the uninterrupted run: its final checkpoint holds the state
+    # before the closing sync for the resume, the closed global model for deployment.
+    # (Before, the closing sync was what it resumed from: every tensor differed.)
+    _train(tiny_data, tmp_path / "ext", "--max-steps", str(k))
+    _train(tiny_data, tmp_path / "ext", "--max-steps", str(2 * k), "--resume", "auto")
+    assert_same_run(tmp_path / "full", tmp_path / "ext")
     # The mid-block checkpoint holds one local state per worker: another layout is refused
     # (naming the fix) before anything is trained.
     mid = tmp_path / "full" / "checkpoints" / f"step-{k:08d}"

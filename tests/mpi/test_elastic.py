@@ -90,9 +90,22 @@ def test_ssgd_goes_on_without_a_killed_learner_and_trains_the_epoch(tiny_data, t
     failure, = _records(out, "failure")
     assert failure["learners"] == 3 and failure["lost"] == [2]
     assert _final_world(out) == 3
-    # The final trajectory: the survivors' records (a step retrained overwrites its first
-    # record), the dead rank's up to the control point the survivors went on from.
-    kept = failure["step"]
+    chunks = _final_trajectory(out, dead=2, kept=failure["step"])
+    from hadpsgd.data import ChunkDataset
+
+    total = len(ChunkDataset(tiny_data[0], 21))
+    new_global = 3 * 2
+    assert max(chunks.values()) == 1  # the survivors go on right after the chunks trained
+    assert total - len(chunks) < new_global  # only the last incomplete global batch
+    # The byte counters go on over the recovery (the run's last line counts them all).
+    _assert_counters_go_on(out, "grad_wire_bytes")
+
+
+def _final_trajectory(out: Path, dead: int, kept: int) -> Counter:
+    """How often each chunk was trained in the final trajectory of a run that lost ``dead``:
+    the survivors' records (a step retrained overwrites its first record), the dead rank's
+    up to step ``kept``, the last whose progress is in the model the survivors went on
+    from."""
     chunks: Counter = Counter()
     for path in (out / "trace").glob("chunks-rank*.jsonl"):
         rank = int(path.stem.removeprefix("chunks-rank"))
@@ -100,14 +113,18 @@ def test_ssgd_goes_on_without_a_killed_learner_and_trains_the_epoch(tiny_data, t
         for rec in map(json.loads, path.read_text().splitlines()):
             steps[rec["step"]] = rec["chunks"]
         for step, batch in steps.items():
-            if rank != 2 or step <= kept:
+            if rank != dead or step <= kept:
                 chunks.update(batch)
-    from hadpsgd.data import ChunkDataset
+    return chunks
 
-    total = len(ChunkDataset(tiny_data[0], 21))
-    new_global = 3 * 2
-    assert max(chunks.values()) == 1  # the survivors go on right after the chunks trained
-    assert total - len(chunks) < new_global  # only the last incomplete global batch
+
+def _assert_counters_go_on(out: Path, *names: str) -> None:
+    """Rank 0's logged byte counters never go back, failure or not (before, a recovery
+    started them again at 0)."""
+    train = _records(out, "train")
+    for name in names:
+        seen = [r[name] for r in train]
+        assert seen[-1] > 0 and seen == sorted(seen), (name, seen)
 
 
 def test_bmuf_super_learner_that_lost_a_member_leaves_and_the_others_go_on(tiny_data,
@@ -122,6 +139,33 @@ def test_bmuf_super_learner_that_lost_a_member_leaves_and_the_others_go_on(tiny_
     assert "4 learners go on (2 nodes" in res.stdout
     assert _final_world(out) == 4
     assert _records(out, "eval")[-1]["step"] == 24
+
+
+def test_bmuf_survivors_retrain_the_block_in_flight(tiny_data, tmp_path):
+    """BMUF on 4 super-learners of 1, tau 10, rank 2 SIGKILLed at step 18 of a one-epoch
+    run: the snapshot the survivors agree on (the control point at step 15) holds the
+    global model of the block sync at step 10, so they go on from step 10's data position,
+    and the line says so. Over the epoch's final trajectory every chunk is in the final
+    model once: the dead learner's steps 11-18 and the survivors' own, which no model had
+    taken in, are trained again (before, the data went on after step 15's chunks, and those
+    of steps 11-15 were in no model). The block syncs' byte counter goes on over the
+    recovery."""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--algo", "bmuf", "--ranks-per-node", "1",
+                  "--sync-period", "10", "--control-every", "5", "--epochs", "1",
+                  fault="kind=kill,rank=2,step=18")
+    assert res.returncode == 0, res.output[-4000:]
+    failure, = _records(out, "failure")
+    assert failure["step"] == 15, failure  # the control point before the fault
+    line = res.stdout[res.stdout.index("failure: learner(s) rank 2"):]
+    assert "whose global model is of step 10: the block in flight (steps 11-" in line, line
+    chunks = _final_trajectory(out, dead=2, kept=10)
+    from hadpsgd.data import ChunkDataset
+
+    total = len(ChunkDataset(tiny_data[0], 21))
+    assert max(chunks.values()) == 1
+    assert total - len(chunks) < 3 * 2  # only the last incomplete global batch
+    _assert_counters_go_on(out, "wire_bytes", "internode_bytes")
 
 
 def test_adpsgd_goes_on_from_its_replicas_and_trains_every_chunk_once(tiny_data, tmp_path):

@@ -263,6 +263,32 @@ class BMUF(Algorithm):
             if frag.block_steps > 0:
                 self._sync_fragment(frag, blocking=True)
 
+    def finish_changes_state(self) -> bool:
+        """Whether a block is partial or a mean is pending: :meth:`finish` would close it."""
+        return self.started and any(f.block_steps or f.average is not None
+                                    for f in self.fragments)
+
+    def steps_not_deployed(self) -> int:
+        """The steps since the oldest block the global model has not taken in.
+
+        Per fragment: the steps of its block in flight, and, with a mean still in flight
+        or not yet filtered (``--bmuf-overlap``), that block's steps too; the most of any
+        fragment (with ``--bmuf-fragments`` the others have taken in some of them: their
+        chunks are then retrained on top of what they hold). The warm-up's replicas are
+        the global model.
+        """
+        if not self.started:
+            return 0
+        return max(f.block_steps + (f.average.tau if f.average is not None else 0)
+                   for f in self.fragments)
+
+    def carry_bytes(self, old: Algorithm) -> None:
+        """The gradients' counters and the block syncs' (sent and received)."""
+        super().carry_bytes(old)
+        if isinstance(old, BMUF):
+            self.exchange.bytes_sent += old.exchange.bytes_sent
+            self.exchange.bytes_received += old.exchange.bytes_received
+
     def _sync_fragment(self, frag: Fragment, blocking: bool = False) -> None:
         """End ``frag``'s block: apply its previous average if one is due, send this one.
 
