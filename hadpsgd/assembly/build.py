@@ -22,7 +22,7 @@ from hadpsgd.api import Distributed
 from hadpsgd.assembly import provenance, resume_data, rundir
 from hadpsgd.assembly.data import load_data
 from hadpsgd.assembly.resume_config import allowed, flatten, resume_checkpoint, saved_config
-from hadpsgd.assembly.runlock import RunDirBusy, lock_run
+from hadpsgd.assembly.runlock import RunDirBusy, RunDirUnwritable, lock_run
 from hadpsgd.cli import ConfigError, flag, to_dict
 from hadpsgd.comm import Topology
 from hadpsgd.config import OptimConfig, RunConfig
@@ -132,8 +132,9 @@ def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
         # start that may go on (a resume, --overwrite) takes the lock first, so a live run
         # there is named (and two fresh starts racing into an empty directory meet below).
         problem = rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
-        problem = problem or (_lock_problem(out) if out.is_dir() else None)
+        # Writable before the lock: the lock file is the first thing written there.
         problem = problem or rundir.writable_problem(out)
+        problem = problem or (_lock_problem(out) if out.is_dir() else None)
     problem = topo.bcast_object(problem, root=0)
     if problem is not None:
         raise ConfigError(problem)
@@ -143,8 +144,8 @@ def _lock_problem(out: Path) -> str | None:
     """Take the run directory's lock (rank 0): why not, or None (a no-lock note is said)."""
     try:
         note = lock_run(out, " ".join(sys.argv))
-    except RunDirBusy as err:
-        return str(err)
+    except (RunDirBusy, RunDirUnwritable) as err:  # said by every rank (rank 0's raise alone
+        return str(err)  # would leave the others waiting, or blaming it as a lost learner)
     if note:
         print(f"[hadpsgd] note: {note}", flush=True)
     return None

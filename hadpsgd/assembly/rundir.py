@@ -96,8 +96,9 @@ def writable_problem(out: Path) -> str | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        return (f"--out-dir {out} cannot be written ({err.strerror or err} in {target}); "
-                "choose another --out-dir or fix its permissions")
+        return (f"--out-dir {out} is not writable ({err.strerror or err} in {target}); make "
+                "it writable for this user, or use another --out-dir (to resume this run "
+                "there, copy its directory first)")
     return None
 
 

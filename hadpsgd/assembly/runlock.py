@@ -58,12 +58,21 @@ def lock_run(out: Path, command: str = "") -> str | None:
 
     Raises:
         RunDirBusy: If another live run holds it, naming that run (host, pid, start time).
+        RunDirUnwritable: If its lock file cannot be opened for writing (a read-only
+            directory or file system, another user's lock file), naming it and the fix.
     """
     key = str(Path(out).resolve())
     if key in _held:
         return None
     path = Path(out) / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:  # the user's directory, not a bug: no traceback
+        raise RunDirUnwritable(
+            f"--out-dir {out} is not writable: its lock file {path} cannot be opened for "
+            f"writing ({err.strerror or err}); make the directory (and {LOCK_FILE}, if "
+            "another user left it) writable for this user, or use another --out-dir "
+            "(a resume copies the run there first)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
@@ -97,3 +106,7 @@ def release_runs() -> None:
 
 class RunDirBusy(ValueError):
     """Another live run holds the run directory; the message names it and the way on."""
+
+
+class RunDirUnwritable(ValueError):
+    """The run directory's lock file cannot be written; the message names it and the way on."""

@@ -102,3 +102,43 @@ def test_a_live_run_holds_its_directory_and_a_dead_ones_lock_is_taken_over(tmp_p
         holder.wait(timeout=30)
     assert lock_run(tmp_path) is None  # stale: the dead run's lock is free
     release_runs()
+
+
+class _RankZero:
+    """Rank 0 of a world that hears rank 0's verdict (``check_out_dir``'s one collective)."""
+
+    rank = 0
+
+    def bcast_object(self, obj: object, root: int = 0) -> object:
+        return obj
+
+
+def test_a_read_only_run_directory_is_a_user_error_said_by_every_rank(tmp_path, monkeypatch):
+    """Issue 55 item 8d: a read-only run directory was lock_run's PermissionError on rank 0
+    (a traceback, exit 1; under --on-failure continue its peers blamed it as lost)."""
+    import errno
+    import os
+
+    from hadpsgd.assembly import build, runlock
+    from hadpsgd.assembly.runlock import RunDirUnwritable, lock_run
+    from hadpsgd.cli import ConfigError
+
+    real_open = os.open
+
+    def no_lock(path, *args, **kw):  # root writes anywhere: the refusal is simulated
+        if str(path).endswith(runlock.LOCK_FILE):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(runlock.os, "open", no_lock)
+    with pytest.raises(RunDirUnwritable, match=f"--out-dir {tmp_path} is not writable: its "
+                                               "lock file .* cannot be opened for writing"):
+        lock_run(tmp_path)
+    cfg = parse_config(["--out-dir", str(tmp_path), "--resume", "auto"])
+    with pytest.raises(ConfigError, match="make the directory .* writable for this user, or "
+                                          "use another --out-dir"):
+        build.check_out_dir(cfg, _RankZero())
+    # A directory nothing can be written to is named before its lock is tried.
+    monkeypatch.setattr(build.rundir, "writable_problem", lambda out: f"{out} is not writable")
+    with pytest.raises(ConfigError, match=f"^{tmp_path} is not writable$"):
+        build.check_out_dir(cfg, _RankZero())
