@@ -16,7 +16,15 @@ from typing import Any
 from hadpsgd import comm, faults
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
 from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, check_backend, recover
-from hadpsgd.assembly.endings import STATE, abort_world, exit_now, fail, timed_out, user_error
+from hadpsgd.assembly.endings import (
+    STATE,
+    abort_world,
+    exit_now,
+    fail,
+    lost_outside_training,
+    timed_out,
+    user_error,
+)
 from hadpsgd.assembly.footprint import (
     StartupClock,
     epoch_note,
@@ -227,8 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FeatureFileError as err:  # a frame changed after its file was stamped
         return fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
-        if STATE.elastic and ulfm.is_peer_failure(err):  # no state to go on from: name the lost
-            return fail(ulfm.LostOutsideTraining(topo), topo, EXIT_FAILED, traceback_too=False)
+        if STATE.elastic and ulfm.is_peer_failure(err):  # no state to go on from: a peer's
+            return lost_outside_training(topo)  # own error, or the learners lost, named
         return fail(err, topo, EXIT_FAILED, traceback_too=True)
     finally:
         FLAG.uninstall()

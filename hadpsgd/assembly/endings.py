@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from hadpsgd import comm, env
 from hadpsgd.api.setup import said_once
 from hadpsgd.comm import ulfm
-from hadpsgd.exit_codes import EXIT_TIMED_OUT, EXIT_USER_ERROR
+from hadpsgd.exit_codes import EXIT_FAILED, EXIT_TIMED_OUT, EXIT_USER_ERROR
 from hadpsgd.train.stop import FLAG
 
 
@@ -57,6 +57,35 @@ def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool
     if topo.size > 1:
         topo.abort(code)  # the peers may be blocked in a collective this rank never joins
     return code
+
+
+def lost_outside_training(topo: comm.Topology) -> int:
+    """A peer's failure where no agreed state is (start-up, a recovery), under ULFM: exit 1.
+
+    It need not be a lost learner: one that raised alone (rank 0's, over a file only it
+    writes) revokes the world and tells its error at the survivors' shrink
+    (:func:`hadpsgd.comm.ulfm.end_with_error`). This learner joins that shrink without an
+    error of its own, so the job ends with that learner's message, said once, rather than
+    with every peer blaming it as dead or frozen; where nobody raised, a learner was lost,
+    and each survivor says so (:class:`~hadpsgd.comm.ulfm.LostOutsideTraining`).
+    """
+    FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
+    ulfm.hold_if_ending()  # another thread of this process is telling the peers already
+    lost = ulfm.LostOutsideTraining(topo)  # named before the shrink renumbers anything
+    STATE.survived = True  # under ULFM an abort ends no peer: each ends itself
+    try:
+        ulfm.revoke(topo.communicators())  # a peer still computing fails at its next call
+        world, _ = ulfm.shrink(topo.comm, timeout=topo.timeout)
+        ulfm.own_errors(world, topo.launch_ranks[topo.rank], topo.hosts[topo.rank], None)
+    except ulfm.PeerError as err:
+        if err.say:
+            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except Exception as err:  # noqa: BLE001 - no meeting: said as a lost learner, as before
+        print(f"hadpsgd: rank {topo.rank}: could not meet the survivors ({err})",
+              file=sys.stderr, flush=True)
+    print(f"hadpsgd: rank {topo.rank}: error: {lost}", file=sys.stderr, flush=True)
+    return EXIT_FAILED
 
 
 def timed_out(err: comm.CommTimeoutError, topo: comm.Topology | None) -> int:

@@ -78,3 +78,19 @@ def test_fault_ends_job_within_deadline(algo: str, kind: str, tiny_data, tmp_pat
         # The hung rank's watchdog thread still answers the peers' diagnosis.
         assert "rank 1 answers: alive, in training step 6" in out, out[-4000:]
     assert "[hadpsgd] done in" not in out
+
+
+def test_a_learners_own_error_before_training_is_said_as_its_own_under_continue(tiny_data,
+                                                                                tmp_path):
+    """Issue 55 item 8d: rank 0 raises alone in start-up under --on-failure continue (a file
+    only it writes): its peer said it was lost ("dead, or frozen"); now the job ends with rank
+    0's own error, said once by the peer as its own error, exit 1."""
+    from tests.mpi.test_elastic import _launch  # the launch under ULFM, as the elastic tests'
+
+    res = _launch(2, tiny_data, tmp_path / "run", "--max-steps", "3",
+                  fault="kind=raise,rank=0,at=startup-model")
+    assert res.returncode == 1, res.output[-4000:]
+    assert ("hadpsgd: error: learner(s) failed with their own error, not a lost learner: "
+            "rank 0 (") in res.stderr, res.output[-4000:]
+    assert "injected fault: raise on rank 0 at startup-model" in res.stderr
+    assert "dead, or frozen" not in res.output, res.output[-4000:]
