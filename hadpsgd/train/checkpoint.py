@@ -61,7 +61,10 @@ def _mib(n: float) -> str:
 
 def _no_space(parent: Path, path: Path, state: Any) -> str:
     """The message of a checkpoint that does not fit: where, how much, and the way on."""
-    free = shutil.disk_usage(parent).free
+    there = parent
+    while not there.exists() and there != there.parent:  # a folder the full disk never made
+        there = there.parent
+    free = shutil.disk_usage(there).free
     return (f"no space left in {parent} for checkpoint {path.name}: it needs about "
             f"{_mib(tensor_bytes(state))} and {_mib(free)} are free. The previous checkpoints "
             "are intact: free space (or lower --keep-checkpoints, or point --out-dir "
@@ -197,11 +200,14 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
     parent = path.parent
     try:
         has_room(path, state)  # refused before a byte is written: the previous ones stand
-    except CheckpointWriteError:
+    except (CheckpointWriteError, OSError) as err:  # OSError: its folder could not be made
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
-        raise
+        if isinstance(err, CheckpointWriteError):
+            raise
+        raise write_error(err, path, state) or err from None
     tmp = staged if staged is not None else staging_dir(path)
+    old: Path | None = None
     try:
         files = {STATE_FILE: write_file(tmp / STATE_FILE, state), **(parts or {})}
         if on_phase:
@@ -222,17 +228,18 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
+            old = None
         else:
             os.replace(tmp, path)
         _fsync_dir(parent)
     except (OSError, RuntimeError) as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _undo(tmp, old, path)
         failed = write_error(err, path, state)
         if failed is None:
             raise
         raise failed from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _undo(tmp, old, path)
         raise
     if on_phase:
         on_phase("ckpt-rename")
@@ -254,6 +261,18 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int = 0,
     else:
         refresh_best(parent, keep_best)
     return path
+
+
+def _undo(tmp: Path, old: Path | None, path: Path) -> None:
+    """Clear a failed write's temporary ``tmp``; put back the checkpoint moved aside to ``old``.
+
+    The same step written again moves the older checkpoint aside for the new one: where the
+    new one never took its place, the older one goes back to ``path`` (a hidden ``.old-``
+    folder is neither found by a resume nor spared by :func:`prune`).
+    """
+    shutil.rmtree(tmp, ignore_errors=True)
+    if old is not None and old.exists() and not path.exists():
+        os.replace(old, path)
 
 
 def _first_line(err: BaseException) -> str:

@@ -247,6 +247,40 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_names_the_space(tmp_path,
     assert ck.latest_checkpoint(ckpt_dir) == first
 
 
+def test_a_full_disk_at_a_resumes_checkpoint_of_the_same_step_keeps_the_older_one(
+        tmp_path, monkeypatch):
+    """Issue 55 item 8e: a resume writes the checkpoint of a step it has again; the older one
+    was moved aside for it, and where the new one never took its place (ENOSPC) it stayed
+    hidden, lost to --resume auto and to pruning. And a checkpoint folder that could not be
+    made on a full disk was an OSError's traceback."""
+    import errno
+
+    from hadpsgd.train import checkpoint as ck
+
+    ckpt_dir = tmp_path / "checkpoints"
+    path = ck.save_checkpoint(_state(2), ckpt_dir / "step-00000002")
+    real_replace = ck.os.replace
+
+    def full(src, dst):
+        if Path(src).name.startswith(".step-00000002.tmp-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", full)
+    with pytest.raises(ck.CheckpointWriteError) as err:
+        ck.save_checkpoint({"model": {"w": torch.zeros(3)}, "progress": {"global_step": 2}},
+                           path)
+    msg = str(err.value)
+    assert "\n" not in msg and f"no space left in {ckpt_dir}" in msg and "--resume auto" in msg
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-00000002"]
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.full((3,), 2.0))
+    # The folder of the checkpoints cannot be made: the same one line, no OSError.
+    monkeypatch.setattr(ck.Path, "mkdir", lambda *a, **kw: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(ck.CheckpointWriteError, match="no space left in .*new for checkpoint"):
+        ck.save_checkpoint(_state(3), tmp_path / "new" / "step-00000003")
+
+
 # --------------------------------------------------------------- --keep-best (best.json)
 def _scored(root: Path, step: int, loss: float | None, keep: int, keep_best: int) -> Path:
     meta: dict = {"step": step, "epoch": step // 10, "world_size": 1, "algo": "ssgd"}
