@@ -74,6 +74,27 @@ def on_silent_peers(handler: Callable[[list[int]], bool] | None) -> None:
     _silent_handler = handler
 
 
+_killed: list[int] = []
+"""The world ranks this process's watchdogs found silent and had killed (see
+:func:`on_silent_peers`)."""
+
+
+def killed_peers() -> list[int]:
+    """The peers this process had killed as frozen (an error that follows is their death)."""
+    return list(_killed)
+
+
+def note_killed(ranks: list[int] | None) -> None:
+    """Record ``ranks`` as killed by this process as frozen (see :func:`killed_peers`).
+
+    None forgets them all: a new world after a recovery, where they are gone.
+    """
+    if ranks is None:
+        _killed.clear()
+    else:
+        _killed.extend(ranks)
+
+
 def timeout_from_env() -> float:
     """The deadline in seconds from env ``HADPSGD_TIMEOUT`` (default 300).
 
@@ -185,6 +206,12 @@ class Watchdog:
         self._sending: list[tuple[Any, Any]] = []  # in-flight replies and their buffers
         self._stopped = False
         self._reprieve: dict[int, float] = {}  # blocked call -> until when a kill may end it
+        self.parent: Watchdog | None = None
+        """The process's main watchdog, which answers peers' notes, for a channel's own
+        (:meth:`Topology.side_channel` and its kin): past a deadline it asks the peers that
+        did not arrive whether they are alive (:meth:`probe`), so that a frozen one is found
+        and killed there as on the main communicator."""
+        self._replies: dict[int, tuple[float, str]] = {}  # peer -> when, its last answer
         self.ended: dict[int, int] = {}
         """Peers that have ended their script (:meth:`announce_end`), with their exit code: a
         wait they take part in can never complete, so it ends the job at once."""
@@ -456,19 +483,26 @@ class Watchdog:
             in_group = [r for r in missing if r in group]
             missing = in_group or missing
         killed = False
+        parent = self.parent if not self.answer else None
+        if missing and parent is not None and parent.answer:
+            # This channel's peers do not answer here (no monitor on its control): ask on the
+            # main one, where every live learner's watchdog answers.
+            replies.update(parent.probe([r for r in missing if r not in replies]))
         if missing:
             told = [f"rank {r} answers: {replies[r]}" for r in missing if r in replies]
             silent = [r for r in missing if r not in replies]
             who = f"rank(s) {', '.join(map(str, missing))} never arrived"
             if told:
                 who += " (" + "; ".join(told) + ")"
-            if silent and self.answer:
+            if silent and (self.answer or (parent is not None and parent.answer)):
                 who += (f" (rank(s) {', '.join(map(str, silent))} did not answer: dead or "
                         "frozen)")
                 # Start-up has no run to go on with: a frozen learner ends the job there, also
                 # under --on-failure continue (the survivors rebuild from a trained snapshot).
                 handler = _silent_handler if not self.phase else None
                 killed = bool(handler is not None and handler(silent))
+                if killed:
+                    note_killed(silent)
                 if killed:
                     who += "; killed by a learner on its host, so that the others go on"
         elif (stalled := max(stalled or 0.0, stalled_for())) > max(1.0, self.timeout / 4):
@@ -510,15 +544,56 @@ class Watchdog:
                     msg.Recv(buf)
                     heard.add(status.Get_source())
                     got = True
-                if self.answer and (msg := self.control.Improbe(source=self._any, tag=_REPLY_TAG,
-                                                                 status=status)):
-                    msg.Recv(text)
-                    replies[status.Get_source()] = bytes(text).rstrip(b"\0").decode(
-                        errors="replace")
-                    got = True
+                if self.answer:
+                    got = self._take_replies(text, status) or got
+                replies.update(self._replies_since(start))
             if not got:
                 time.sleep(1e-3)
         return [p for p in peers if p not in heard], replies
+
+    def probe(self, peers: list[int]) -> dict[int, str]:
+        """Ask ``peers`` whether they are alive; returns what the answering ones are doing.
+
+        For a channel's watchdog (:attr:`parent`): it sends the same note as a stuck rank
+        does, on this (the answering) watchdog's control communicator, and waits the same
+        grace for the answers. It takes no peer's note off the wire (those are the monitor
+        thread's to answer), and the answers go through one record, so that a diagnosis of
+        this watchdog's own running at the same time loses none of them.
+        """
+        import numpy as np
+
+        if not peers:
+            return {}
+        note = np.array([self.seq], dtype=np.int64)
+        start = time.monotonic()
+        with self._lock:
+            for p in peers:
+                self._sending.append((self.control.Isend(note, dest=p, tag=_DIAG_TAG), note))
+        end = start + min(5.0, max(1.0, self.timeout / 2))
+        text = np.empty(_REPLY_BYTES, dtype=np.uint8)
+        status = self._status()
+        replies: dict[int, str] = {}
+        while time.monotonic() < end and len(replies) < len(peers):
+            with self._lock:
+                got = self._take_replies(text, status)
+                replies = {p: r for p, r in self._replies_since(start).items() if p in peers}
+            if not got:
+                time.sleep(1e-3)
+        return replies
+
+    def _take_replies(self, text: Any, status: Any) -> bool:
+        """Take every answer on the wire into the shared record (the caller holds the lock)."""
+        got = False
+        while (msg := self.control.Improbe(source=self._any, tag=_REPLY_TAG, status=status)):
+            msg.Recv(text)
+            self._replies[status.Get_source()] = (
+                time.monotonic(), bytes(text).rstrip(b"\0").decode(errors="replace"))
+            got = True
+        return got
+
+    def _replies_since(self, start: float) -> dict[int, str]:
+        """The answers that arrived after ``start`` (a note sent then), by peer."""
+        return {p: said for p, (when, said) in self._replies.items() if when >= start}
 
     def _status(self) -> Any:
         from mpi4py import MPI

@@ -406,7 +406,7 @@ class Topology:
         main thread.
         """
         control, pairs = self._track(*self._dup("pair channel", self.comm, self.inter))
-        watchdog = Watchdog(control, self.timeout)
+        watchdog = self._channel_watchdog(control, thread_multiple=True)
         # The leaders' exchanges between super-learners that share a host take NCCL groups
         # of the channel's own (every leader builds them: one agreed layout).
         link = self._twin(pairs, watchdog) if self.local_rank == 0 else None
@@ -424,7 +424,7 @@ class Topology:
         control, inter = self._track(*self._dup("side channel", self.comm, self.inter))
         intra = (self._track(*self._dup("side channel", self.intra))[0]
                  if self.local_size > 1 else None)
-        watchdog = Watchdog(control, self.timeout, self.thread_multiple)
+        watchdog = self._channel_watchdog(control, self.thread_multiple)
         # Super-learners of one that share a host: the channel's fp32 means take NCCL groups
         # of its own (the same layout agreed at start-up, so every member builds it).
         link = (self._twin(inter, watchdog) if wire == "fp32" and max(self.node_sizes) == 1
@@ -432,6 +432,19 @@ class Topology:
         return SideChannel(inter, watchdog, self.inter_ranks,
                            wire, background and self.thread_multiple,
                            intra=intra, node_ranks=self.node_ranks, link=link)
+
+    def _channel_watchdog(self, control: Any, thread_multiple: bool) -> Watchdog:
+        """A channel's own watchdog on its ``control``, asking the main one about silent peers.
+
+        Past a deadline it names the peers that never arrived as the main watchdog does, and
+        asks them on the main control communicator whether they are alive (its own has no
+        monitor that answers), so that under ``--on-failure continue`` a frozen learner found
+        by a channel's wait (a compressed block sync, the gossip) is killed from its host
+        and the others go on, as on the main communicator.
+        """
+        watchdog = Watchdog(control, self.timeout, thread_multiple)
+        watchdog.parent = self.watchdog
+        return watchdog
 
     def _twin(self, comm: Any, watchdog: Watchdog) -> HostLink | None:
         """The host link's twin over a channel's duplicate ``comm`` (collective), or None.
@@ -461,7 +474,7 @@ class Topology:
             return None
         control, inter = self._track(*self._dup("gradient pipeline", self.comm, self.inter))
         return GradPipeline(self.reducer, inter,
-                            Watchdog(control, self.timeout, self.thread_multiple),
+                            self._channel_watchdog(control, self.thread_multiple),
                             max(8, int(piece_mb * 2**20)))
 
     def shared_counter(self, slots: int) -> SharedCounter:

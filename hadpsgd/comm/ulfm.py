@@ -20,16 +20,17 @@ Only this module calls ULFM's routines (the comm layer is the one room that touc
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hadpsgd import env
+from hadpsgd.comm import deadline
 from hadpsgd.comm.mpi import mpi
+from hadpsgd.comm.sentinel import Sentinel, kill_pid, parent_pid
 
 FT_ENV = "OMPI_MCA_mpi_ft_enable"
 """Set to 1 by ``mpirun --with-ft ulfm`` in every process it starts."""
@@ -110,7 +111,10 @@ def is_peer_failure(err: BaseException | None) -> bool:
             try:
                 if err.Get_error_class() in classes:
                     return True
-                if err.Get_error_class() == MPI.ERR_OTHER and classes and _failure_known():
+                # A peer this process killed as frozen: the call it cut is that death, also
+                # where the runtime has not told this process yet (a channel's all-to-all).
+                if err.Get_error_class() == MPI.ERR_OTHER and classes and (
+                        deadline.killed_peers() or _failure_known()):
                     return True
             except Exception:  # noqa: BLE001 - a finalized MPI cannot be asked
                 return False
@@ -265,6 +269,28 @@ def watch(topo: Any) -> None:
     MPI = mpi()  # noqa: N806
     MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
     kill_frozen_peers(topo)
+    _watch_host(topo)
+
+
+_sentinel: Sentinel | None = None
+"""The running world's :class:`~hadpsgd.comm.sentinel.Sentinel` (one per process)."""
+
+
+def _watch_host(topo: Any) -> None:
+    """Have this host's other learners watched: one stopped ``HADPSGD_FROZEN_S`` s is killed.
+
+    A new world (after a recovery) replaces the sentinel of the old one, and forgets the
+    learners killed there.
+    """
+    global _sentinel  # noqa: PLW0603 - one running world per process
+    if _sentinel is not None:
+        _sentinel.stop()
+    deadline.note_killed(None)
+    hosts, pids, me = list(topo.hosts), list(topo.pids), topo.rank
+    if len(hosts) != topo.size or len(pids) != topo.size:
+        return
+    siblings = {r: pids[r] for r in range(topo.size) if r != me and hosts[r] == hosts[me]}
+    _sentinel = Sentinel(me, siblings, env.frozen_s(), deadline.note_killed).start()
 
 
 def end_with_error(message: str) -> bool:
@@ -383,7 +409,7 @@ def kill_frozen_peers(topo: Any) -> None:
             return False  # one alone on its host: nobody can kill it
         for r in silent:
             if hosts[r] == hosts[me]:
-                _kill(pids[r])
+                kill_pid(pids[r])
             for peer in range(len(hosts)):
                 if hosts[peer] == hosts[r] and peer not in (r, me):
                     buf = np.array([r], dtype=np.int64)
@@ -414,7 +440,7 @@ def kill_noted(topo: Any, wait_s: float = 0.1) -> None:
                     notes.Recv(buf, source=source, tag=_NOTE_TAG)
                     rank = int(buf[0])
                     if 0 <= rank < len(topo.pids) and topo.hosts[rank] == topo.hosts[topo.rank]:
-                        _kill(topo.pids[rank])
+                        kill_pid(topo.pids[rank])
             except Exception:  # noqa: BLE001 - that source is dead: nothing will come from it
                 sources.remove(source)
         time.sleep(0.01)
@@ -431,23 +457,5 @@ def kill_gone(topo: Any, gone: list[int]) -> None:
     me = topo.rank
     for r in gone:
         if r < len(topo.pids) and topo.hosts[r] == topo.hosts[me] and \
-                _parent(topo.pids[r]) == os.getppid():
-            _kill(topo.pids[r])
-
-
-def _parent(pid: int) -> int | None:
-    """The parent process id of ``pid`` (None where it is gone or cannot be read)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL ``pid`` (a frozen learner), if it is still there."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+                parent_pid(topo.pids[r]) == os.getppid():
+            kill_pid(topo.pids[r])

@@ -44,6 +44,11 @@ HADPSGD_FT_DETECTOR     bool        off               under ``--on-failure conti
                                                       is dropped in ~2 s, not at the deadline;
                                                       crashes ~1 in 7 launches in MPI_Init on a
                                                       loaded machine: docs/failures.md)
+HADPSGD_FROZEN_S        float >= 0  5                 under ``--on-failure continue``, a learner
+                                                      stopped (SIGSTOP) this many seconds is
+                                                      killed by a learner on its host, so that
+                                                      the others go on (``0``: only at the
+                                                      deadline; :mod:`hadpsgd.comm.sentinel`)
 HADPSGD_STDOUT_TTY      0 or 1      ask stdout        whether the console the run's output goes to
                                                       is a terminal (progress bar) or not (plain
                                                       lines); set by ``python -m hadpsgd.launch``,
@@ -80,10 +85,11 @@ TRACE_CHUNKS = "HADPSGD_TRACE_CHUNKS"
 EMULATE_STEP = "HADPSGD_EMULATE_STEP"
 STDOUT_TTY = "HADPSGD_STDOUT_TTY"
 FT_DETECTOR = "HADPSGD_FT_DETECTOR"
+FROZEN_S = "HADPSGD_FROZEN_S"
 
 NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, PIPELINE_MB,
                           CUDA_AWARE, HOST_LINK, CACHE, DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP,
-                          STDOUT_TTY, FT_DETECTOR)
+                          STDOUT_TTY, FT_DETECTOR, FROZEN_S)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -92,6 +98,10 @@ MAX_TIMEOUT_S = 30 * 86_400.0
 """The longest finite ``HADPSGD_TIMEOUT``: 30 days. A longer one is as good as none, and past
 what a thread's wait or a ``timedelta`` can hold (``1e12`` crashed start-up with an
 ``OverflowError``); ``inf`` says "no deadline" in so many words."""
+DEFAULT_FROZEN_S = 5.0
+"""How long a learner may stay stopped before its host's learners kill it (``--on-failure
+continue``): torchft declares a dead replica after 5 s too. Far below the deadline slow
+collectives need, and a stopped process is no slow one."""
 DEFAULT_BUCKET_MB = 64.0
 """Bucket size in MiB when neither ``bucket_mb`` nor ``HADPSGD_BUCKET_MB`` is given."""
 DEFAULT_PIPELINE_MB = 0.0
@@ -356,6 +366,22 @@ def ft_detector(environ: Mapping[str, str] | None = None) -> bool:
                    environ)
 
 
+def frozen_s() -> float:
+    """``HADPSGD_FROZEN_S``: seconds a learner may stay stopped before it is killed (0: off).
+
+    Returns:
+        The time (default :data:`DEFAULT_FROZEN_S`); 0 leaves a frozen learner to the
+        deadline (``HADPSGD_TIMEOUT``).
+
+    Raises:
+        EnvError: If it is set but is not a finite number >= 0.
+    """
+    number = _number(FROZEN_S, float, "set it to seconds, e.g. 5, or 0 to leave a frozen learner "
+                     f"to the deadline, or unset it (default {DEFAULT_FROZEN_S:g})",
+                     at_least=0, finite=True)
+    return DEFAULT_FROZEN_S if number is None else float(number)
+
+
 def _on_off(name: str, fix: str, environ: Mapping[str, str] | None = None) -> bool:
     """A yes / no variable (default no); anything else is an :class:`EnvError` with ``fix``."""
     value = raw(name, environ)
@@ -476,3 +502,4 @@ def check() -> None:
     emulated_step_s(0)
     stdout_tty()
     ft_detector()
+    frozen_s()

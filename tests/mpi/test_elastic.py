@@ -256,7 +256,7 @@ def test_without_the_detector_a_frozen_learner_is_found_at_the_deadline_and_kill
     out = tmp_path / "run"
     res = _launch(4, tiny_data, out, "--epochs", "1", "--control-every", "5",
                   fault="kind=stop,rank=2,step=10", timeout="4",
-                  env_extra={"OMPI_MCA_mpi_ft_detector": "false"})
+                  env_extra={"OMPI_MCA_mpi_ft_detector": "false", "HADPSGD_FROZEN_S": "0"})
     assert res.returncode == 0, res.output[-4000:]
     assert "mpi_ft_detector" not in res.stdout.splitlines()[0]  # the launcher's command
     assert "did not answer: dead or frozen); killed by a learner on its host" in res.output

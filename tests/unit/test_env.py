@@ -46,6 +46,7 @@ CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
      ["40", "ms=x", "ms=-1"]),
     ("HADPSGD_STDOUT_TTY", env.stdout_tty, None, "0", False, ["yes", "2"]),
     ("HADPSGD_FT_DETECTOR", env.ft_detector, False, "1", True, ["maybe", "2"]),
+    ("HADPSGD_FROZEN_S", env.frozen_s, 5.0, "0", 0.0, ["soon", "-1", "nan", "inf"]),
 ]
 IDS = [c[0] for c in CASES]
 

@@ -36,7 +36,7 @@ class _Notes:
 @pytest.fixture
 def killed(monkeypatch):
     pids: list[int] = []
-    monkeypatch.setattr(ulfm, "_kill", pids.append)
+    monkeypatch.setattr(ulfm, "kill_pid", pids.append)
     yield pids
     deadline.on_silent_peers(None)
 
