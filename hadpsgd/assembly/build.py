@@ -157,6 +157,10 @@ def make_out_dir(cfg: RunConfig, topo: Topology, train_path: Path | None = None)
     Rank 0 picks the default name and writes; with ``train_path`` (the training file) it
     also writes the class priors of its labels (``priors.json``, :mod:`hadpsgd.data.priors`)
     at a fresh start, or when a resumed run has none yet, for decoding.
+
+    Raises:
+        ConfigError: On every rank, where another run holds the directory or rank 0 could
+            not write it (a full disk), naming it and the way on.
     """
     out, problem = None, None
     if topo.rank == 0:
@@ -168,28 +172,49 @@ def make_out_dir(cfg: RunConfig, topo: Topology, train_path: Path | None = None)
     problem = topo.bcast_object(problem, root=0)
     if problem is not None:
         raise ConfigError(problem)
+    written: tuple[str | None, str | None] = (None, None)
     if topo.rank == 0:
         assert out is not None
-        if cfg.train.overwrite:
-            removed = rundir.clear_run(out)
-            if removed:
-                print(f"[hadpsgd] --overwrite: deleted {', '.join(removed)} of the run in "
-                      f"{out}", flush=True)
-        resolved = to_dict(cfg)
-        resolved["train"]["out_dir"] = str(out)
-        resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
-                             "node_sizes": topo.node_sizes, "device": str(topo.device)}
-        changed = provenance.write_config(out / "config.json", resolved,
-                                          provenance.entry(topo, cfg.train.resume))
-        if changed and cfg.train.resume is not None:
-            print(f"[hadpsgd] note: this resume runs other software than the run's previous "
-                  f"start ({'; '.join(changed)}); it goes on, but its steps may differ in the "
-                  "last bits from an uninterrupted run", flush=True)
-        if train_path is not None and (cfg.train.resume is None
-                                       or not (out / PRIORS_FILE).exists()):
-            save_priors(priors_of(train_path), out / PRIORS_FILE)
-        out = str(out)
-    return Path(topo.bcast_object(out, root=0))
+        try:
+            _write_run_files(cfg, topo, out, train_path)
+            written = (str(out), None)
+        except OSError as err:  # a full disk: rank 0's alone, said by every rank (exit 2)
+            written = (str(out), f"the run directory {out} could not be written "
+                                 f"({err.strerror or err}: {err.filename or out}); free space "
+                                 "there or fix its permissions, or use another --out-dir, "
+                                 "then start again (nothing was trained, no checkpoint was "
+                                 "touched)")
+    name, problem = topo.bcast_object(written, root=0)
+    if problem is not None:
+        raise ConfigError(problem)
+    return Path(name)
+
+
+def _write_run_files(cfg: RunConfig, topo: Topology, out: Path,
+                     train_path: Path | None) -> None:
+    """Rank 0: ``--overwrite``'s clearing, ``config.json`` and ``priors.json`` in ``out``.
+
+    Raises:
+        OSError: As a write fails (the caller says it on every rank).
+    """
+    if cfg.train.overwrite:
+        removed = rundir.clear_run(out)
+        if removed:
+            print(f"[hadpsgd] --overwrite: deleted {', '.join(removed)} of the run in "
+                  f"{out}", flush=True)
+    resolved = to_dict(cfg)
+    resolved["train"]["out_dir"] = str(out)
+    resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
+                         "node_sizes": topo.node_sizes, "device": str(topo.device)}
+    changed = provenance.write_config(out / "config.json", resolved,
+                                      provenance.entry(topo, cfg.train.resume))
+    if changed and cfg.train.resume is not None:
+        print(f"[hadpsgd] note: this resume runs other software than the run's previous "
+              f"start ({'; '.join(changed)}); it goes on, but its steps may differ in the "
+              "last bits from an uninterrupted run", flush=True)
+    if train_path is not None and (cfg.train.resume is None
+                                   or not (out / PRIORS_FILE).exists()):
+        save_priors(priors_of(train_path), out / PRIORS_FILE)
 
 
 def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -105,9 +105,10 @@ def test_a_live_run_holds_its_directory_and_a_dead_ones_lock_is_taken_over(tmp_p
 
 
 class _RankZero:
-    """Rank 0 of a world that hears rank 0's verdict (``check_out_dir``'s one collective)."""
+    """Rank 0 of a world that hears rank 0's verdicts (``check_out_dir``'s, ``make_out_dir``'s
+    collectives)."""
 
-    rank = 0
+    rank, size, num_nodes, node_sizes, device = 0, 1, 1, [1], "cpu"
 
     def bcast_object(self, obj: object, root: int = 0) -> object:
         return obj
@@ -142,3 +143,28 @@ def test_a_read_only_run_directory_is_a_user_error_said_by_every_rank(tmp_path, 
     monkeypatch.setattr(build.rundir, "writable_problem", lambda out: f"{out} is not writable")
     with pytest.raises(ConfigError, match=f"^{tmp_path} is not writable$"):
         build.check_out_dir(cfg, _RankZero())
+
+
+def test_a_full_disk_at_a_resumes_start_is_one_line_said_by_every_rank(tmp_path, monkeypatch):
+    """Issue 55 item 8e: a resume on a full disk was config.json's OSError on rank 0 alone (a
+    traceback, exit 1, its peers aborted waiting for it); now every rank's ConfigError
+    (exit 2) naming the directory and the fix, before anything is trained."""
+    import errno
+
+    from hadpsgd.assembly import build
+    from hadpsgd.assembly.runlock import release_runs
+    from hadpsgd.cli import ConfigError
+
+    def full(path, *args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path) + ".tmp")
+
+    monkeypatch.setattr(build.provenance, "write_config", full)
+    monkeypatch.setattr(build.provenance, "entry", lambda topo, resume: {})
+    cfg = parse_config(["--out-dir", str(tmp_path), "--resume", "auto"])
+    try:
+        with pytest.raises(ConfigError, match=f"the run directory {tmp_path} could not be "
+                                              "written \\(No space left on device: .*config"
+                                              ".json.tmp\\); free space there"):
+            build.make_out_dir(cfg, _RankZero())
+    finally:
+        release_runs()
