@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hadpsgd.comm.backends import TorchIntra
+from hadpsgd.comm.backends import STORE_TIMEOUT_CAP_S, TorchIntra
 from hadpsgd.comm.deadline import Watchdog
 
 
@@ -40,8 +40,12 @@ stuck peer is always reported by hadpsgd first."""
 
 
 def nccl_timeout(deadline_s: float) -> datetime.timedelta:
-    """NCCL's own timeout for hadpsgd's deadline ``deadline_s`` (see :data:`NCCL_GRACE_S`)."""
-    return datetime.timedelta(seconds=2 * deadline_s + NCCL_GRACE_S)
+    """NCCL's own timeout for hadpsgd's deadline ``deadline_s`` (see :data:`NCCL_GRACE_S`).
+
+    ``HADPSGD_TIMEOUT=inf`` (no deadline) or one of up to 30 days would overflow a
+    ``timedelta`` here: NCCL's is capped as the stores' is (``STORE_TIMEOUT_CAP_S``).
+    """
+    return datetime.timedelta(seconds=min(2 * deadline_s + NCCL_GRACE_S, 2 * STORE_TIMEOUT_CAP_S))
 
 
 class NCCLIntra(TorchIntra):

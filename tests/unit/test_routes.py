@@ -37,5 +37,7 @@ def test_the_world_agrees_on_nccl_and_cuda_awareness():
 
 def test_nccl_waits_longer_than_hadpsgd():
     # hadpsgd's watchdog must name the missing peer before torch's NCCL watchdog kills us.
-    for deadline in (5.0, 60.0, 300.0):
+    for deadline in (5.0, 60.0, 300.0, 30 * 86_400.0):
         assert nccl_timeout(deadline).total_seconds() >= deadline + NCCL_GRACE_S
+    # No deadline (HADPSGD_TIMEOUT=inf) is a long one, not an OverflowError.
+    assert nccl_timeout(float("inf")).total_seconds() > 30 * 86_400.0
