@@ -189,7 +189,9 @@ def failure_flags(launcher: Launcher, argv: list[str],
     The detector is off unless ``HADPSGD_FT_DETECTOR=1``: with its thread about one launch in
     seven (4 to 8 ranks on a loaded 2-core machine) crashed inside ``MPI_Init`` (a segfault,
     then ``MPI_ERR_INTERN`` in the others), before any training (docs/failures.md, the
-    soak). A frozen learner is then found at ``HADPSGD_TIMEOUT``, as before.
+    soak). A stopped learner is then found by hadpsgd's own sentinel in
+    ``HADPSGD_FROZEN_S`` seconds (5: :mod:`hadpsgd.comm.sentinel`, its host's learners read
+    its state), and one alone on its host at ``HADPSGD_TIMEOUT``, as before.
 
     Raises:
         LauncherError: For a ``HADPSGD_FT_DETECTOR`` that is neither on nor off (naming it
