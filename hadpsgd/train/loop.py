@@ -29,7 +29,13 @@ from hadpsgd.train.pooled import PooledPlan
 from hadpsgd.train.progress import Progress, internode_line, on_terminal
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
-from hadpsgd.train.snapshot import DEPLOYED_KEY, POSITIONS_KEY, Positions, Snapshots, host_copy
+from hadpsgd.train.snapshot import (
+    DEPLOYED_KEY,
+    POSITIONS_KEY,
+    Positions,
+    Snapshots,
+    copy_state,
+)
 from hadpsgd.train.stop import FLAG, StopFlag
 from hadpsgd.train.trace import ChunkTrace, Recorder
 
@@ -281,11 +287,13 @@ class Trainer:
         ``--max-steps`` equals the uninterrupted one.
         """
         if self.algo.finish_changes_state():
+            # Copies where the tensors are (the closing sync changes them in place), saved
+            # as a checkpoint taken now would save them.
             self._unfinished = {
-                "state": {"model": host_copy(compact(self.algo.model.state_dict())),
-                          "algo": host_copy(self.algo.state_dict()),
+                "state": {"model": copy_state(compact(self.algo.model.state_dict()), False),
+                          "algo": copy_state(self.algo.state_dict(), False),
                           POSITIONS_KEY: self.positions.state_dict()},
-                "node": host_copy(self.algo.node_state())}
+                "node": copy_state(self.algo.node_state(), False)}
         self.dist.finish()
         self._note_position()
 

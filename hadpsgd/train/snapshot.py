@@ -21,14 +21,14 @@ from typing import Any
 import torch
 
 
-def host_copy(obj: Any) -> Any:
-    """A deep copy of ``obj`` with every tensor cloned to host memory."""
+def copy_state(obj: Any, host: bool = True) -> Any:
+    """A deep copy of ``obj`` with every tensor cloned (to host memory unless not ``host``)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return obj.detach().to("cpu", copy=True) if host else obj.detach().clone()
     if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
+        return {k: copy_state(v, host) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(host_copy(v) for v in obj)
+        return type(obj)(copy_state(v, host) for v in obj)
     return obj
 
 
@@ -43,8 +43,8 @@ def learner_state(trainer: Any, model: Any = None) -> dict[str, Any]:
     algo = trainer.algo
     return {
         **trainer.plan.state_dict(),  # the epoch's chunk offset, as a checkpoint holds it
-        "model": host_copy((model or algo.model).state_dict()),
-        "algo": {"optimizer": host_copy(algo.optimizer.state_dict())},
+        "model": copy_state((model or algo.model).state_dict()),
+        "algo": {"optimizer": copy_state(algo.optimizer.state_dict())},
         "progress": asdict(trainer.pos),
         "history": [asdict(r) for r in trainer.history],
         "world_size": trainer.topo.size,
