@@ -150,6 +150,10 @@ class ADPSGD(Algorithm):
         self._average_buffers: list[torch.Tensor] | None = None
         """The mean of every learner's buffers at the last :meth:`sync` (``sync_buffers``)."""
         self._eval_model: nn.Module | None = None
+        self._gossip_before = (0, 0)
+        """Gossip bytes sent and received before this algorithm was built: a failure's
+        rebuilt run (:meth:`carry_bytes`) or, on rank 0 (whose log line reports them), a
+        resume; the thread's own counters start at 0 in every process."""
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
         # rank makes it, the leaders use it.
@@ -361,8 +365,21 @@ class ADPSGD(Algorithm):
         flags do (only a leader gossips).
         """
         sent, received = super().internode_bytes()
+        gossip_sent, gossip_received = self.gossip_bytes()
+        return sent + gossip_sent, received + gossip_received
+
+    def gossip_bytes(self) -> tuple[int, int]:
+        """The gossip's bytes sent and received across nodes over the whole run."""
         t = self.thread
-        return (sent + (t.bytes_sent if t else 0), received + (t.bytes_received if t else 0))
+        before_sent, before_received = self._gossip_before
+        return (before_sent + (t.bytes_sent if t else 0),
+                before_received + (t.bytes_received if t else 0))
+
+    def carry_bytes(self, old: Algorithm) -> None:
+        """The gradients' counters and the gossip's (sent and received)."""
+        super().carry_bytes(old)
+        if isinstance(old, ADPSGD):
+            self._gossip_before = old.gossip_bytes()
 
     def metrics(self) -> dict[str, float]:
         """Gossip health: exchanges per step, staleness, bytes sent, last consensus distance.
@@ -377,7 +394,7 @@ class ADPSGD(Algorithm):
             **super().metrics(),
             "exchanges_per_step": (t.exchanges / t.steps) if t and t.steps else 0.0,
             "staleness": float(t.steps - t.last_exchange_step) if t else 0.0,
-            "wire_bytes": float(t.bytes_sent) if t else 0.0,
+            "wire_bytes": float(self.gossip_bytes()[0]),
         }
         if self.options.max_staleness:
             out["stale_waits"] = float(self.stale_waits)
@@ -388,7 +405,14 @@ class ADPSGD(Algorithm):
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         state = super().state_dict()
         state["gossip_rounds"] = self.thread.rounds if self.thread else 0
+        state["gossip_wire_bytes"], state["gossip_wire_bytes_received"] = self.gossip_bytes()
         return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
+        super().load_state_dict(state)
+        if self.topo.rank == 0:  # the checkpoint holds rank 0's, whose log line says them
+            self._gossip_before = (int(state.get("gossip_wire_bytes", 0)),
+                                   int(state.get("gossip_wire_bytes_received", 0)))
 
     def close(self) -> None:
         """Finish in-flight exchanges on every super-learner, then re-align each node."""

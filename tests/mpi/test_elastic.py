@@ -197,6 +197,7 @@ def test_adpsgd_goes_on_from_its_replicas_and_trains_every_chunk_once(tiny_data,
     assert max(survivors.values()) == 1  # no survivor's chunk twice
     assert dead <= set(survivors)  # the dead learner's chunks were trained again
     assert total - len(survivors) < 3 * 2  # only the last incomplete global batch
+    _assert_counters_go_on(out, "wire_bytes")  # the gossip's, over the recovery
 
 
 def _detected_after(out: Path, output: str) -> float:
