@@ -29,6 +29,23 @@ super-learners are of 2) and a failure, then checks the outcome the failure must
   survives: exit 1, a ``failure`` record that says it stopped, and a checkpoint of the
   survivors' world at that record's step.
 
+- ``stop-sync`` (round 3): a learner frozen (``HADPSGD_FAULT`` kind=stop) at a BMUF block
+  sync on a compressed wire (int4, sign, topk): found by the host's sentinel
+  (``HADPSGD_FROZEN_S=5``), or with it off (``0``) at the channel's deadline, asked on the
+  main control communicator and killed there; the others go on (exit 0);
+- ``script`` (round 3): the launcher's script mode runs a user's script (a small model under
+  ``hadpsgd.Distributed``: SSGD, BMUF or ADPSGD) in which one rank deadlocks in its own code
+  (exit 3, the line names it), calls ``sys.exit(7)`` (exit 7) or ``sys.exit(0)`` (exit 0),
+  raises (exit 1) or does nothing (exit 0): ``_soak_round3.py``;
+- ``extend`` (round 3): a BMUF run ended by its epoch or by ``--max-steps`` mid-block, then
+  extended with ``--resume auto --epochs 2``, must end with the same tensors as the
+  uninterrupted two-epoch run.
+
+Every round draws a wire for BMUF's block sync (fp32, int4, sign, topk) or ADPSGD's gossip
+(fp32, int8, CHOCO's topk). For BMUF the chunk accounting takes the global model's step of
+each failure (the record's ``model_step``): the block in flight must be trained again by
+the survivors, so a block silently dropped shows as a leaver's chunks never trained again.
+
 Expected for the kills and the stop: exit 0, ``failure`` records naming exactly the lost
 learners, each at the right step (SSGD, BMUF: the control point the survivors went on from,
 the last one before the fault's step; ADPSGD: the step the log line names), a last
@@ -74,6 +91,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _soak_round3 import (  # noqa: E402 - beside this script
+    SCRIPT_ALGOS,
+    SCRIPT_CASES,
+    STEPS,
+    check_script,
+    compare_final,
+    write_script,
+)
+
 from hadpsgd.data import ChunkDataset  # noqa: E402
 from hadpsgd.data.synth import SynthSpec, generate  # noqa: E402
 from hadpsgd.launch import launch_env  # noqa: E402
@@ -93,7 +119,15 @@ ALGOS: dict[str, list[str]] = {
 PAIRS = ("bmuf", "h-adpsgd")
 POOLED = ("adpsgd", "h-adpsgd")
 KINDS = {"kill": 3, "kill-sync": 1, "kill-control": 2, "kill-ckpt": 2, "kill-eval": 1,
-         "recovery": 2, "stop": 2, "raise": 1, "startup": 1, "min-learners": 1}
+         "recovery": 2, "stop": 2, "raise": 1, "startup": 1, "min-learners": 1,
+         "stop-sync": 2, "script": 2, "extend": 1}
+WIRES: dict[str, list[str]] = {
+    "bmuf": ["fp32", "int4", "sign", "topk"],  # the block sync's (topk: with error feedback)
+    "adpsgd": ["fp32", "int8", "topk"],  # topk: CHOCO's compressed gossip
+    "h-adpsgd": ["fp32", "int8", "topk"],
+}
+"""The wires a round draws from (round 3: every wire among the rounds), the first the
+default; ``stop-sync`` rounds draw a compressed one."""
 
 
 @dataclass
@@ -146,14 +180,15 @@ LAUNCHER_START_FAILURE = "PMIx server's listener thread failed to start"
 
 
 def launch(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path], fault: str,
-           timeout: float, act: Any = None) -> Job:
+           timeout: float, act: Any = None, env: dict[str, str] | None = None,
+           script: list[str] | None = None) -> Job:
     """One job through the launcher, started again where mpirun itself failed to start.
 
     Open MPI's launcher now and then fails to bring up its PMIx server before any rank
     exists (exit 213; ``tests/_mpi.py`` retries it too): nothing of the round ran.
     """
     for tries in range(3):
-        job = launch_once(nprocs, args, out, data, fault, timeout, act)
+        job = launch_once(nprocs, args, out, data, fault, timeout, act, env, script)
         job.start_retries = tries
         if LAUNCHER_START_FAILURE not in job.output:
             break
@@ -161,8 +196,11 @@ def launch(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path], fau
 
 
 def launch_once(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path], fault: str,
-                timeout: float, act: Any = None) -> Job:
-    """One job through the launcher.
+                timeout: float, act: Any = None, env_extra: dict[str, str] | None = None,
+                script: list[str] | None = None) -> Job:
+    """One job through the launcher: of ``hadpsgd.run``, or of ``script``.
+
+    ``script`` is a path and its arguments: the launcher's script mode.
 
     ``act(job, proc, out, log)`` is polled while it runs: it sends the soak's own signals
     and returns True once it is done.
@@ -171,10 +209,13 @@ def launch_once(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path]
     env.update({"HADPSGD_TIMEOUT": str(DEADLINE), "HADPSGD_FAULT": fault,
                 "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), "--",
            "--train", str(data[0]), "--heldout", str(data[1]), "--preset", "tiny",
            "--out-dir", str(out), "--no-progress", "--batch-size", str(BATCH),
            "--on-failure", "continue", "--control-every", str(CONTROL), *args]
+    if script is not None:
+        cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), *script]
     out.mkdir(parents=True, exist_ok=True)
     log = out.parent / f"{out.name}.log"
     start = time.monotonic()
@@ -305,7 +346,9 @@ def kept_steps(plan: Plan, out: Path) -> dict[int, int]:
         if plan.algo in POOLED:
             step = max(plan.meeting, fails[i - 1]["step"] if i else 0)
         else:
-            step = fail["step"]
+            # BMUF mid-block: the global model (and the survivors' data) went back to the
+            # last block sync; a leaver's chunks after it are in no model (issue 55 item 4).
+            step = fail.get("model_step", fail["step"])
         for rank in leavers(plan.algo, fail["lost"]):
             kept.setdefault(rank, step)
     return kept
@@ -425,24 +468,43 @@ class Plan:
     args: list[str] = field(default_factory=list)
     resume_np: int | None = None
     meeting: int = 0  # ADPSGD: the pool's last meeting before the failure (a checkpoint's)
+    wire: str = "fp32"  # --wire (BMUF's block sync, ADPSGD's gossip)
+    env: dict[str, str] = field(default_factory=dict)  # more of the job's environment
+    script: str = ""  # a script round's: what its rank does (soak_round3.SCRIPT_CASES)
 
 
 def pick(rng: random.Random, total: int, resume_every: int, index: int) -> Plan:
     """Choose a round."""
     kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
-    algo = "bmuf" if kind == "kill-sync" else rng.choice(list(ALGOS))
+    algo = "bmuf" if kind in ("kill-sync", "stop-sync", "extend") else rng.choice(list(ALGOS))
     pairs = algo in PAIRS
     nprocs = rng.choice([4, 6, 8, 8] if pairs else [4, 5, 6, 8, 8])
     steps = total // (BATCH * nprocs)
     dead = rng.randrange(nprocs)
     plan = Plan(kind, algo, nprocs, [dead], args=["--epochs", "1"])
+    if algo in WIRES:
+        wires = WIRES[algo][1:] if kind == "stop-sync" else WIRES[algo]
+        plan.wire = rng.choice(wires)
+        if plan.wire != "fp32":
+            plan.args += ["--wire", plan.wire]
     step = rng.randint(2, max(3, steps - 3)) if algo not in POOLED else rng.randint(2, 12)
-    if kind == "kill-sync":
+    if kind in ("kill-sync", "stop-sync"):
         step = SYNC * rng.randint(1, max(1, (steps - 2) // SYNC))
     elif kind == "kill-control":
         step = CONTROL * rng.randint(1, max(1, (steps - 2) // CONTROL))
     if kind in ("kill", "kill-sync", "kill-control", "recovery"):
         plan.fault, plan.fault_step = f"kind=kill,rank={dead},step={step}", step
+    elif kind == "stop-sync":
+        # Frozen in a compressed block sync: the host's sentinel finds it (5 s), or with it
+        # off the channel's deadline and its probe on the main control communicator.
+        plan.fault, plan.fault_step = f"kind=stop,rank={dead},step={step}", step
+        plan.env["HADPSGD_FROZEN_S"] = rng.choice(["5", "0"])
+    elif kind == "script":
+        plan.script = rng.choice(list(SCRIPT_CASES))
+        plan.args, plan.wire = [], "fp32"
+    elif kind == "extend":
+        if rng.random() < 0.5:  # ended mid-block by --max-steps, else by its last epoch
+            plan.args += ["--max-steps", str(rng.randint(SYNC + 1, steps - 2))]
     elif kind == "kill-ckpt":
         step = CONTROL * rng.randint(1, max(1, (steps - 2) // CONTROL))
         points = ["ckpt-data", "ckpt-manifest", "ckpt-rename", "ckpt-wait"]
@@ -530,6 +592,44 @@ def pid_actor(plan: Plan, rng: random.Random, total: int) -> Any:
     return None
 
 
+def script_round(plan: Plan, rng: random.Random, out: Path, data: tuple[Path, Path],
+                 timeout: float) -> tuple[Job, tuple[str | None, str | None]]:
+    """A user's script under the launcher's script mode, one rank ending it its own way."""
+    algo = rng.choice(list(SCRIPT_ALGOS))
+    step = rng.randint(2, STEPS - 2)
+    plan.algo, plan.dead = algo, plan.dead[:1]
+    path = write_script(out, algo, plan.dead[0], plan.script, step)
+    plan.fault = f"{algo}, step {step}"
+    env = {"HADPSGD_RANKS_PER_NODE": "1"} if algo == "bmuf" else {}
+    job = launch(plan.np, [], out, data, "", timeout, env=env, script=[str(path)])
+    return job, check_script(plan.script, plan.dead[0], job.code, job.output)
+
+
+def extend_round(plan: Plan, out: Path, data: tuple[Path, Path],
+                 timeout: float) -> tuple[Job, tuple[str | None, str | None]]:
+    """A BMUF run ended, extended to 2 epochs, against the uninterrupted 2-epoch run.
+
+    Ended by its epoch or by ``--max-steps`` mid-block; the final tensors must be the same
+    (issue 55 item 7).
+    """
+    first = launch(plan.np, ALGOS[plan.algo] + plan.args, out, data, "", timeout)
+    if first.code != 0:
+        return first, ("exit" if first.code is not None else "hang",
+                       f"first part exit {first.code}: {first.output[-1500:]}")
+    wire = ["--wire", plan.wire] if plan.wire != "fp32" else []
+    job = launch(plan.np, [*ALGOS[plan.algo], *wire, "--epochs", "2", "--max-steps", "0",
+                           "--resume", "auto"], out, data, "", timeout)
+    if job.code != 0:
+        return job, ("exit" if job.code is not None else "hang",
+                     f"extension exit {job.code}: {job.output[-1500:]}")
+    full = launch(plan.np, [*ALGOS[plan.algo], *wire, "--epochs", "2"], out.parent /
+                  f"{out.name}-full", data, "", timeout)
+    if full.code != 0:
+        return full, ("exit", f"uninterrupted run exit {full.code}: {full.output[-1500:]}")
+    problem = compare_final(out.parent / f"{out.name}-full", out)
+    return job, (("extend", problem) if problem else (None, None))
+
+
 def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str | None]:
     """(what kind of problem, the problem) of a finished first job, or (None, None)."""
     if job.code is None:
@@ -576,6 +676,9 @@ def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str 
     if plan.kind == "recovery":
         job.landed = "after the recovery"
     dead = plan.dead if plan.kind not in ("kill-eval", "stop") else job.killed
+    if plan.kind == "stop-sync" and plan.env.get("HADPSGD_FROZEN_S") == "0" and \
+            "killed by a learner on its host" not in job.output:
+        return "message", f"frozen in a compressed sync, the sentinel off: no kill said: {tail}"
     exact = plan.fault_step if plan.kind not in ("min-learners", "recovery") else None
     problem = failure_problem(plan.algo, out, job, dead, exact)
     if problem:
@@ -619,11 +722,15 @@ def resume(plan: Plan, data: tuple[Path, Path], out: Path, total: int) -> tuple[
     lines = trace_lines(out)
     first = {r: recs[:before.get(r, 0)] for r, recs in lines.items()}
     second = {r: recs[before.get(r, 0):] for r, recs in lines.items()}
-    alive, lost = chunks_kept(plan.algo, first, kept_steps(plan, out), upto=ckpt_step)
+    # BMUF mid-block: the resume trains the block in flight again (issue 55 item 4).
+    again = re.search(r"the block in flight \(steps (\d+)-\d+\), which its global model",
+                      job.output)
+    upto = int(again[1]) - 1 if again else ckpt_step
+    alive, lost = chunks_kept(plan.algo, first, kept_steps(plan, out), upto=upto)
     more, _ = chunks_kept(plan.algo, second, {})
     for rank, recs in second.items():
         steps = [r["global_step"] for r in recs]
-        if steps and (steps[0] <= ckpt_step or steps != sorted(steps)):
+        if steps and (steps[0] <= upto or steps != sorted(steps)):
             return "steps", f"rank {rank}'s steps after the resume: {steps[:6]}..."
     problem = chunk_problem(alive + more, lost, total, BATCH * (plan.resume_np or 1))
     return ("chunks", problem) if problem else (None, None)
@@ -696,15 +803,22 @@ def main() -> int:
         plan = pick(rng, total, opts.resume_every, i)
         out = scratch / f"round-{i:03d}"
         margin = 200 if plan.np <= 6 else 260
-        job = launch(plan.np, ALGOS[plan.algo] + plan.args, out, data, plan.fault,
-                     timeout=DEADLINE + margin, act=pid_actor(plan, rng, total))
-        what, problem = check(plan, job, out, total)
+        if plan.kind == "script":
+            job, (what, problem) = script_round(plan, rng, out, data, DEADLINE + margin)
+        elif plan.kind == "extend":
+            job, (what, problem) = extend_round(plan, out, data, DEADLINE + margin)
+        else:
+            job = launch(plan.np, ALGOS[plan.algo] + plan.args, out, data, plan.fault,
+                         timeout=DEADLINE + margin, act=pid_actor(plan, rng, total),
+                         env=plan.env)
+            what, problem = check(plan, job, out, total)
         resumed = None
         if what is None and plan.resume_np:
             what, problem = resume(plan, data, out, total)
             resumed = plan.resume_np
         fails = records(out, "failure")
         rec = {"kind": plan.kind, "algo": plan.algo, "np": plan.np, "dead": plan.dead,
+               "wire": plan.wire, "script": plan.script or None, "env": plan.env,
                "fault": plan.fault, "killed_pid_of": job.killed, "exit": job.code,
                "wall_s": round(job.wall_s, 1), "resumed_at_np": resumed,
                "failure_steps": [f["step"] for f in fails],
@@ -712,8 +826,8 @@ def main() -> int:
                "second_kill_landed": job.landed or None, "start_retries": job.start_retries,
                "problem": problem, "dir": str(out)}
         rounds.append(rec)
-        print(f"[{i + 1}/{opts.rounds}] {plan.kind:12} {plan.algo:8} np {plan.np} "
-              f"dead {plan.dead} {plan.fault or 'os.kill'}"
+        print(f"[{i + 1}/{opts.rounds}] {plan.kind:12} {plan.algo:8} {plan.wire:4} np "
+              f"{plan.np} dead {plan.dead} {plan.script or plan.fault or 'os.kill'}"
               f"{f' -> resume np {resumed}' if resumed else ''}: exit {job.code} in "
               f"{rec['wall_s']} s, failures at {rec['failure_steps']}: "
               f"{(what + ': ' + (problem or '')[:600]) if what else 'ok'}", flush=True)
@@ -745,6 +859,9 @@ def summary(rounds: list[dict[str, Any]], opts: argparse.Namespace) -> dict[str,
                                                 "missed")},
                 "by_kind": dict(Counter(r["kind"] for r in rounds)),
                 "by_algo": dict(Counter(r["algo"] for r in rounds)),
+                "by_wire": dict(Counter(r.get("wire", "fp32") for r in rounds)),
+                "by_script_case": dict(Counter(r["script"] for r in rounds
+                                               if r.get("script"))),
                 "worlds_of_8": sum(r["np"] == 8 for r in rounds),
                 "resumed_at_another_np": sum(bool(r["resumed_at_np"]) for r in rounds),
                 "second_kill_inside_recovery": sum(r["second_kill_landed"] == "inside the "

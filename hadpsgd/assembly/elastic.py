@@ -202,6 +202,8 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
                  f"{model_step + 1}-{failed_at}) is retrained" if model_step < step else "")
         where = (f"from the control point at step {step}{block} ({failed_at - model_step} "
                  "steps retrained)")
+        # The step the survivors' data went back to (the soak's chunk accounting reads it).
+        extra["model_step"] = model_step
     if new.size < need:
         extra["stopped"] = f"below --min-learners {need}"
     rebuilt.metrics.write("failure", step, learners=new.size, lost=gone,

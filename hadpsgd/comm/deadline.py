@@ -317,6 +317,12 @@ class Watchdog:
             self._sending = [(r, b) for r, b in self._sending if not r.Test()]
             return not self._sending
 
+    def _ended(self) -> dict[int, int]:
+        """The peers that ended their script, as this process's answering watchdog heard."""
+        if self.answer or self.parent is None:
+            return self.ended
+        return self.parent.ended
+
     def check_ended(self, what: str, group: list[int] | None, seq: int | None = None) -> None:
         """Raise :class:`PeerEndedError` if a peer of ``group`` has ended its script.
 
@@ -325,7 +331,7 @@ class Watchdog:
             group: World ranks taking part (None: everyone).
             seq: The operation's number (default: the last one).
         """
-        ended = self.ended
+        ended = self._ended()
         if not ended:
             return
         gone = {r: c for r, c in ended.items() if group is None or r in group}
@@ -359,7 +365,7 @@ class Watchdog:
                 except Exception:  # noqa: BLE001, S112 - MPI finalized at exit: stop answering
                     return
             active = self._active
-            if active is not None and self.ended:
+            if active is not None and self._ended():
                 try:
                     self.check_ended(active[0], active[1], active[3])
                 except PeerEndedError as err:
@@ -411,7 +417,7 @@ class Watchdog:
     def _unless_ended(self, done: Callable[[], bool], what: str,
                       group: list[int] | None) -> Callable[[], bool]:
         """``done``, raising :class:`PeerEndedError` once a peer of ``group`` ended its script."""
-        if not self.answer:
+        if not (self.answer or (self.parent is not None and self.parent.answer)):
             return done  # no monitor receives the peers' notes: the deadline decides
 
         def test() -> bool:

@@ -85,3 +85,13 @@ def test_a_threads_sys_exit_is_not_the_scripts(monkeypatch: pytest.MonkeyPatch) 
     thread.start()
     thread.join()
     assert setup._exit_code is None
+
+
+def test_a_channels_wait_hears_the_end_through_the_main_watchdog() -> None:
+    main = _watchdog(answer=True)
+    channel = _watchdog(answer=False)  # a side or pair channel's: no monitor of its own
+    channel.parent = main
+    main.ended = {1: 7}
+    with pytest.raises(PeerEndedError) as err:
+        channel.wait_until(lambda: False, "gossip exchange", [0, 1])
+    assert err.value.code == 7
