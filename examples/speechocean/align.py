@@ -6,7 +6,10 @@ Each utterance is aligned to its transcript as pocketsphinx 5 does it:
 decode (word segmentation), ``set_alignment`` and a second decode (phone and state
 segmentation), then ``get_alignment()``: words (with the optional ``<sil>`` between them),
 each word's phones, each phone's three HMM states with their frames (10 ms) and tied-state
-(senone) ids. A transcript word missing from pocketsphinx's dictionary is added with its
+(senone) ids. About 0.7 % of the utterances fail so ("Failed to set up sub-word
+alignment"; which ones depends on what the decoder saw before: its live cepstral mean); each
+is tried again in a fresh decoder with wider beams (:data:`FALLBACKS`), which aligns most of
+them. A transcript word missing from pocketsphinx's dictionary is added with its
 first pronunciation in ``resource/lexicon.txt`` (stress digits removed).
 
 Alignments are kept in a JSON-lines cache (one object per utterance, appended as each is
@@ -23,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +35,11 @@ from examples.speechocean.phones import SILENCE_CLASSES, state_class
 
 BATCH = 20
 """Utterances per unit of work handed to the worker process."""
+CONFIG = {"samprate": 16000, "bestpath": False, "maxhmmpf": -1, "maxwpf": -1,
+          "loglevel": "FATAL"}
+"""The decoder's settings."""
+FALLBACKS = ({"beam": 1e-80, "wbeam": 1e-60, "pbeam": 1e-80}, {})
+"""Settings added to :data:`CONFIG` for a fresh decoder when an alignment fails, in turn."""
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Alignment:
         states: ``[phone, state (0-2), senone, first frame, frames]`` per HMM state.
         seconds: The time both decodes took.
         error: Why it failed (``words`` and ``states`` then empty), or ``None``.
+        attempts: Decoders tried (1 + fallbacks; 0 in a cache older than the fallbacks).
     """
 
     utt_id: str
@@ -52,20 +62,28 @@ class Alignment:
     states: list[list] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
+    attempts: int = 0
 
 
 _DECODER = None  # one per process, made by _start
+_EXTRA: dict[str, str] = {}
+
+
+def _decoder(extra: dict[str, str], **settings: float) -> object:
+    """A decoder with :data:`CONFIG` and ``settings``, knowing the words in ``extra``."""
+    from pocketsphinx import Decoder
+
+    decoder = Decoder(**CONFIG, **settings)
+    for number, (word, phones) in enumerate(sorted(extra.items()), start=1):
+        decoder.add_word(word, phones, number == len(extra))
+    return decoder
 
 
 def _start(extra: dict[str, str]) -> None:
     """Make this process's decoder and add the words pocketsphinx's dictionary lacks."""
-    global _DECODER
-    from pocketsphinx import Decoder
-
-    _DECODER = Decoder(samprate=16000, bestpath=False, maxhmmpf=-1, maxwpf=-1,
-                       loglevel="FATAL")
-    for number, (word, phones) in enumerate(sorted(extra.items()), start=1):
-        _DECODER.add_word(word, phones, number == len(extra))
+    global _DECODER, _EXTRA
+    _EXTRA = dict(extra)
+    _DECODER = _decoder(_EXTRA)
 
 
 def missing_words(words: Iterable[str],
@@ -85,31 +103,43 @@ def missing_words(words: Iterable[str],
     return out
 
 
-def align_one(utt_id: str, wav: Path, words: Sequence[str]) -> Alignment:
-    """Align one utterance with this process's decoder (:func:`_start` first)."""
-    assert _DECODER is not None, "call _start first"
-    start = time.perf_counter()
+def _align_with(decoder: Any, utt_id: str, audio: bytes, words: Sequence[str]) -> Alignment:
+    """Both decodes of one utterance with ``decoder``; a failure is recorded, not raised."""
     try:
-        audio = read_wav(wav)
-        _DECODER.set_align_text(" ".join(w.lower() for w in words))
+        decoder.set_align_text(" ".join(w.lower() for w in words))
         for first in (True, False):
             if not first:
-                _DECODER.set_alignment()
-            _DECODER.start_utt()
-            _DECODER.process_raw(audio, full_utt=True)
-            _DECODER.end_utt()
-        result = _DECODER.get_alignment()
+                decoder.set_alignment()
+            decoder.start_utt()
+            decoder.process_raw(audio, full_utt=True)
+            decoder.end_utt()
+        result = decoder.get_alignment()
         if result is None:
             raise RuntimeError("no alignment")
-        out = Alignment(utt_id, frames=_DECODER.n_frames())
+        out = Alignment(utt_id, frames=decoder.n_frames())
         for word in result:
             out.words.append([word.name, word.start, word.duration])
             for phone in word:
                 for k, state in enumerate(phone):
                     out.states.append([phone.name, k, int(state.name), state.start,
                                        state.duration])
-    except Exception as err:  # noqa: BLE001 - a failure is recorded, not fatal
+    except Exception as err:  # noqa: BLE001 - pocketsphinx raises RuntimeError, or worse
         out = Alignment(utt_id, error=f"{type(err).__name__}: {err}")
+    return out
+
+
+def align_one(utt_id: str, wav: Path, words: Sequence[str]) -> Alignment:
+    """Align one utterance with this process's decoder (:func:`_start` first), then fallbacks."""
+    assert _DECODER is not None, "call _start first"
+    start = time.perf_counter()
+    audio = read_wav(wav)
+    out = _align_with(_DECODER, utt_id, audio, words)
+    out.attempts = 1
+    for settings in FALLBACKS if out.error else ():
+        out = _align_with(_decoder(_EXTRA, **settings), utt_id, audio, words)
+        out.attempts = 1 + FALLBACKS.index(settings) + 1
+        if out.error is None:
+            break
     out.seconds = round(time.perf_counter() - start, 4)
     return out
 
@@ -145,7 +175,7 @@ class AlignmentCache:
 def align_all(utts: Sequence[Utterance], lexicon: dict[str, list[tuple[str, ...]]],
               cache: AlignmentCache, jobs: int = 2,
               progress: Callable[[int, int], None] | None = None) -> dict[str, Alignment]:
-    """Align every utterance the cache lacks; returns the alignments of ``utts``.
+    """Align every utterance the cache lacks (or failed before the fallbacks); returns theirs.
 
     Args:
         utts: The utterances.
@@ -154,7 +184,10 @@ def align_all(utts: Sequence[Utterance], lexicon: dict[str, list[tuple[str, ...]
         jobs: 1 (this process only) or 2 (this one and one worker process).
         progress: Called with (done, to do) after each batch.
     """
-    todo = [(u.utt_id, str(u.wav), u.words) for u in utts if u.utt_id not in cache.items]
+    tries = 1 + len(FALLBACKS)
+    todo = [(u.utt_id, str(u.wav), u.words) for u in utts
+            if u.utt_id not in cache.items
+            or (cache.items[u.utt_id].error and cache.items[u.utt_id].attempts < tries)]
     if todo:
         extra = missing_words((w for u in utts for w in u.words), lexicon)
         batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
