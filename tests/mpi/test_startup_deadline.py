@@ -87,9 +87,10 @@ def test_a_rank_frozen_in_start_up_ends_the_job_within_the_deadline(case, tiny_d
 def test_under_on_failure_continue_start_up_still_ends_the_job(tiny_data, tmp_path) -> None:
     """No trained state exists yet: a frozen learner in start-up is not killed and gone on
     from (as one in training is), the job ends as without the option. (The heartbeat
-    detector, off here, ends it sooner: tests/mpi/test_elastic.py.)"""
+    detector and the host's sentinel, off here, end it sooner, exit 1:
+    tests/mpi/test_elastic.py, tests/mpi/test_frozen.py.)"""
     res = _launch(2, tiny_data, tmp_path / "run", "--max-steps", "3",  # adds --on-failure
                   fault="kind=stop,rank=1,at=startup-data", timeout=str(TIMEOUT_S),
-                  env_extra={"OMPI_MCA_mpi_ft_detector": "false"})
+                  env_extra={"OMPI_MCA_mpi_ft_detector": "false", "HADPSGD_FROZEN_S": "0"})
     _check(res, 2, "data checks", None)
     assert "killed by a learner on its host" not in res.output
