@@ -30,7 +30,7 @@ import numpy as np
 from hadpsgd import env
 from hadpsgd.comm import deadline
 from hadpsgd.comm.mpi import mpi
-from hadpsgd.comm.sentinel import Sentinel, kill_pid, parent_pid
+from hadpsgd.comm.sentinel import Sentinel, kill_pid, parent_pid, process_state
 
 FT_ENV = "OMPI_MCA_mpi_ft_enable"
 """Set to 1 by ``mpirun --with-ft ulfm`` in every process it starts."""
@@ -130,11 +130,29 @@ def _failure_known(wait_s: float = 3.0) -> bool:
     """
     MPI = mpi()  # noqa: N806
     end = time.monotonic() + wait_s
-    while not failed_ranks(MPI.COMM_WORLD):
+    while not failed_ranks(MPI.COMM_WORLD) and not _host_peer_gone():
         if time.monotonic() > end:
             return False
         time.sleep(0.05)
     return True
+
+
+def _host_peer_gone() -> bool:
+    """Whether a learner of the running world on this host has no process any more.
+
+    A blocking all-to-all on a channel's communicator (BMUF's compressed block sync) that a
+    killed learner cut ends with ``MPI_ERR_OTHER``, and the world's list of failed processes
+    may stay empty for longer than the caller waits (the soak, round 3: 4 of 8 learners took
+    a killed one for their own error). A dead sibling is a local fact: its process is gone.
+    """
+    topo = _current
+    if topo is None:
+        return False
+    hosts, pids, me = list(topo.hosts), list(getattr(topo, "pids", [])), topo.rank
+    if len(hosts) != topo.size or len(pids) != topo.size:
+        return False
+    return any(process_state(pids[r]) in (None, "Z", "X") for r in range(topo.size)
+               if r != me and hosts[r] == hosts[me])
 
 
 def revoke(comms: list[Any]) -> None:

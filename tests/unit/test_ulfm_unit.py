@@ -61,3 +61,27 @@ def test_a_frozen_learner_alone_on_its_host_cannot_be_killed(killed):
     topo = _topo(["a", "a", "b"], rank=0)
     ulfm.kill_frozen_peers(topo)
     assert not deadline._silent_handler([2]) and killed == [] and topo._errors.sent == []
+
+
+def test_a_sibling_whose_process_is_gone_is_a_peer_failure(monkeypatch):
+    """The soak's round-3 finding: a learner killed in BMUF's compressed block sync cut the
+    channel's all-to-all with MPI_ERR_OTHER while the world's list of failed processes
+    stayed empty; its missing process on this host says it died."""
+    import os
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its process id names no process
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        topo = SimpleNamespace(hosts=["a", "a", "b"], pids=[os.getpid(), alive.pid, gone.pid],
+                               rank=0, size=3)
+        monkeypatch.setattr(ulfm, "_current", topo)
+        assert not ulfm._host_peer_gone()  # the dead one is on another host: not seen here
+        topo.hosts = ["a", "a", "a"]
+        assert ulfm._host_peer_gone()
+        topo.pids = [os.getpid(), alive.pid, alive.pid]
+        assert not ulfm._host_peer_gone()
+    finally:
+        alive.kill()
+        alive.wait()
