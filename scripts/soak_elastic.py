@@ -311,8 +311,9 @@ def chunks_kept(algo: str, lines: dict[int, list[dict[str, Any]]], gone: dict[in
     alive: Counter = Counter()
     lost: set[int] = set()
     for rank, recs in lines.items():
-        # A pooled learner that lived into the next epoch left its epoch-0 slots trained.
-        later = any(rec["epoch"] > 0 for rec in recs)
+        # A pooled learner that lived into the next epoch left its epoch-0 slots trained
+        # (SSGD's and BMUF's data goes back to the failure's model step, maybe in epoch 0).
+        later = algo in POOLED and any(rec["epoch"] > 0 for rec in recs)
         steps: dict[int, list[int]] = {}
         for rec in recs:
             if rec["epoch"] != 0:
@@ -693,10 +694,12 @@ def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str 
         if "stopped" not in fail:
             return "record", f"the last failure record says no stop: {fail}"
         step = read_manifest(latest_checkpoint(out / "checkpoints"))["step"]
-        # ADPSGD's survivors' steps go on past the failure's (their slots at fewer nodes).
-        if step != fail["step"] and not (plan.algo in POOLED and step >= fail["step"]):
+        # ADPSGD's survivors' steps go on past the failure's (their slots at fewer nodes);
+        # BMUF's state is its global model's, of the last block sync (model_step).
+        kept = fail.get("model_step", fail["step"])
+        if step != kept and not (plan.algo in POOLED and step >= fail["step"]):
             return "record", f"the checkpoint is at step {step}, its failure record at " \
-                             f"{fail['step']}"
+                             f"{fail['step']} (model step {kept})"
     if plan.resume_np or stopping or "--max-steps" in plan.args:
         return None, None  # an interrupted epoch: counted after its resume
     alive, lost = chunks_kept(plan.algo, trace_lines(out), kept_steps(plan, out))
