@@ -58,8 +58,8 @@ class Alignment:
 
     utt_id: str
     frames: int = 0
-    words: list[list] = field(default_factory=list)
-    states: list[list] = field(default_factory=list)
+    words: list[list[Any]] = field(default_factory=list)
+    states: list[list[Any]] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
     attempts: int = 0
@@ -69,7 +69,7 @@ _DECODER = None  # one per process, made by _start
 _EXTRA: dict[str, str] = {}
 
 
-def _decoder(extra: dict[str, str], **settings: float) -> object:
+def _decoder(extra: dict[str, str], **settings: float) -> Any:
     """A decoder with :data:`CONFIG` and ``settings``, knowing the words in ``extra``."""
     from pocketsphinx import Decoder
 

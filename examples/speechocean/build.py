@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,7 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _progress(what: str, every: int) -> object:
+def _progress(what: str, every: int) -> Callable[[int, int], None]:
     start = time.perf_counter()
     last = [0]
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     t0 = time.perf_counter()
     every = [u for part in splits.values() for u in part]
     alignments = align.align_all(every, lexicon, cache, args.jobs,
-                                 _progress("aligned", 200))  # type: ignore[arg-type]
+                                 _progress("aligned", 200))
     failed = sorted(k for k, a in alignments.items() if a.error)
     summary["alignment"] = {"utterances": len(alignments), "failed": len(failed),
                             "failed_ids": failed[:50],
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         t0 = time.perf_counter()
         done = features.write_split(args.outdir / f"{name}.h5", utts, alignments,
                                     {"builder": PROG, "split": name, "seed": args.seed},
-                                    _progress(f"{name}.h5", 500))  # type: ignore[arg-type]
+                                    _progress(f"{name}.h5", 500))
         sizes[name] = {**vars(done), "seconds": round(time.perf_counter() - t0, 1)}
         _say(f"{name}.h5: {done.utts} utterances ({done.speakers} speakers, {done.failed} "
              f"left out), {done.frames} frames ({done.frames / 360000:.2f} h), silence "
