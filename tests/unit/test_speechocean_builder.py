@@ -1,8 +1,9 @@
 """The speechocean762 builder (examples/speechocean) on made-up inputs.
 
-A three-word lexicon, a corpus of four made-up speakers, fake alignments and made-up
-log-likelihoods: none of it needs the corpus; only the last test needs pocketsphinx (skipped
-without it).
+A three-word lexicon, a corpus of five made-up speakers, fake alignments and made-up
+log-likelihoods: none of it needs the corpus. Two tests need pocketsphinx and are skipped
+without it: a tone through the aligner, and the whole command (it checks for pocketsphinx
+first) over alignments put in its cache beforehand.
 """
 
 from __future__ import annotations
@@ -159,3 +160,45 @@ def test_pocketsphinx_aligns_a_tone_without_crashing(tmp_path):
         labels = frame_labels(result, 98)
         assert labels.min() >= 0 and labels.max() < phones.NUM_CLASSES
         assert [w for w, _, _ in align.word_spans(result)] == ["cat"]
+
+
+def _fake_alignment(utt_id: str, words: tuple[str, ...], frames: int) -> Alignment:
+    """Silence, then each word's phones' states, frames shared out evenly."""
+    states = [("SIL", k) for k in range(3)]
+    states += [(p, k) for w in words for p in LEXICON[w][0] for k in range(3)]
+    cuts = np.linspace(0, frames, len(states) + 1).astype(int)
+    return Alignment(utt_id, frames=frames, words=[["<sil>", 0, int(cuts[3])]],
+                     states=[[p, k, 0, int(a), int(b - a)]
+                             for (p, k), a, b in zip(states, cuts[:-1], cuts[1:], strict=True)],
+                     attempts=1)
+
+
+def test_the_command_builds_every_set_and_a_graph_from_cached_alignments(tmp_path):
+    pytest.importorskip("pocketsphinx")  # the command checks for it before anything else
+    pytest.importorskip("kaldi_native_fbank")
+    import h5py
+
+    from examples.speechocean import build
+
+    root, out = tmp_path / "corpus", tmp_path / "out"
+    _made_up_corpus(root)
+    (root / "resource").mkdir()
+    (root / "resource" / "lexicon.txt").write_text(
+        "".join(f"{w}\t{' '.join(p + '1' for p in LEXICON[w][0])}\n" for w in LEXICON))
+    cache = AlignmentCache(out / "align.jsonl")
+    for split in corpus.SPLITS:
+        cache.add(_fake_alignment(u.utt_id, u.words, 50)
+                  for u in corpus.read_split(root, split))
+    assert build.main([str(root), str(out), "--dev-speakers", "1"]) == 0
+    with h5py.File(out / "train.h5") as train, h5py.File(out / "dev.h5") as dev:
+        assert train.attrs["num_classes"] == phones.NUM_CLASSES
+        assert list(train.attrs["silence_classes"]) == [0, 1, 2]
+        assert len(train["utt_ids"]) + len(dev["utt_ids"]) == 11
+        assert train["feats"].shape[1] == 120
+    assert len((out / "test.text").read_text().splitlines()) == 2  # one WAV has no text
+    report = __import__("json").loads((out / "build.json").read_text())
+    assert report["graph"]["words"] == 3 and report["alignment"]["failed"] == 0
+    user = load_graph(out / "HCLG.fst", out / "words.txt").fitted(phones.NUM_CLASSES)
+    hyp = Decoder(user, acoustic_scale=1.0, beam=30).decode(
+        _frames(_spoken(["DOG", "AT", "CAT"], True)))
+    assert list(hyp.words) == ["DOG", "AT", "CAT"]
