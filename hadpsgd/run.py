@@ -230,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except LeftTheJob as err:  # BMUF: this super-learner lost a member; the others go on
         STATE.survived = True
+        if err.stops:  # nobody goes on: the job failed
+            if err.say:
+                print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+            return EXIT_FAILED
         print(f"[hadpsgd] {err}", flush=True)
         return EXIT_OK
     except FeatureFileError as err:  # a frame changed after its file was stamped

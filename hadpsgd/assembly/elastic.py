@@ -65,7 +65,17 @@ from hadpsgd.train.snapshot import deployed_view, learner_state
 
 
 class LeftTheJob(RuntimeError):
-    """This learner's super-learner lost a member and left (BMUF); the others go on."""
+    """This learner's super-learner lost a member and left (BMUF); the others go on.
+
+    Attributes:
+        stops: No learner goes on (every super-learner lost a member): the job has failed.
+        say: Whether this learner prints the line (one of the leavers, where all leave).
+    """
+
+    def __init__(self, message: str, stops: bool = False, say: bool = True) -> None:
+        super().__init__(message)
+        self.stops = stops
+        self.say = say
 
 
 class NotEnoughLearners(RuntimeError):
@@ -151,7 +161,15 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     leaves = cfg.train.algo != "ssgd" and damaged and topo.num_nodes > 1
     need = min_learners(cfg, started)
     staying = ulfm.count(world, not leaves)
+    first = world.Get_rank() == 0
     world = ulfm.keep(world, not leaves)
+    if world is None and staying == 0:
+        # Every super-learner lost a member (the soak, round 3: 2 nodes of 2, a learner of
+        # each killed): nobody is left to go on, so the job has failed, said once.
+        raise LeftTheJob(f"learner(s) {lost} failed and every super-learner lost a member: "
+                         "none can go on (BMUF and H-ADPSGD need whole nodes), so the job "
+                         "stops; resume from its last checkpoint with --resume auto "
+                         "--allow-resume-change np", stops=True, say=first)
     if world is None:
         then = ("go on" if staying >= need else f"are fewer than --min-learners {need}: they "
                 "checkpoint their state and stop")

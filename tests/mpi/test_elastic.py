@@ -376,3 +376,17 @@ def test_an_intra_node_torch_collective_is_refused_at_start_naming_the_fix(tiny_
             in res.stderr and "Use --intra-backend mpi" in res.stderr), res.output[-4000:]
     assert not (out / "checkpoints").exists()
 
+
+
+def test_bmuf_with_every_super_learner_damaged_stops_with_exit_1(tiny_data, tmp_path):
+    """The soak's round-3 finding: 2 super-learners of 2, a learner of each killed at one
+    step. Every super-learner leaves as a whole, so nobody goes on: the job has failed (exit
+    1, one line saying so and how to resume). Before, every leaver exited 0 saying "the
+    other 0 learners ... checkpoint their state and stop", and nothing did."""
+    out = tmp_path / "run"
+    res = _launch(4, tiny_data, out, "--algo", "bmuf", "--ranks-per-node", "2", "--epochs", "1",
+                  fault="kind=kill,rank=0,step=6;kind=kill,rank=2,step=6")
+    assert res.returncode == 1, res.output[-4000:]
+    assert res.stderr.count("every super-learner lost a member: none can go on") == 1, \
+        res.output[-4000:]
+    assert "the other 0 learners" not in res.output
