@@ -672,6 +672,11 @@ def check(plan: Plan, job: Job, out: Path, total: int) -> tuple[str | None, str 
         job.landed = "inside the recovery"
         return None, None
     stopping = plan.kind == "min-learners"
+    if stopping and plan.np == len(leavers(plan.algo, plan.dead)):
+        # Every super-learner lost a member: nobody goes on, nothing to checkpoint.
+        if job.code != 1 or "none can go on" not in job.output:
+            return "exit", f"exit {job.code}, not 1 with 'none can go on': {tail}"
+        return None, None
     if job.code != (1 if stopping else 0):
         return "exit", f"exit {job.code}, not {1 if stopping else 0}: {tail}"
     if plan.kind == "recovery":
