@@ -40,6 +40,8 @@ prints six ``Error: OSC UCX component …`` lines per window on a machine withou
 network (``hadpsgd.launch.launch_env`` sets the same for the ranks it starts)."""
 
 _installed = False
+_meeting = False
+"""Whether the end meeting's exit handler is registered (once, after the first topology)."""
 _exit_code: int | None = None
 """The code of the main thread's ``sys.exit``, once called (None: the script's own end)."""
 _topology: Topology | None = None
@@ -93,19 +95,22 @@ def install_error_hooks(topo: Topology | None = None) -> None:
     every rank exits 2, since every rank checked the same arguments; anything else is
     Python's usual traceback.
     """
-    global _installed, _topology  # noqa: PLW0603 - the hooks are process-wide
+    global _installed, _topology, _meeting  # noqa: PLW0603 - the hooks are process-wide
     if topo is not None:
         _topology = topo
+        if not _meeting:
+            # Exit handlers run last-registered first: registered once MPI and the watchdog
+            # are up (comm.init registers the watchdog's stop), the end meeting runs before
+            # the watchdog stops answering and before mpi4py's MPI_Finalize.
+            _meeting = True
+            atexit.register(_at_exit)
     if _installed:
         return
     _installed = True
     sys.excepthook = _report
     threading.excepthook = _in_thread
     # Python tells an exit handler neither that sys.exit was called nor its code: note it.
-    # Exit handlers run last-registered first, so the end meeting runs before the watchdog
-    # stops (registered by comm.init) and before mpi4py's MPI_Finalize.
     sys.exit = _noted_exit
-    atexit.register(_at_exit)
 
 
 def _noted_exit(status: object = None) -> None:
