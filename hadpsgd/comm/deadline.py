@@ -57,7 +57,15 @@ class PeerEndedError(CommTimeoutError):
 
     def __init__(self, message: str, ended: dict[int, int]) -> None:
         super().__init__(message, missing=sorted(ended))
-        self.code = next((c for c in ended.values() if c), 0)
+        self.code = job_code(ended)
+
+
+def job_code(ended: dict[int, int]) -> int:
+    """The code a job ends with when the ranks ``ended`` (rank -> code) left.
+
+    The first non-zero one, else 0.
+    """
+    return next((c for c in ended.values() if c), 0)
 
 
 _silent_handler: Callable[[list[int]], bool] | None = None
@@ -317,11 +325,19 @@ class Watchdog:
             self._sending = [(r, b) for r, b in self._sending if not r.Test()]
             return not self._sending
 
+    def _answering(self) -> Watchdog | None:
+        """The watchdog whose monitor answers peers' notes for this one.
+
+        Itself, its parent (a channel's), or None (no monitor: only the deadline tells).
+        """
+        if self.answer:
+            return self
+        return self.parent if self.parent is not None and self.parent.answer else None
+
     def _ended(self) -> dict[int, int]:
         """The peers that ended their script, as this process's answering watchdog heard."""
-        if self.answer or self.parent is None:
-            return self.ended
-        return self.parent.ended
+        answering = self._answering()
+        return answering.ended if answering is not None else self.ended
 
     def check_ended(self, what: str, group: list[int] | None, seq: int | None = None) -> None:
         """Raise :class:`PeerEndedError` if a peer of ``group`` has ended its script.
@@ -338,7 +354,7 @@ class Watchdog:
         if not gone:
             return
         who = ", ".join(f"rank {r} (exit code {c})" for r, c in sorted(gone.items()))
-        code = next((c for c in gone.values() if c), 0)
+        code = job_code(gone)
         raise PeerEndedError(
             f"{self._where()}: {what} (operation #{self.seq if seq is None else seq}) cannot "
             f"complete: {who} ended its script without it (sys.exit, or the script's end "
@@ -417,7 +433,7 @@ class Watchdog:
     def _unless_ended(self, done: Callable[[], bool], what: str,
                       group: list[int] | None) -> Callable[[], bool]:
         """``done``, raising :class:`PeerEndedError` once a peer of ``group`` ended its script."""
-        if not (self.answer or (self.parent is not None and self.parent.answer)):
+        if self._answering() is None:
             return done  # no monitor receives the peers' notes: the deadline decides
 
         def test() -> bool:
@@ -489,18 +505,18 @@ class Watchdog:
             in_group = [r for r in missing if r in group]
             missing = in_group or missing
         killed = False
-        parent = self.parent if not self.answer else None
-        if missing and parent is not None and parent.answer:
+        answering = self._answering()
+        if missing and answering is not None and answering is not self:
             # This channel's peers do not answer here (no monitor on its control): ask on the
             # main one, where every live learner's watchdog answers.
-            replies.update(parent.probe([r for r in missing if r not in replies]))
+            replies.update(answering.probe([r for r in missing if r not in replies]))
         if missing:
             told = [f"rank {r} answers: {replies[r]}" for r in missing if r in replies]
             silent = [r for r in missing if r not in replies]
             who = f"rank(s) {', '.join(map(str, missing))} never arrived"
             if told:
                 who += " (" + "; ".join(told) + ")"
-            if silent and (self.answer or (parent is not None and parent.answer)):
+            if silent and answering is not None:
                 who += (f" (rank(s) {', '.join(map(str, silent))} did not answer: dead or "
                         "frozen)")
                 # Start-up has no run to go on with: a frozen learner ends the job there, also
@@ -509,7 +525,6 @@ class Watchdog:
                 killed = bool(handler is not None and handler(silent))
                 if killed:
                     note_killed(silent)
-                if killed:
                     who += "; killed by a learner on its host, so that the others go on"
         elif (stalled := max(stalled or 0.0, stalled_for())) > max(1.0, self.timeout / 4):
             # Frozen past the deadline and then let go (the launcher's SIGCONT before its
@@ -536,8 +551,7 @@ class Watchdog:
             self.control.Isend(note, dest=p, tag=_DIAG_TAG)
         heard: set[int] = set()
         replies: dict[int, str] = {}
-        grace = min(5.0, max(1.0, self.timeout / 2))
-        end = start + grace
+        end = start + self._grace()
         buf = np.empty(1, dtype=np.int64)
         text = np.empty(_REPLY_BYTES, dtype=np.uint8)
         status = self._status()
@@ -575,7 +589,7 @@ class Watchdog:
         with self._lock:
             for p in peers:
                 self._sending.append((self.control.Isend(note, dest=p, tag=_DIAG_TAG), note))
-        end = start + min(5.0, max(1.0, self.timeout / 2))
+        end = start + self._grace()
         text = np.empty(_REPLY_BYTES, dtype=np.uint8)
         status = self._status()
         replies: dict[int, str] = {}
@@ -586,6 +600,10 @@ class Watchdog:
             if not got:
                 time.sleep(1e-3)
         return replies
+
+    def _grace(self) -> float:
+        """How long a diagnosis waits for the peers' notes and answers."""
+        return min(5.0, max(1.0, self.timeout / 2))
 
     def _take_replies(self, text: Any, status: Any) -> bool:
         """Take every answer on the wire into the shared record (the caller holds the lock)."""

@@ -31,23 +31,26 @@ PERIOD_S = 0.5
 """How often the host's learners' states are read."""
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` from ``/proc`` (``R``, ``S``, ``T``...), None if gone."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name, None where it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    return stat.rsplit(")", 1)[1].split()[0]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` from ``/proc`` (``R``, ``S``, ``T``...), None if gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
 
 
 def parent_pid(pid: int) -> int | None:
     """The parent process id of ``pid`` (None where it is gone or cannot be read)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
 
 
 def kill_pid(pid: int) -> None:

@@ -145,14 +145,19 @@ def _host_peer_gone() -> bool:
     may stay empty for longer than the caller waits (the soak, round 3: 4 of 8 learners took
     a killed one for their own error). A dead sibling is a local fact: its process is gone.
     """
-    topo = _current
-    if topo is None:
-        return False
+    siblings = _siblings(_current) if _current is not None else {}
+    return any(process_state(pid) in (None, "Z", "X") for pid in siblings.values())
+
+
+def _siblings(topo: Any) -> dict[int, int]:
+    """The rank and process id of every other learner of ``topo`` on this host.
+
+    Empty where the topology does not know them.
+    """
     hosts, pids, me = list(topo.hosts), list(getattr(topo, "pids", [])), topo.rank
     if len(hosts) != topo.size or len(pids) != topo.size:
-        return False
-    return any(process_state(pids[r]) in (None, "Z", "X") for r in range(topo.size)
-               if r != me and hosts[r] == hosts[me])
+        return {}
+    return {r: pids[r] for r in range(topo.size) if r != me and hosts[r] == hosts[me]}
 
 
 def revoke(comms: list[Any]) -> None:
@@ -304,11 +309,8 @@ def _watch_host(topo: Any) -> None:
     if _sentinel is not None:
         _sentinel.stop()
     deadline.note_killed(None)
-    hosts, pids, me = list(topo.hosts), list(topo.pids), topo.rank
-    if len(hosts) != topo.size or len(pids) != topo.size:
-        return
-    siblings = {r: pids[r] for r in range(topo.size) if r != me and hosts[r] == hosts[me]}
-    _sentinel = Sentinel(me, siblings, env.frozen_s(), deadline.note_killed).start()
+    _sentinel = Sentinel(topo.rank, _siblings(topo), env.frozen_s(),
+                         deadline.note_killed).start()
 
 
 def end_with_error(message: str) -> bool:
