@@ -1,0 +1,284 @@
+"""Every algorithm on speechocean762, in words on unseen speakers: the study of issue 56.
+
+usage: python examples/speechocean/study.py BUILD RUNS [--configs single,ssgd,...]
+           [--workers 4,16] [--seeds 0,1,2] [--epochs 2] [--preset small]
+           [--test-every 4] [--scales 0.1,0.15,0.2] [--beam 12] [--max-active 3000]
+       python examples/speechocean/study.py BUILD RUNS --report [--markdown]
+
+BUILD is what ``build.py`` wrote (``train.h5``, ``dev.h5``, ``test.h5``, ``*.text``,
+``HCLG.fst``, ``words.txt``). Every cell (configuration x workers x seed) is the path a user
+takes, one command after the other:
+
+1. ``python -m hadpsgd.launch -n N -- --train BUILD/train.h5 --heldout BUILD/dev.h5 ...``
+   (every learner its own emulated node, ``--ranks-per-node 1``, so that the bytes between
+   nodes are counted; H-ADPSGD's super-learners are 2 ranks);
+2. ``python -m hadpsgd.forward`` over the dev set and the test subset;
+3. ``python -m hadpsgd.decode --graph BUILD/HCLG.fst`` on dev at each ``--scales``; the scale
+   with the lowest dev WER (never test's) decodes the test subset once.
+
+The test subset is every ``--test-every``-th utterance of ``test.h5`` in id order (ids start
+with the speaker, so all 125 test speakers are in it: ~5 sentences each), written once to
+``BUILD/test-every4.h5`` and its ``.text``: decoding the full test set costs 12 minutes on
+this machine's cores, the subset a fifth of that. Each finished cell appends one JSON line to
+``RUNS/results.jsonl``; a rerun skips the cells already there (resumable), and a crashed or
+timed-out cell is recorded with its status and rerun next time.
+
+``--report`` prints, per configuration and worker count, the test WER by seed, its mean and
+standard error, the paired difference against SSGD at the same seed, the held-out loss per
+epoch, bytes between nodes per rank, and frames per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make ``hadpsgd`` importable from a checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from hadpsgd.data.writer import FeatureWriter  # noqa: E402
+
+PROG = "examples/speechocean/study.py"
+
+#: name -> (learners: None for the worker count, 1 for the single learner; run.py options).
+CONFIGS: dict[str, tuple[int | None, list[str]]] = {
+    "single": (1, ["--algo", "ssgd"]),
+    "ssgd": (None, ["--algo", "ssgd", "--ranks-per-node", "1"]),
+    "bmuf": (None, ["--algo", "bmuf", "--ranks-per-node", "1"]),
+    "bmuf-adam": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1"]),
+    "bmuf-adam-wlr": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
+                             "--bmuf-warmup-lr", "world"]),
+    "adpsgd": (None, ["--algo", "adpsgd", "--ranks-per-node", "1"]),
+    "hadpsgd": (None, ["--algo", "adpsgd", "--ranks-per-node", "2"]),
+    "bmuf-sign": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node", "1"]),
+    "bmuf-int4": (None, ["--algo", "bmuf", "--wire", "int4", "--ranks-per-node", "1"]),
+    "adpsgd-topk": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1"]),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("build", type=Path, help="build.py's output directory")
+    p.add_argument("runs", type=Path, help="where the runs and results.jsonl go")
+    p.add_argument("--configs", default="single,ssgd,bmuf,adpsgd",
+                   help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    p.add_argument("--workers", default="4", help="comma-separated learner counts (4,16)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of every run (equal epochs)")
+    p.add_argument("--preset", default="small", help="model preset of every run")
+    p.add_argument("--test-every", type=int, default=4,
+                   help="decode every k-th test utterance (1: the whole test set)")
+    p.add_argument("--scales", default="0.1,0.15,0.2",
+                   help="acoustic scales tried on dev (the best decodes test)")
+    p.add_argument("--beam", type=float, default=12.0, help="decoding beam")
+    p.add_argument("--max-active", type=int, default=3000, help="decoding max active states")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a command may take")
+    p.add_argument("--report", action="store_true", help="print the table and stop")
+    return p
+
+
+def test_subset(build: Path, every: int) -> tuple[Path, Path]:
+    """``test.h5`` / ``test.text`` thinned to every ``every``-th utterance (written once)."""
+    if every == 1:
+        return build / "test.h5", build / "test.text"
+    h5, text = build / f"test-every{every}.h5", build / f"test-every{every}.text"
+    if h5.exists() and text.exists():
+        return h5, text
+    refs = dict(line.split(maxsplit=1) for line in (build / "test.text").read_text().splitlines()
+                if line.strip())
+    lines = []
+    with h5py.File(build / "test.h5", "r") as f:
+        offsets = f["offsets"][:]
+        ids = [u.decode() if isinstance(u, bytes) else str(u) for u in f["utt_ids"][:]]
+        silence = [int(c) for c in f.attrs.get("silence_classes", [])]
+        with FeatureWriter(h5, int(f.attrs["feat_dim"]), int(f.attrs["num_classes"]),
+                           silence_classes=silence) as w:
+            for i in range(0, len(ids), every):
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                w.append(ids[i], np.asarray(f["feats"][a:b]), np.asarray(f["labels"][a:b]))
+                lines.append(f"{ids[i]} {refs[ids[i]].strip()}")
+    text.write_text("\n".join(lines) + "\n")
+    return h5, text
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> int:
+    """Run ``cmd`` with its output in ``log``; its exit status (124 on timeout)."""
+    with log.open("a") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        try:
+            return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def _decode(ll: Path, build: Path, refs: Path, scale: float, args: argparse.Namespace,
+            out: Path, log: Path) -> dict[str, Any] | None:
+    """Decode ``ll`` at ``scale``; the decoder's JSON record (None on failure)."""
+    cmd = [sys.executable, "-m", "hadpsgd.decode", str(ll), "--graph", str(build / "HCLG.fst"),
+           "--words", str(build / "words.txt"), "--refs", str(refs), "--acoustic-scale",
+           str(scale), "--beam", str(args.beam), "--max-active", str(args.max_active),
+           "--json", str(out), "--overwrite"]
+    if _run(cmd, log, args.timeout) != 0:
+        return None
+    return json.loads(out.read_text())
+
+
+def train_summary(run: Path) -> dict[str, Any]:
+    """Held-out loss per epoch, bytes between nodes (rank 0), frames/s, from metrics.jsonl."""
+    evals: dict[int, float] = {}
+    fps, internode = [], 0.0
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("kind") == "eval":
+            # The last evaluation of an epoch (the end of it), keyed by epochs completed.
+            evals[int(row["epoch"])] = row["heldout_loss"]
+        elif row.get("kind") == "train":
+            fps.append(row.get("frames_per_s", 0.0))
+            internode = max(internode, row.get("internode_bytes", 0.0) or 0.0)
+    return {"heldout_loss": [evals[k] for k in sorted(evals)],
+            "frames_per_s": statistics.median(fps) if fps else None,
+            "internode_bytes": internode}
+
+
+def run_cell(config: str, workers: int, seed: int, args: argparse.Namespace,
+             test: tuple[Path, Path]) -> dict[str, Any]:
+    """Train, forward and decode one cell; its result row."""
+    learners, options = CONFIGS[config]
+    n = learners or workers
+    run = args.runs / f"{config}-w{workers}-s{seed}"
+    run.mkdir(parents=True, exist_ok=True)
+    log = run / "study.log"
+    row: dict[str, Any] = {"config": config, "workers": workers, "learners": n, "seed": seed,
+                           "epochs": args.epochs, "preset": args.preset, "run": str(run)}
+    start = time.time()
+    cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(n), "--",
+           "--train", str(args.build / "train.h5"), "--heldout", str(args.build / "dev.h5"),
+           "--preset", args.preset, "--epochs", str(args.epochs), "--seed", str(seed),
+           "--out-dir", str(run), "--overwrite", "--no-progress", *options]
+    code = _run(cmd, log, args.timeout)
+    row["train_s"] = round(time.time() - start, 1)
+    if code != 0:
+        return {**row, "status": f"train exit {code}"}
+    row.update(train_summary(run))
+    for name, feats in (("dev", args.build / "dev.h5"), ("test", test[0])):
+        cmd = [sys.executable, "-m", "hadpsgd.forward", str(run), "--features", str(feats),
+               "--out", str(run / f"{name}.ll.h5"), "--overwrite", "--no-progress"]
+        if _run(cmd, log, args.timeout) != 0:
+            return {**row, "status": f"forward {name} failed"}
+    dev = {}
+    for scale in (float(s) for s in args.scales.split(",")):
+        rec = _decode(run / "dev.ll.h5", args.build, args.build / "dev.text", scale, args,
+                      run / f"dev-{scale}.wer.json", log)
+        if rec is None:
+            return {**row, "status": f"decode dev {scale} failed"}
+        dev[scale] = rec["score"]["wer"]
+    best = min(dev, key=lambda s: dev[s])
+    rec = _decode(run / "test.ll.h5", args.build, test[1], best, args, run / "test.wer.json",
+                  log)
+    if rec is None:
+        return {**row, "status": "decode test failed"}
+    score = rec["score"]
+    return {**row, "status": "ok", "dev_wer": dev, "scale": best, "wer": score["wer"],
+            "ref_words": score["ref_words"], "sentences": score["sentences"],
+            "test_every": args.test_every, "beam": args.beam, "max_active": args.max_active,
+            "cell_s": round(time.time() - start, 1)}
+
+
+def load_rows(runs: Path) -> list[dict[str, Any]]:
+    """The last row of every cell in ``runs/results.jsonl``."""
+    path = runs / "results.jsonl"
+    if not path.exists():
+        return []
+    rows: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows[(r["config"], r["workers"], r["seed"])] = r
+    return list(rows.values())
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    """The markdown table: WER by seed, mean ± standard error, paired against SSGD."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    ssgd = {(r["workers"], r["seed"]): r["wer"] for r in ok if r["config"] == "ssgd"}
+    out = ["| configuration | workers | test WER by seed | mean ± s.e. | vs SSGD (paired, "
+           "mean ± s.e.) | held-out loss by epoch (seed 0) | MiB between nodes a rank | "
+           "frames/s |", "|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in ok:
+        groups.setdefault((r["config"], r["workers"]), []).append(r)
+    order = list(CONFIGS)
+    for (config, workers), rs in sorted(groups.items(),
+                                        key=lambda kv: (kv[0][1], order.index(kv[0][0]))):
+        rs.sort(key=lambda r: r["seed"])
+        wers = [r["wer"] for r in rs]
+        diffs = [r["wer"] - ssgd[(workers, r["seed"])] for r in rs
+                 if (workers, r["seed"]) in ssgd]
+        loss = " / ".join(f"{x:.3f}" for x in rs[0]["heldout_loss"])
+        mib = statistics.mean(r["internode_bytes"] for r in rs) / 2**20
+        fps = statistics.mean(r["frames_per_s"] or 0 for r in rs)
+        vs = "—" if config == "ssgd" or not diffs else f"{_mean_se(diffs, signed=True)}"
+        out.append(f"| {config} | {workers} | {' / '.join(f'{w:.1f}' for w in wers)} | "
+                   f"{_mean_se(wers)} | {vs} | {loss} | {mib:,.1f} | {fps:,.0f} |")
+    return "\n".join(out)
+
+
+def _mean_se(xs: list[float], signed: bool = False) -> str:
+    """``mean ± standard error`` (no error with one value)."""
+    m = statistics.mean(xs)
+    head = f"{m:+.2f}" if signed else f"{m:.2f}"
+    if len(xs) < 2:
+        return head + " (1 seed)"
+    return f"{head} ± {statistics.stdev(xs) / len(xs) ** 0.5:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the cells not yet done, or print the report."""
+    args = build_parser().parse_args(argv)
+    if args.report:
+        print(report(load_rows(args.runs)))
+        return 0
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        print(f"{PROG}: unknown configuration(s) {', '.join(unknown)}: choose from "
+              f"{', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    missing = [n for n in ("train.h5", "dev.h5", "test.h5", "test.text", "dev.text",
+                           "HCLG.fst", "words.txt") if not (args.build / n).exists()]
+    if missing:
+        print(f"{PROG}: {args.build} lacks {', '.join(missing)}: run "
+              "examples/speechocean/build.py first", file=sys.stderr)
+        return 2
+    args.runs.mkdir(parents=True, exist_ok=True)
+    test = test_subset(args.build, args.test_every)
+    done = {(r["config"], r["workers"], r["seed"]) for r in load_rows(args.runs)
+            if r.get("status") == "ok"}
+    for workers in (int(w) for w in args.workers.split(",")):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for config in configs:
+                if (config, workers, seed) in done:
+                    continue
+                row = run_cell(config, workers, seed, args, test)
+                with (args.runs / "results.jsonl").open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"{config} w{workers} s{seed}: {row['status']}"
+                      + (f", test WER {row['wer']:.2f} at scale {row['scale']}"
+                         if row["status"] == "ok" else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

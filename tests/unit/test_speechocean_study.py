@@ -1,0 +1,85 @@
+"""The speechocean762 study driver (examples/speechocean/study.py) without the corpus.
+
+The test subset it decodes, the summary it reads from a run's metrics, the resumable result
+rows and the report's paired arithmetic, on made-up files. The training, forward and decode
+commands it calls are the CLI's own, tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import h5py
+import numpy as np
+
+from examples.speechocean import study
+from hadpsgd.data.writer import FeatureWriter
+
+
+def _test_set(build, utts: int = 9) -> list[str]:
+    ids = [f"{spk:04d}{i:05d}" for spk in range(3) for i in range(utts // 3)]
+    with FeatureWriter(build / "test.h5", 4, 6, silence_classes=[0]) as w:
+        for k, u in enumerate(ids):
+            n = 3 + k
+            w.append(u, np.full((n, 4), k, np.float32), np.arange(n) % 6)
+    (build / "test.text").write_text("".join(f"{u} WORD{k} ELSE\n" for k, u in enumerate(ids)))
+    return ids
+
+
+def test_the_test_subset_keeps_every_kth_utterance_with_its_frames_and_words(tmp_path):
+    ids = _test_set(tmp_path)
+    h5, text = study.test_subset(tmp_path, 4)
+    with h5py.File(h5, "r") as f:
+        kept = [u.decode() if isinstance(u, bytes) else str(u) for u in f["utt_ids"][:]]
+        assert kept == ids[::4]
+        offsets = f["offsets"][:]
+        for j, k in enumerate(range(0, len(ids), 4)):
+            feats = f["feats"][offsets[j]:offsets[j + 1]]
+            assert feats.shape == (3 + k, 4) and np.all(feats == k)
+        assert list(f.attrs["silence_classes"]) == [0]
+    assert text.read_text().splitlines() == [f"{ids[k]} WORD{k} ELSE" for k in (0, 4, 8)]
+    # Written once: a second call reuses the files.
+    mtime = h5.stat().st_mtime_ns
+    assert study.test_subset(tmp_path, 4) == (h5, text) and h5.stat().st_mtime_ns == mtime
+    assert study.test_subset(tmp_path, 1) == (tmp_path / "test.h5", tmp_path / "test.text")
+
+
+def test_train_summary_reads_the_loss_at_each_epochs_end_and_the_bytes(tmp_path):
+    rows = [{"kind": "eval", "epoch": 0, "step": 0, "heldout_loss": 4.0},
+            {"kind": "train", "epoch": 0, "step": 10, "frames_per_s": 100.0,
+             "internode_bytes": 10.0},
+            {"kind": "eval", "epoch": 0, "step": 20, "heldout_loss": 2.0},
+            {"kind": "train", "epoch": 1, "step": 30, "frames_per_s": 300.0,
+             "internode_bytes": 30.0},
+            {"kind": "eval", "epoch": 1, "step": 40, "heldout_loss": 1.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = study.train_summary(tmp_path)
+    assert s == {"heldout_loss": [2.0, 1.5], "frames_per_s": 200.0, "internode_bytes": 30.0}
+
+
+def test_rows_resume_from_the_last_line_of_a_cell_and_the_report_pairs_by_seed(tmp_path):
+    def row(config, seed, wer, status="ok"):
+        return {"config": config, "workers": 4, "seed": seed, "status": status, "wer": wer,
+                "heldout_loss": [2.0, 1.0], "internode_bytes": 2.0**20,
+                "frames_per_s": 1000.0}
+
+    lines = [row("ssgd", 0, 50.0), row("ssgd", 1, 60.0), row("bmuf", 0, 0.0, "train exit 1"),
+             row("bmuf", 0, 53.0), row("bmuf", 1, 61.0)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rows = study.load_rows(tmp_path)
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    table = study.report(rows)
+    bmuf = next(line for line in table.splitlines() if line.startswith("| bmuf |"))
+    # Paired differences 3 and 1: mean +2, standard error stdev([3, 1]) / sqrt(2) = 1.
+    se = statistics.stdev([3.0, 1.0]) / 2**0.5
+    assert f"+2.00 ± {se:.2f}" in bmuf and "57.00 ±" in bmuf and "53.0 / 61.0" in bmuf
+    ssgd = next(line for line in table.splitlines() if line.startswith("| ssgd |"))
+    assert "| — |" in ssgd and "| 1.0 |" in ssgd
+
+
+def test_an_unknown_configuration_or_a_missing_build_is_refused(tmp_path, capsys):
+    assert study.main([str(tmp_path), str(tmp_path / "runs"), "--configs", "nope"]) == 2
+    assert "unknown configuration(s) nope" in capsys.readouterr().err
+    assert study.main([str(tmp_path), str(tmp_path / "runs")]) == 2
+    assert "run examples/speechocean/build.py first" in capsys.readouterr().err
