@@ -7,4 +7,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 cd "$root"
-exec "$venv/bin/python" -m pytest -ra "$@"
+exec "$venv/bin/python" -m pytest -ra --durations=25 "$@"
