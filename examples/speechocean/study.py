@@ -21,7 +21,8 @@ with the speaker, so all 125 test speakers are in it: ~5 sentences each), writte
 ``BUILD/test-every4.h5`` and its ``.text``: decoding the full test set costs 12 minutes on
 this machine's cores, the subset a fifth of that. Each finished cell appends one JSON line to
 ``RUNS/results.jsonl``; a rerun skips the cells already there (resumable), and a crashed or
-timed-out cell is recorded with its status and rerun next time.
+timed-out cell is recorded with its status and rerun next time. Several drivers may share
+RUNS (each cell is claimed by one).
 
 ``--report`` prints, per configuration and worker count, the test WER by seed, its mean and
 standard error, the paired difference against SSGD at the same seed, the held-out loss per
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -254,6 +256,25 @@ def _mean_se(xs: list[float], signed: bool = False) -> str:
     return f"{head} ± {statistics.stdev(xs) / len(xs) ** 0.5:.2f}"
 
 
+def _claim(path: Path) -> bool:
+    """Take a cell for this driver; False while a live driver holds it.
+
+    Drivers may share RUNS (e.g. one per worker count) and must not train into one directory.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(path.read_text() or 0), 0)
+            return False  # its driver is alive
+        except (ProcessLookupError, ValueError):
+            path.unlink(missing_ok=True)  # a dead driver's claim
+            return _claim(path)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the cells not yet done, or print the report."""
     args = build_parser().parse_args(argv)
@@ -274,16 +295,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.runs.mkdir(parents=True, exist_ok=True)
     test = test_subset(args.build, args.test_every)
-    done = {(r["config"], r["workers"], r["seed"]) for r in load_rows(args.runs)
-            if r.get("status") == "ok"}
     for workers in (int(w) for w in args.workers.split(",")):
         for seed in (int(s) for s in args.seeds.split(",")):
             for config in configs:
+                # Read again before every cell: another driver may have run it meanwhile.
+                done = {(r["config"], r["workers"], r["seed"]) for r in load_rows(args.runs)
+                        if r.get("status") == "ok"}
                 if (config, workers, seed) in done:
                     continue
-                row = run_cell(config, workers, seed, args, test)
-                with (args.runs / "results.jsonl").open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                claim = args.runs / f"{config}-w{workers}-s{seed}.claim"
+                if not _claim(claim):
+                    continue
+                try:
+                    row = run_cell(config, workers, seed, args, test)
+                    with (args.runs / "results.jsonl").open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                finally:
+                    claim.unlink(missing_ok=True)
                 print(f"{config} w{workers} s{seed}: {row['status']}"
                       + (f", test WER {row['wer']:.2f} at scale {row['scale']}"
                          if row["status"] == "ok" else ""), flush=True)

@@ -8,6 +8,7 @@ commands it calls are the CLI's own, tested elsewhere.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import h5py
@@ -83,3 +84,11 @@ def test_an_unknown_configuration_or_a_missing_build_is_refused(tmp_path, capsys
     assert "unknown configuration(s) nope" in capsys.readouterr().err
     assert study.main([str(tmp_path), str(tmp_path / "runs")]) == 2
     assert "run examples/speechocean/build.py first" in capsys.readouterr().err
+
+
+def test_a_cell_is_claimed_by_one_live_driver_and_a_dead_drivers_claim_is_taken(tmp_path):
+    claim = tmp_path / "ssgd-w4-s0.claim"
+    assert study._claim(claim) and claim.read_text() == str(os.getpid())
+    assert not study._claim(claim)  # held by a live process (this one)
+    claim.write_text("999999999")  # no such process
+    assert study._claim(claim) and claim.read_text() == str(os.getpid())
