@@ -174,11 +174,9 @@ def run_cell(config: str, workers: int, seed: int, args: argparse.Namespace,
     start = time.time()
     cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(n), "--",
            "--train", str(args.build / "train.h5"), "--heldout", str(args.build / "dev.h5"),
+           *(["--batch-size", str(args.batch_size)] if args.batch_size else []),
            "--preset", args.preset, "--epochs", str(args.epochs), "--seed", str(seed),
            "--out-dir", str(run), "--overwrite", "--no-progress", *options]
-    if args.batch_size:
-        at = cmd.index("--preset")
-        cmd[at:at] = ["--batch-size", str(args.batch_size)]
     code = _run(cmd, log, args.timeout)
     row["train_s"] = round(time.time() - start, 1)
     if code != 0:
