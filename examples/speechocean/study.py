@@ -68,6 +68,12 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-sign": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node", "1"]),
     "bmuf-int4": (None, ["--algo", "bmuf", "--wire", "int4", "--ranks-per-node", "1"]),
     "adpsgd-topk": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1"]),
+    "adpsgd-exp": (None, ["--algo", "adpsgd", "--ranks-per-node", "1",
+                          "--gossip-graph", "exponential"]),
+    # Diagnostic: the BMUF default's worker clip doubled (is the clip what slows 16 x 8?).
+    "bmuf-clip2": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--max-grad-norm", "2"]),
+    "bmuf-clip05": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--max-grad-norm", "0.5"]),
+    "bmuf-tau4": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--sync-period", "4"]),
 }
 
 

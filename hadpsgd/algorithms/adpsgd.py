@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 
 from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP
-from hadpsgd.algorithms.gossip import GossipThread
+from hadpsgd.algorithms.gossip import GRAPHS, GossipThread
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.algorithms.registry import register
@@ -52,6 +52,10 @@ class ADPSGDOptions(WireOptions):
     """ADPSGD with --wire topk or sign: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
     moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip, which
     lost the model with top-k; 0.2, the default, was the best measured: docs/results.md)."""
+    gossip_graph: str = field(default="ring", metadata={"choices": GRAPHS})
+    """ADPSGD: who pairs with whom among the super-learners: ring (the h-adpsgd paper: a
+    neighbour on either side) or exponential (at distance 1, 2, 4, ...: mixes in log N
+    exchanges where a ring of N takes ~N**2; the complete graph up to 4 super-learners)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -71,6 +75,9 @@ class ADPSGDOptions(WireOptions):
             raise ConfigError(f"{self.flag('max_staleness')} must be >= 0 (0 = unbounded), got "
                               f"{self.max_staleness}")
         self.check_wire()
+        if self.gossip_graph not in GRAPHS:
+            raise ConfigError(f"{self.flag('gossip_graph')} must be one of {', '.join(GRAPHS)}, "
+                              f"got {self.gossip_graph!r}")
         if not 0.0 < self.gossip_step <= 1.0:
             raise ConfigError(f"{self.flag('gossip_step')} must be in (0, 1] (CHOCO's consensus "
                               f"step; 1 mixes as plain gossip), got {self.gossip_step}")
@@ -169,7 +176,8 @@ class ADPSGD(Algorithm):
                                        # A top-k or sign code of a whole model is useless:
                                        # they send CHOCO's compressed differences.
                                        choco=self.options.wire in CHOCO_WIRES,
-                                       step=self.options.gossip_step)
+                                       step=self.options.gossip_step,
+                                       graph=self.options.gossip_graph)
             self.thread.start()
 
     # ------------------------------------------------------------------ stepping

@@ -14,6 +14,7 @@ neighbour meanwhile (the paper's ring lets either neighbour serve).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import random
@@ -33,9 +34,24 @@ BUSY, READY, LOCKED, CLOSED, MATCHED = 0, 1, 2, 3, 16
 """Board states of a super-learner; ``MATCHED + p``: claimed by (and paired with) ``p``."""
 
 
-def neighbours(node: int, num_nodes: int) -> list[int]:
-    """The ring neighbours of ``node`` (one for a ring of two, none alone)."""
-    return sorted({(node - 1) % num_nodes, (node + 1) % num_nodes} - {node})
+GRAPHS: tuple[str, ...] = ("ring", "exponential")
+"""Gossip graphs: the paper's ring, or the exponential graph (peers at distance 1, 2, 4, ...)."""
+
+
+def neighbours(node: int, num_nodes: int, graph: str = "ring") -> list[int]:
+    """The gossip neighbours of ``node`` (one for a ring of two, none alone).
+
+    ``ring``: ``node +- 1``, the h-adpsgd paper's ring. ``exponential``: ``node +- 2**k`` for
+    every ``2**k < num_nodes``, a symmetric graph (so every pairing stays mutual) whose
+    mixing slows with ``log N`` rather than with ``N**2`` as the ring's does; with four or
+    fewer super-learners it is the complete graph.
+    """
+    if graph not in GRAPHS:
+        raise ValueError(f"gossip graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
+    hops = [1]
+    while graph == "exponential" and 2 * hops[-1] < num_nodes:
+        hops.append(2 * hops[-1])
+    return sorted({(node + s * h) % num_nodes for h in hops for s in (-1, 1)} - {node})
 
 
 class GossipThread(threading.Thread):
@@ -83,12 +99,13 @@ class GossipThread(threading.Thread):
         choco: Compressed gossip of differences against per-edge estimates (a compressed
             ``wire`` only; ``topk`` and ``sign`` need it).
         step: CHOCO's consensus step gamma, in (0, 1].
+        graph: Who pairs with whom: ``ring`` or ``exponential`` (:func:`neighbours`).
     """
 
     def __init__(self, flat: torch.Tensor, lock: threading.Lock, channel: PairChannel,
                  jitter: float = 0.0, wire: str = "fp32", copies: CopyStream | None = None,
                  delta_buf: torch.Tensor | None = None, choco: bool = False,
-                 step: float = DEFAULT_GOSSIP_STEP) -> None:
+                 step: float = DEFAULT_GOSSIP_STEP, graph: str = "ring") -> None:
         super().__init__(name="hadpsgd-gossip", daemon=True)
         self.flat = flat
         self.lock = lock
@@ -99,7 +116,7 @@ class GossipThread(threading.Thread):
         self.num_nodes = channel.size
         self.jitter = jitter
         self.rng = random.Random(1000 + self.node)
-        self.peers = neighbours(self.node, self.num_nodes)
+        self.peers = neighbours(self.node, self.num_nodes, graph)
         self.board = channel.board(self.num_nodes)
         """One slot per super-learner: BUSY, READY, LOCKED, CLOSED or MATCHED + partner."""
         n = flat.numel()
@@ -143,6 +160,8 @@ class GossipThread(threading.Thread):
         self.exchanges = 0
         self.skipped_nonfinite = 0
         self.rounds = 0
+        self.partners: collections.Counter[int] = collections.Counter()
+        """Exchanges started with each partner (which edges of the graph the gossip used)."""
         self.last_exchange_step = 0
         self.pending_since: int | None = None
         """The main thread's step count when the snapshot of the exchange now in flight was
@@ -273,6 +292,7 @@ class GossipThread(threading.Thread):
     def _exchange(self, p: int, apply_now: bool) -> None:
         """Swap snapshots with partner ``p`` and publish (or apply) the delta."""
         self.rounds += 1
+        self.partners[p] += 1
         if faults.active():  # tests: an exception in this thread, not the main one
             faults.hit("gossip", self.world_ranks[self.node], self._steps)
         if self.jitter:

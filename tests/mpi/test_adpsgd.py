@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hadpsgd.algorithms.gossip import neighbours
 from hadpsgd.comm import payload_bytes
 from hadpsgd.train import read_metrics
 from tests._mpi import assert_ok, run_mpi, run_worker
@@ -21,10 +22,10 @@ def _records(out: Path, n: int) -> list[dict]:
 
 def _run(mode: str, n: int, per_node: int, out: Path, timeout_s: str = "30",
          steps: int = 40, wire: str = "fp32", staleness: int = 0, jitter: float = 0.004,
-         gossip_step: float = 1.0, **kw: object):
+         gossip_step: float = 1.0, graph: str = "ring", **kw: object):
     env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": timeout_s,
            "ADPSGD_TEST_STEPS": str(steps), "ADPSGD_TEST_WIRE": wire,
-           "ADPSGD_TEST_GOSSIP_STEP": str(gossip_step),
+           "ADPSGD_TEST_GOSSIP_STEP": str(gossip_step), "ADPSGD_TEST_GRAPH": graph,
            "ADPSGD_TEST_STALENESS": str(staleness), "ADPSGD_TEST_JITTER": str(jitter)}
     return run_worker(n, "adpsgd_props", mode, str(out), env=env, **kw)
 
@@ -42,15 +43,26 @@ def _assert_conserved(recs: list[dict]) -> torch.Tensor:
     return w0
 
 
-@pytest.mark.parametrize(("n", "per_node"), [(4, 1), (3, 1), (5, 1), (4, 2), (6, 2)])
-def test_gossip_conserves_mass(n, per_node, tmp_path):
-    assert_ok(_run("conserve", n, per_node, tmp_path))
+@pytest.mark.parametrize(("n", "per_node", "graph"), [(4, 1, "ring"), (3, 1, "ring"),
+                                                     (5, 1, "exponential"), (4, 2, "ring"),
+                                                     (6, 2, "ring")])
+def test_gossip_conserves_mass(n, per_node, graph, tmp_path):
+    assert_ok(_run("conserve", n, per_node, tmp_path, graph=graph))
     recs = _records(tmp_path, n)
     _assert_conserved(recs)
     # the super-learners' replicas bit-identical after every step
     assert all(x["identical"] for x in recs)
     if n % 2 == 1 and per_node == 1:  # odd ring: someone sits out each round, nobody hangs
         assert min(x["exchanges"] for x in recs) > 0
+    # Every partner is a neighbour in the graph; the exponential graph of 5 is complete, so
+    # some pairings skip a ring neighbour.
+    nodes = n // per_node
+    leaders = [x for x in recs if x["rank"] % per_node == 0]
+    for x in leaders:
+        assert set(x["partners"]) <= set(neighbours(x["node"], nodes, graph))
+    distances = {min((x["node"] - p) % nodes, (p - x["node"]) % nodes)
+                 for x in leaders for p in x["partners"]}
+    assert distances == ({1, 2} if graph == "exponential" else {1})
 
 
 @pytest.mark.parametrize(("n", "per_node", "hosts"), [(4, 1, "2"), (4, 2, "1")])

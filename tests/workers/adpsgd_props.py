@@ -40,6 +40,7 @@ jitter = float(os.environ.get("ADPSGD_TEST_JITTER", "0.004"))
 algo = ADPSGD(model, opt, topo, gossip_jitter=jitter, max_staleness=max_staleness,
               wire=os.environ.get("ADPSGD_TEST_WIRE", "fp32"),
               gossip_step=float(os.environ.get("ADPSGD_TEST_GOSSIP_STEP", "1")),
+              gossip_graph=os.environ.get("ADPSGD_TEST_GRAPH", "ring"),
               topk_fraction=float(os.environ.get("ADPSGD_TEST_TOPK", "0.015625")))
 w0 = algo.flat.clone()
 if mode == "consensus":  # different starting replicas, identical inside a super-learner
@@ -94,6 +95,7 @@ record["g"] = float(g[0])
 record["lr"] = lr
 record["steps"] = steps
 record["exchanges"] = algo.thread.exchanges if algo.thread else 0
+record["partners"] = sorted(algo.thread.partners) if algo.thread else []
 record["rounds"] = algo.thread.rounds if algo.thread else 0
 record["linked"] = algo.thread.channel.linked if algo.thread else 0  # on a host group
 record["wire_bytes"] = algo.metrics()["wire_bytes"]
