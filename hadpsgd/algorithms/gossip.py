@@ -1,15 +1,16 @@
-"""ADPSGD's background gossip: ready ring neighbours pair up, exchange, terminate cleanly.
+"""ADPSGD's background gossip: ready neighbours pair up, exchange, terminate cleanly.
 
-Super-learners sit on a ring. A leader whose main thread has stepped becomes *ready* on a
-shared board (one slot per super-learner, one-sided atomics on rank 0's window: nobody
-waits for a call of anybody else's); it then pairs with whichever ring neighbour is ready
-first: it takes itself off the board (compare-and-swap ``READY -> LOCKED``), claims a ready
-neighbour (``READY -> MATCHED + me``), or, if neither is ready, goes back on the board, where a
-neighbour may claim it. A claimed leader sees its slot say ``MATCHED + peer``. Every pairing is
-mutual and each partner applies the exact negation of the other's delta, so gossip conserves
-the sum of the replicas and the mixing is symmetric and doubly stochastic; and a slow
-super-learner only slows the exchanges that involve it: its neighbours pair with their other
-neighbour meanwhile (the paper's ring lets either neighbour serve).
+Super-learners sit on a graph (:func:`neighbours`: the paper's ring or the exponential one).
+A leader whose main thread has stepped becomes *ready* on a shared board (one slot per
+super-learner, one-sided atomics on rank 0's window: nobody waits for a call of anybody
+else's); it then pairs with whichever neighbour is ready first: it takes itself off the board
+(compare-and-swap ``READY -> LOCKED``), claims a ready neighbour (``READY -> MATCHED + me``),
+or, if none is ready, goes back on the board, where a neighbour may claim it. A claimed
+leader sees its slot say ``MATCHED + peer``. Every pairing is mutual and each partner applies
+the exact negation of the other's delta, so gossip conserves the sum of the replicas and the
+mixing is symmetric and doubly stochastic; and a slow super-learner only slows the exchanges
+that involve it: its neighbours pair with their other neighbours meanwhile (the paper's ring
+lets either neighbour serve).
 """
 
 from __future__ import annotations

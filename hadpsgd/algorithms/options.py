@@ -70,7 +70,9 @@ class AlgoOptions:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if choices is not None and value not in choices:
+            # None where the field allows it: "the default for the rest of the options".
+            if choices is not None and value not in choices and not (
+                    value is None and f.default is None):
                 raise ConfigError(f"{flag(option_name(f))} must be one of {', '.join(choices)}, "
                                   f"got {value!r}")
 

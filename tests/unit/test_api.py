@@ -74,7 +74,7 @@ def test_import_hadpsgd_stays_light_and_names_the_api():
 @pytest.mark.parametrize(("kw", "option", "says"), [
     ({"algo": "dpsgd"}, "algo", "registered: adpsgd, bmuf, ssgd"),
     ({"algo": "bmuf", "sync_period": 0}, "sync_period", "sync_period must be > 0"),
-    ({"algo": "bmuf", "sync_period": "8"}, "sync_period", "must be int"),
+    ({"algo": "bmuf", "sync_period": "8"}, "sync_period", "must be None or int"),
     ({"algo": "bmuf", "nesterov": 1}, "nesterov", "must be bool"),
     ({"algo": "bmuf", "block_momentum": 1.0}, "block_momentum", "block_momentum must be in"),
     ({"algo": "bmuf", "fragments": 5, "sync_period": 4}, "fragments", "more than sync_period"),

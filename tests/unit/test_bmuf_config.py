@@ -13,6 +13,7 @@ import torch
 from hadpsgd.algorithms import BMUF, BMUFOptions, get
 from hadpsgd.algorithms.bmuf.algorithm import default_block_momentum
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, corrected_coefficients
+from hadpsgd.algorithms.bmuf.options import default_sync_period
 from hadpsgd.assembly import build_algorithm
 from hadpsgd.assembly.build import build_optimizer
 from hadpsgd.cli import add_arguments, field_docs, to_dict
@@ -75,8 +76,21 @@ def test_default_recipe():
     assert algo.options == BMUFOptions(adam_moments="local", worker_lr="global")
     assert (cfg.optim.optimizer, cfg.optim.momentum, cfg.optim.max_grad_norm) == ("sgd", 0.9, 1.0)
     assert algo.started and algo.eta == 0.0  # the global rate: plain averaging
-    assert algo.moments.strategy == "local" and algo.options.sync_period == 8
+    assert algo.moments.strategy == "local" and algo.options.sync_period is None
+    assert algo.tau == 8  # one worker: the 4-worker block length
     assert algo.update_batch(32) == 32  # one learner: the world is the super-learner
+
+
+def test_default_block_length_shortens_with_workers_at_the_global_rate():
+    # tau = round(8 sqrt(4 / N)) above 4 workers, at least 2; 8 at the single rate (papers)
+    table = {1: 8, 2: 8, 4: 8, 5: 7, 8: 6, 16: 4, 32: 3, 64: 2, 1024: 2}
+    assert {n: default_sync_period("global", n) for n in table} == table
+    assert {default_sync_period("single", n) for n in table} == {8}
+    assert BMUFOptions(worker_lr="global").tau(16) == 4
+    assert BMUFOptions(worker_lr="global", sync_period=8).tau(16) == 8  # the user's wins
+    with pytest.raises(ConfigError, match="fragments 6 is more than --sync-period 4"):
+        BMUFOptions(worker_lr="global", fragments=6).check_fragments(
+            BMUFOptions(worker_lr="global").tau(16))
 
 
 def test_int4_wire_takes_its_tested_block_length():
@@ -87,8 +101,8 @@ def test_int4_wire_takes_its_tested_block_length():
     assert options("--wire", "int4").sync_period == 32
     assert options("--wire", "sign").sync_period == 40  # 1,196x at SSGD's WER on FSDD
     assert options("--wire", "int4", "--sync-period", "8").sync_period == 8  # the user's wins
-    assert options("--wire", "topk").sync_period == 8  # topk's best tested: the default tau
-    assert options("--wire", "int4", "--optimizer", "adam").sync_period == 8  # SGD only
+    assert options("--wire", "topk").sync_period is None  # topk's best tested: the default
+    assert options("--wire", "int4", "--optimizer", "adam").sync_period is None  # SGD only
     assert "--sync-period 32" in parse_config(["--algo", "bmuf", "--wire", "int4"]).recipe_note()
 
 

@@ -125,3 +125,20 @@ def test_pairings_are_mutual_ring_neighbours_and_a_slow_one_is_not_waited_for(n,
         assert pairs[(p, i)] == count  # every pairing is seen from both sides
     if n >= 3:  # the fast ones paired far more often than the slow one's pace allows
         assert len(seen[2]) > 2 * len(seen[0])
+
+
+def test_the_default_graph_is_exponential_and_the_ring_for_choco():
+    from hadpsgd.algorithms.adpsgd import ADPSGDOptions
+    from hadpsgd.cli import ConfigError
+    from hadpsgd.run import parse_config
+
+    def graph(*argv: str) -> str:
+        return parse_config(["--algo", "adpsgd", *argv]).algo_options().graph()
+
+    assert graph() == "exponential"
+    assert graph("--wire", "int8") == "exponential"
+    assert graph("--wire", "topk") == "ring"  # CHOCO's per-edge estimates: measured on it
+    assert graph("--gossip-graph", "ring") == "ring"  # the paper's, one flag away
+    assert graph("--wire", "topk", "--gossip-graph", "exponential") == "exponential"
+    with pytest.raises(ConfigError, match="--gossip-graph must be one of ring, exponential"):
+        ADPSGDOptions(gossip_graph="torus")

@@ -101,6 +101,9 @@ class BMUF(Algorithm):
         self.eta = default_block_momentum(opts.worker_lr, topo.num_nodes) if (
             opts.block_momentum is None) else float(opts.block_momentum)
         """The block momentum in use: ``block_momentum``, or its default for ``worker_lr``."""
+        self.tau = opts.tau(topo.num_nodes)
+        """The block length in use: ``sync_period``, or its default for the workers."""
+        opts.check_fragments(self.tau)
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
         self._agreed: list[torch.Tensor] | None = None
@@ -112,7 +115,7 @@ class BMUF(Algorithm):
         self.filter = BlockFilter(self.params.buffers, self.moments, self.eta,
                                   float(opts.block_lr), opts.nesterov, opts.wire != "fp32")
         self.fragments: list[Fragment] = split(self.moments.layout, list(self.params.params),
-                                               opts.fragments, opts.sync_period)
+                                               opts.fragments, self.tau)
         self.exchange = BlockExchange(topo, opts.wire_spec, opts.block_overlap,
                                       segments=1 + len(self.moments.sent_keys))
         if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
@@ -234,7 +237,7 @@ class BMUF(Algorithm):
             self.buffers.mean("node")
         for frag in self.fragments:
             frag.count_step()
-            if frag.due(self.options.sync_period):
+            if frag.due(self.tau):
                 self._sync_fragment(frag)
 
     def sync(self) -> None:
@@ -382,7 +385,8 @@ class BMUF(Algorithm):
             **self.filter.state_dict(self.fragments), "moments": self.moments.state_dict(),
             "wire_bytes": self.exchange.bytes_sent,
             "wire_bytes_received": self.exchange.bytes_received,
-            "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta},
+            "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta,
+                        "sync_period": self.tau},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
         if self._agreed is not None:  # the global model's buffers, the same on every learner
