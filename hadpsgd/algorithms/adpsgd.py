@@ -59,7 +59,7 @@ class ADPSGDOptions(WireOptions):
     neighbour on either side) or exponential (at distance 1, 2, 4, ...: mixes in ~log N
     exchanges where a ring of N takes ~N**2; the complete graph up to 4 super-learners).
     Default: exponential (16 flat learners on the ring ended 1.9 WER points behind SSGD on
-    speechocean762, on it 0.5 ahead: docs/results.md); ring with --wire topk or sign, whose
+    speechocean762, on it 0.1 behind: docs/results.md); ring with --wire topk or sign, whose
     CHOCO estimates are kept per edge and were measured on the ring."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes

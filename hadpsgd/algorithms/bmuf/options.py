@@ -28,6 +28,10 @@ its WER, int4 every 32 steps 239x fewer at 2.0 below. topk keeps tau 8, its best
 (4.4 points above SSGD there)."""
 
 
+DEFAULT_SYNC_PERIOD = 8
+"""tau up to 4 workers, and the longest block a run gets without --sync-period."""
+
+
 def default_sync_period(worker_lr: str, num_workers: int) -> int:
     """Tau when the user gave none: shorter blocks for more workers at the global rate.
 
@@ -39,8 +43,8 @@ def default_sync_period(worker_lr: str, num_workers: int) -> int:
     speechocean. The BMUF papers' single rate with block momentum keeps their 8.
     """
     if worker_lr != "global" or num_workers <= 4:
-        return 8
-    return max(2, round(8 * math.sqrt(4 / num_workers)))
+        return DEFAULT_SYNC_PERIOD
+    return max(2, round(DEFAULT_SYNC_PERIOD * math.sqrt(4 / num_workers)))
 
 
 @dataclass(frozen=True)
@@ -160,9 +164,10 @@ class BMUFOptions(WireOptions):
                               f"{self.warmup_steps}")
         if self.fragments < 1:
             raise ConfigError(f"{self.flag('fragments')} must be >= 1, got {self.fragments}")
-        # Without --sync-period the default is at most 8 (default_sync_period); the block
-        # length of the run's worker count is checked again where it is known.
-        self.check_fragments(8 if self.sync_period is None else self.sync_period)
+        # Without --sync-period the default is at most DEFAULT_SYNC_PERIOD; the block length
+        # of the run's worker count is checked again where it is known (BMUF.__init__).
+        self.check_fragments(DEFAULT_SYNC_PERIOD if self.sync_period is None
+                             else self.sync_period)
         self.check_wire()  # and --adam-moments, --bmuf-warmup-moments, --bmuf-worker-lr
 
     def check_fragments(self, tau: int) -> None:
