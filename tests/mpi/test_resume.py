@@ -169,6 +169,7 @@ def test_sigterm_to_the_launcher_stops_gracefully(tiny_data, tmp_path):
     assert "stop requested (SIGUSR1 on rank 0, SIGUSR1 on rank 1)" in out, out + err
     stopped = final_state(tmp_path)["progress"]["global_step"]
     assert (stopped % 2 == 0 or stopped % 5 == 0) and stopped < 30 * 28  # a control point
+    # Two steps past the stop show the resume where it stopped (a longer one adds nothing).
     res = train(2, tiny_data, tmp_path, "--batch-size", "4", "--epochs", "2", "--resume",
-                "auto")
+                "auto", "--max-steps", str(stopped + 2))
     assert f"at step {stopped}" in res.stdout

@@ -167,11 +167,12 @@ def test_blstm_beats_per_frame_linear(tmp_path: Path) -> None:
     torch.set_num_threads(2)
     try:
         torch.manual_seed(0)
-        linear = heldout_accuracy(nn.Linear(260, 16), train, heldout, steps=600)
+        linear = heldout_accuracy(nn.Linear(260, 16), train, heldout, steps=300)
         torch.manual_seed(0)
-        blstm = heldout_accuracy(build_model("tiny", 260, 16), train, heldout, steps=600)
+        blstm = heldout_accuracy(build_model("tiny", 260, 16), train, heldout, steps=300)
     finally:
         torch.set_num_threads(threads)
+    # 300 steps: linear 0.55, BLSTM 0.75 (600: 0.57, 0.76), the margin twice the bound.
     # Well above chance (1/16) for both: the per-frame signal is real but noisy...
     assert linear > 0.3
     # ...and temporal context (segment averaging, neighbour-dependent variants) adds a lot.

@@ -100,8 +100,11 @@ def test_json_numbers_python_reads_that_are_no_numbers_are_refused(tmp_path, cap
 
 
 # ----------------------------------------------------------------- the feature-file reader
-_ATTR_VALUES = (st.integers(-2, 10**12) | st.floats() | st.text(max_size=6)
-                | st.binary(max_size=3) | st.lists(st.integers(0, 9), min_size=2, max_size=3))
+# Strings and bytes without NUL: HDF5 cannot store one inside a string attribute (h5py
+# refuses to write it), so no file a user has can hold it.
+_ATTR_VALUES = (st.integers(-2, 10**12) | st.floats() | st.text(max_size=6).filter(
+    lambda t: "\0" not in t) | st.binary(max_size=3).filter(lambda b: b"\0" not in b)
+                | st.lists(st.integers(0, 9), min_size=2, max_size=3))
 _ARRAYS = st.sampled_from(["float32", "float16", "int64", "uint8", "S3"]).flatmap(
     lambda dtype: st.sampled_from([(0,), (3,), (7,), (3, 3), (2, 2, 2)]).map(
         lambda shape: (dtype, shape)))

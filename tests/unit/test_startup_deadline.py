@@ -37,7 +37,8 @@ def test_the_launchers_other_children_are_this_hosts_ranks(tmp_path: Path) -> No
     _fake_proc(tmp_path, 102, "S", parent, 2, mpi=True)    # waiting in MPI_Init
     _fake_proc(tmp_path, 103, "D", parent, 3, mpi=False)   # stuck on a file system
     _fake_proc(tmp_path, 104, "S", parent, None, mpi=True)  # no launch rank: not a rank
-    _fake_proc(tmp_path, 105, "T", 1, 5, mpi=True)          # another launcher's child
+    other = 1 if parent != 1 else 2  # pytest itself may be init's child (detached)
+    _fake_proc(tmp_path, 105, "T", other, 5, mpi=True)      # another launcher's child
     (tmp_path / "self").mkdir()
     found = startup.siblings(str(tmp_path))
     assert found == [Sibling(1, 101, "T", False), Sibling(2, 102, "S", True),
