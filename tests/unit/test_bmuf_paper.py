@@ -145,7 +145,8 @@ class FourWorkers(OneLearner):
         """No pipelined route: the means stay the fake's own."""
 
 
-@pytest.mark.parametrize("warmup_lr, factor", [("worker", 1.0), ("world", 4.0)])
+@pytest.mark.parametrize("warmup_lr, factor", [("worker", 1.0), ("world", 4.0),
+                                               (None, 1.0)])  # the default at 4 workers
 def test_warmup_steps_at_the_worker_or_the_world_rate(warmup_lr, factor):
     # SGD without momentum moves by lr * g a step: the warm-up's steps at the world's rate
     # (N = 4 workers' batch, --bmuf-worker-lr single) are N such steps each, then BMUF's

@@ -104,6 +104,8 @@ class BMUF(Algorithm):
         self.tau = opts.tau(topo.num_nodes)
         """The block length in use: ``sync_period``, or its default for the workers."""
         opts.check_fragments(self.tau)
+        self.warmup_lr = opts.warmup_rate(topo.num_nodes)
+        """The synchronous warm-up's rate in use: ``warmup_lr``, or its default."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
         self._agreed: list[torch.Tensor] | None = None
@@ -222,7 +224,7 @@ class BMUF(Algorithm):
 
     def _warmup_rate_factor(self) -> float:
         """World batch over the update batch in a ``world``-rate warm-up, else 1."""
-        if self.started or self.options.warmup_lr != "world":
+        if self.started or self.warmup_lr != "world":
             return 1.0
         return self.topo.size / self.update_batch(1)
 
@@ -386,7 +388,7 @@ class BMUF(Algorithm):
             "wire_bytes": self.exchange.bytes_sent,
             "wire_bytes_received": self.exchange.bytes_received,
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta,
-                        "sync_period": self.tau},
+                        "sync_period": self.tau, "warmup_lr": self.warmup_lr},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
         if self._agreed is not None:  # the global model's buffers, the same on every learner

@@ -47,6 +47,22 @@ def default_sync_period(worker_lr: str, num_workers: int) -> int:
     return max(2, round(DEFAULT_SYNC_PERIOD * math.sqrt(4 / num_workers)))
 
 
+WARMUP_LR_WORLD_ABOVE = 8
+"""Super-learners above which the synchronous warm-up runs at the world's rate by default."""
+
+
+def default_warmup_lr(num_workers: int) -> str:
+    """The warm-up's rate when the user gave none: the world's past 8 workers.
+
+    With block momentum 1 - 1/N the filter takes about N blocks to build up to the single
+    learner's pace; at 16 workers that is over half of a short run's first epoch, and a
+    warm-up at one worker's rate leaves the model there under-trained. Measured with
+    BMUF-Adam (docs/results.md): world 2.5 WER points better than worker at 16 workers on
+    FSDD, 4.2 on speechocean762 (seed 0); 1.7 worse at 8 on FSDD.
+    """
+    return "world" if num_workers > WARMUP_LR_WORLD_ABOVE else "worker"
+
+
 @dataclass(frozen=True)
 class BMUFOptions(WireOptions):
     """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
@@ -90,15 +106,17 @@ class BMUFOptions(WireOptions):
     """BMUF: sync the model in this many fragments of whole parameters at staggered steps
     of the block (streaming), so each sync carries 1/F of the model (at most --sync-period
     and the number of parameter tensors)."""
-    warmup_lr: str = field(default="worker", metadata={"choices": WARMUP_LRS,
-                                                      "flag": "bmuf-warmup-lr"})
+    warmup_lr: str | None = field(default=None, metadata={"choices": WARMUP_LRS,
+                                                             "flag": "bmuf-warmup-lr"})
     """BMUF: the rate of the synchronous warm-up (--bmuf-warmup-steps): worker (the rate
     BMUF's workers then keep) or world (SSGD's: --lr scaled to the world's batch, which
     the warm-up's averaged gradient is; with --bmuf-worker-lr single that is N times the
     worker's, as much progress a step as the paper's single-learner warm-up makes on the
-    same data). The same with --bmuf-worker-lr global. On unseen voices (FSDD, BMUF-Adam,
-    docs/results.md) world was 2.5 WER points better at 16 workers, where the block
-    momentum's build-up is over half the first epoch, and 1.7 worse at 8."""
+    same data). The same with --bmuf-worker-lr global. Default: worker up to 8
+    super-learners, world above (default_warmup_lr): on unseen voices with BMUF-Adam world
+    was 2.5 WER points better at 16 workers on FSDD and 4.2 on speechocean762, where the
+    block momentum's build-up is over half the first epoch, and 1.7 worse at 8 on FSDD
+    (docs/results.md)."""
     warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
                                                           "flag": "bmuf-warmup-moments"})
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
@@ -177,6 +195,10 @@ class BMUFOptions(WireOptions):
                               f"{self.flag('sync_period')} {tau}: the fragments "
                               "sync at different steps of a block; lower it or lengthen the "
                               "period")
+
+    def warmup_rate(self, num_workers: int) -> str:
+        """The warm-up's rate in use: ``warmup_lr``, or its default for ``num_workers``."""
+        return self.warmup_lr if self.warmup_lr is not None else default_warmup_lr(num_workers)
 
     def tau(self, num_workers: int) -> int:
         """The block length in use: ``sync_period``, or its default for ``num_workers``."""
