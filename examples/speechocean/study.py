@@ -81,6 +81,9 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # BMUF-Adam's gap at 16 workers: its recipe's tau 8 against tau 4 (as SGD's fix).
     "bmuf-adam-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
                               "--bmuf-warmup-steps", "36", "--sync-period", "4"]),
+    "bmuf-adam-wlr-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node",
+                                  "1", "--bmuf-warmup-steps", "36", "--bmuf-warmup-lr", "world",
+                                  "--sync-period", "4"]),
 }
 
 
