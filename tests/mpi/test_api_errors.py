@@ -17,6 +17,8 @@ import pytest
 from hadpsgd.exit_codes import EXIT_USER_ERROR
 from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS
 
+pytestmark = pytest.mark.mpi  # each launches mpirun
+
 WORKER = str((WORKERS / "api_user_error.py").relative_to(ROOT))  # a relative script path
 MESSAGE = "hadpsgd: error: bmuf option sync_period must be > 0, got 0"
 BANNERS = ("Process name", "MPI_ABORT", "Traceback", "prterun")

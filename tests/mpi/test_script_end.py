@@ -18,6 +18,8 @@ import pytest
 from hadpsgd.exit_codes import EXIT_TIMED_OUT
 from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS
 
+pytestmark = pytest.mark.mpi  # each launches mpirun
+
 SCRIPT = str((WORKERS / "api_script_end.py").relative_to(ROOT))
 
 
