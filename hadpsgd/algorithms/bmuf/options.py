@@ -58,7 +58,7 @@ def default_warmup_lr(num_workers: int) -> str:
     learner's pace; at 16 workers that is over half of a short run's first epoch, and a
     warm-up at one worker's rate leaves the model there under-trained. Measured with
     BMUF-Adam (docs/results.md): world 2.5 WER points better than worker at 16 workers on
-    FSDD, 4.2 on speechocean762 (seed 0); 1.7 worse at 8 on FSDD.
+    FSDD, 4.2 and 3.2 on speechocean762 (seeds 0, 1); 1.7 worse at 8 on FSDD.
     """
     return "world" if num_workers > WARMUP_LR_WORLD_ABOVE else "worker"
 
@@ -114,7 +114,7 @@ class BMUFOptions(WireOptions):
     worker's, as much progress a step as the paper's single-learner warm-up makes on the
     same data). The same with --bmuf-worker-lr global. Default: worker up to 8
     super-learners, world above (default_warmup_lr): on unseen voices with BMUF-Adam world
-    was 2.5 WER points better at 16 workers on FSDD and 4.2 on speechocean762, where the
+    was 2.5 WER points better at 16 workers on FSDD and 3.2-4.2 on speechocean762, where the
     block momentum's build-up is over half the first epoch, and 1.7 worse at 8 on FSDD
     (docs/results.md)."""
     warmup_moments: str = field(default="keep", metadata={"choices": WARMUP_MOMENTS,
