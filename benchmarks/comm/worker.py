@@ -116,7 +116,7 @@ def run(a: argparse.Namespace) -> int:
     """Run the benchmark as one rank of the current MPI job; rank 0 reports. Exit code."""
     topo = hcomm.init(ranks_per_node=a.ranks_per_node, device=a.device,
                       intra_backend=a.intra_backend, hier_algo=a.hier_algo,
-                      bucket_mb=a.bucket_mb)
+                      bucket_mb=a.bucket_mb, preload=False)  # no optimizer steps here
     mpi = hmpi()  # the module comm.init started
     try:
         return _run(a, topo, mpi)

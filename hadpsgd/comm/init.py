@@ -177,7 +177,7 @@ def _bind_gpu_early(device: str) -> None:
 
 def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend: str = "auto",
          hier_algo: HierAlgo = "auto", bucket_mb: float | None = None,
-         base: Any = None, node_hint: int | None = None) -> Topology:
+         base: Any = None, node_hint: int | None = None, preload: bool = True) -> Topology:
     """Initialise MPI, discover (or emulate) nodes and build the communicators and backends.
 
     Args:
@@ -192,6 +192,10 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
             the survivors' (:func:`hadpsgd.comm.ulfm.shrink`).
         node_hint: With emulated nodes, this learner's node before a failure: the survivors
             keep their super-learners (renumbered in order) instead of regrouping by rank.
+        preload: Import ``torch._dynamo`` in a thread while ``MPI_Init`` waits (the first
+            optimizer step imports it, ~2 s of CPU: :mod:`hadpsgd.comm.preload`). False for a
+            process that never steps an optimizer (communication benchmarks and checks), where
+            the import would only cost its CPU.
 
     Returns:
         The :class:`Topology` of this learner.
@@ -202,11 +206,13 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
             ``mpirun``: see :func:`hadpsgd.comm.placement.singleton_launch`).
     """
     _bind_gpu_early(device)
-    preload = Preload()  # torch._dynamo, imported while MPI_Init waits (comm/preload.py)
+    # torch._dynamo, imported while MPI_Init waits (comm/preload.py); nothing to import where
+    # no optimizer will step.
+    loading = Preload() if preload else Preload(())
     try:
         MPI = mpi()  # noqa: N806 - conventional name of the module
     finally:
-        preload.join()  # before this thread imports anything else
+        loading.join()  # before this thread imports anything else
     thread_level = check_thread_level(MPI)
     world = MPI.COMM_WORLD if base is None else base
     rank, size = world.Get_rank(), world.Get_size()

@@ -15,7 +15,7 @@ import torch
 
 from hadpsgd import comm
 
-topo = comm.init(device="cpu")
+topo = comm.init(device="cpu", preload=False)  # no optimizer steps here
 r, n = topo.rank, topo.size
 red = topo.reducer
 failures: list[str] = []

@@ -27,7 +27,7 @@ import torch
 from hadpsgd import comm
 from hadpsgd.comm.compressed import MEAN_BUCKET_ELEMS
 
-topo = comm.init(device="cpu")
+topo = comm.init(device="cpu", preload=False)  # no optimizer steps here
 r, nodes, per_node = topo.rank, topo.num_nodes, topo.local_size
 failures: list[str] = []
 N = 5003  # not a multiple of anything: padded shards, a partial int8 chunk

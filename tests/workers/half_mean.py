@@ -15,7 +15,7 @@ import torch
 
 from hadpsgd import comm
 
-topo = comm.init()
+topo = comm.init(preload=False)  # no optimizer steps here
 scope = sys.argv[1]
 numel = 1001  # not a multiple of the ranks: the shards are padded
 gen = torch.Generator().manual_seed(11 + topo.rank)

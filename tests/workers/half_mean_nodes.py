@@ -60,7 +60,8 @@ def fail(why: str) -> None:
     sys.exit(1)
 
 
-topo = comm.init(device=os.environ.get("HADPSGD_TEST_DEVICE", "cpu"), hier_algo=sys.argv[1])
+topo = comm.init(device=os.environ.get("HADPSGD_TEST_DEVICE", "cpu"), hier_algo=sys.argv[1],
+                 preload=False)  # no optimizer steps here
 numel = 100_003  # a multiple of neither the node size nor the number of nodes: padded
 gen = torch.Generator().manual_seed(7 + topo.rank)
 mine = torch.randn(numel, generator=gen) * (1 + topo.rank)

@@ -10,7 +10,7 @@ import torch
 
 from hadpsgd import comm
 
-topo = comm.init()
+topo = comm.init(preload=False)  # no optimizer steps here
 t = torch.full((2 * 2**20,), float(topo.rank + 1))
 topo.allreduce_(t, op="sum")
 want = topo.size * (topo.size + 1) / 2
