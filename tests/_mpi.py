@@ -6,9 +6,11 @@ pytest's fixtures.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,10 @@ MPI_TIMEOUT_S = float(os.environ.get("HADPSGD_TEST_MPI_TIMEOUT", "240"))
 # start", exit 213). No rank ran, so nothing of the test happened: such a launch is retried.
 LAUNCHER_START_FAILURES = ("PMIx server's listener thread failed to start",)
 LAUNCH_TRIES = 3
+# Where each launch's test, ranks and seconds are appended (JSON lines) when set: what the
+# multi-rank suite spends goes mostly to launches (each rank imports torch), so CI's time is
+# planned from this record.
+LAUNCH_LOG = os.environ.get("HADPSGD_TEST_LAUNCH_LOG")
 
 
 def launcher_failed_to_start(output: str) -> bool:
@@ -54,6 +60,7 @@ def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,
     full_env.setdefault("HADPSGD_TIMEOUT", "60")
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
+    started = time.monotonic()
     for _ in range(LAUNCH_TRIES):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -63,6 +70,11 @@ def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,
                         f"(hang?)\nstdout:\n{err.stdout}\nstderr:\n{err.stderr}")
         if out.returncode == 0 or not launcher_failed_to_start(out.stdout + out.stderr):
             break
+    if LAUNCH_LOG:
+        with open(LAUNCH_LOG, "a") as f:
+            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                                "nprocs": nprocs, "args": args[:2],
+                                "seconds": round(time.monotonic() - started, 2)}) + "\n")
     return MPIResult(out.returncode, out.stdout, out.stderr)
 
 
