@@ -20,14 +20,56 @@ def _records(out: Path, n: int) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
 
 
-def _run(mode: str, n: int, per_node: int, out: Path, timeout_s: str = "30",
-         steps: int = 40, wire: str = "fp32", staleness: int = 0, jitter: float = 0.004,
-         gossip_step: float = 1.0, graph: str = "ring", **kw: object):
-    env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": timeout_s,
-           "ADPSGD_TEST_STEPS": str(steps), "ADPSGD_TEST_WIRE": wire,
-           "ADPSGD_TEST_GOSSIP_STEP": str(gossip_step), "ADPSGD_TEST_GRAPH": graph,
-           "ADPSGD_TEST_STALENESS": str(staleness), "ADPSGD_TEST_JITTER": str(jitter)}
+def _run(mode: str, n: int, per_node: int, out: Path, timeout_s: str = "30", **kw: object):
+    """One launch of ``adpsgd_props.py MODE`` (the worker's defaults: 40 steps of fp32 ring
+    gossip, 4 ms jitter) for the cases that end a job their own way (stall, dead)."""
+    env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": timeout_s}
     return run_worker(n, "adpsgd_props", mode, str(out), env=env, **kw)
+
+
+CONSERVE = {"mode": "conserve"}
+STALENESS = {"mode": "conserve", "ADPSGD_TEST_STEPS": 30, "ADPSGD_TEST_STALENESS": 1,
+             "ADPSGD_TEST_JITTER": 0.05}
+TOPK = {"mode": "conserve", "ADPSGD_TEST_STEPS": 30, "ADPSGD_TEST_WIRE": "topk",
+        "ADPSGD_TEST_GOSSIP_STEP": 0.5}
+# The conserve and consensus cases of each layout (ranks, ranks per super-learner), run one
+# after another in one launch per layout (``adpsgd_props.py cases``): launches, each rank
+# importing torch, are most of the multi-rank suite's time. Each case keeps its own settings
+# and its own ADPSGD, and each test below reads its own case's records.
+CASES: dict[tuple[int, int], dict[str, dict]] = {
+    (4, 1): {"ring": CONSERVE,
+             "int8": {"mode": "conserve", "ADPSGD_TEST_STEPS": 20, "ADPSGD_TEST_WIRE": "int8"},
+             "topk": TOPK,
+             "topk-consensus": {"mode": "consensus", "ADPSGD_TEST_STEPS": 400,
+                                "ADPSGD_TEST_WIRE": "topk", "ADPSGD_TEST_GOSSIP_STEP": 0.02,
+                                "ADPSGD_TEST_JITTER": 0.0}},
+    (3, 1): {"ring": CONSERVE},
+    (5, 1): {"exponential": {**CONSERVE, "ADPSGD_TEST_GRAPH": "exponential"},
+             "consensus": {"mode": "consensus", "ADPSGD_TEST_STEPS": 150}},
+    (4, 2): {"ring": CONSERVE, "staleness": STALENESS},
+    (6, 2): {"ring": CONSERVE, "topk": TOPK},
+    (8, 2): {"staleness": STALENESS},
+}
+
+
+@pytest.fixture(scope="module")
+def case_records(tmp_path_factory):
+    """``(n, per_node, name)`` -> the records of that case; one launch per layout, on demand."""
+    launched: dict[tuple[int, int], tuple] = {}
+
+    def get(n: int, per_node: int, name: str) -> list[dict]:
+        if (n, per_node) not in launched:
+            out = tmp_path_factory.mktemp(f"adpsgd-{n}x{per_node}")
+            cases = [{"name": k, **v} for k, v in CASES[(n, per_node)].items()]
+            env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
+                   "ADPSGD_TEST_CASES": json.dumps(cases)}
+            launched[(n, per_node)] = (run_worker(n, "adpsgd_props", "cases", str(out),
+                                                  env=env), out)
+        res, out = launched[(n, per_node)]
+        assert_ok(res)
+        return _records(out / name, n)
+
+    return get
 
 
 def _assert_conserved(recs: list[dict]) -> torch.Tensor:
@@ -46,9 +88,8 @@ def _assert_conserved(recs: list[dict]) -> torch.Tensor:
 @pytest.mark.parametrize(("n", "per_node", "graph"), [(4, 1, "ring"), (3, 1, "ring"),
                                                      (5, 1, "exponential"), (4, 2, "ring"),
                                                      (6, 2, "ring")])
-def test_gossip_conserves_mass(n, per_node, graph, tmp_path):
-    assert_ok(_run("conserve", n, per_node, tmp_path, graph=graph))
-    recs = _records(tmp_path, n)
+def test_gossip_conserves_mass(n, per_node, graph, case_records):
+    recs = case_records(n, per_node, graph)
     _assert_conserved(recs)
     # the super-learners' replicas bit-identical after every step
     assert all(x["identical"] for x in recs)
@@ -88,7 +129,7 @@ def test_gossip_between_leaders_of_one_host_takes_the_host_group(n, per_node, ho
 
 
 @pytest.mark.parametrize(("n", "per_node"), [(4, 2), (8, 2)])
-def test_bounded_staleness_in_super_learners(n, per_node, tmp_path):
+def test_bounded_staleness_in_super_learners(n, per_node, case_records):
     # H-ADPSGD with --max-staleness 1 on 2 and 4 super-learners of 2: a leader whose gossip
     # in flight is more than one step old waits for it, and its super-learner's members wait
     # with it (they join every verdict and every delta broadcast), so nobody deadlocks, also
@@ -97,8 +138,7 @@ def test_bounded_staleness_in_super_learners(n, per_node, tmp_path):
     # members stay bit-identical, no leader ends a step with older gossip in flight, and the
     # bound was really hit: a partner's up-to-50 ms delay before it sends keeps an exchange
     # in flight for up to 5 of the 10 ms steps.
-    assert_ok(_run("conserve", n, per_node, tmp_path, steps=30, staleness=1, jitter=0.05))
-    recs = _records(tmp_path, n)
+    recs = case_records(n, per_node, "staleness")
     _assert_conserved(recs)
     assert all(x["identical"] for x in recs)
     assert max(x["max_staleness_seen"] for x in recs) <= 1
@@ -128,10 +168,8 @@ def test_bounded_staleness_through_the_main_command(tiny_data, tmp_path):
     assert "stale_waits" in trains[-1]
 
 
-def test_int8_gossip_conserves_the_sum_of_replicas(tmp_path):
-    n = 4
-    assert_ok(_run("conserve", n, 1, tmp_path, steps=20, wire="int8"))
-    recs = _records(tmp_path, n)
+def test_int8_gossip_conserves_the_sum_of_replicas(case_records):
+    recs = case_records(4, 1, "int8")
     w0 = _assert_conserved(recs)
     # Bytes: the payload (1025 float64 values: 1025 bytes + 2 scales) and a flag per round,
     # against 8 * 1026 for the parameters as they are.
@@ -141,34 +179,31 @@ def test_int8_gossip_conserves_the_sum_of_replicas(tmp_path):
 
 
 @pytest.mark.parametrize(("n", "per_node"), [(4, 1), (6, 2)])
-def test_topk_choco_gossip_conserves_the_sum_of_replicas(n, per_node, tmp_path):
+def test_topk_choco_gossip_conserves_the_sum_of_replicas(n, per_node, case_records):
     # CHOCO's per-edge estimates: each partner's delta is gamma / 2 (theirs - mine), the
     # exact negation of the other's, so the sum holds as with plain gossip; every round sends
     # one top-k code and two flags (the edges start at the broadcast model: no dense start).
-    assert_ok(_run("conserve", n, per_node, tmp_path, steps=30, wire="topk", gossip_step=0.5))
-    recs = _records(tmp_path, n)
+    recs = case_records(n, per_node, "topk")
     w0 = _assert_conserved(recs)
     size = payload_bytes(w0.numel(), "topk:0.015625") + 2
     assert size * 20 < payload_bytes(w0.numel() + 1, "fp32", elem_size=8)
     assert all(x["wire_bytes"] == x["rounds"] * size for x in recs)
 
 
-def test_topk_choco_gossip_reaches_consensus(tmp_path):
+def test_topk_choco_gossip_reaches_consensus(case_records):
     # Replicas started up to 4 apart, no gradient: the top-k codes of what each edge's
     # estimates lack carry the differences over, and the replicas close in on their mean.
     # CHOCO-SGD converges for a consensus step small against the code's share (here 1/64 of
     # the values; gamma 0.5 did not close the gap in 400 rounds, 0.02 closed 98 % of it).
-    assert_ok(_run("consensus", 4, 1, tmp_path, steps=400, wire="topk", gossip_step=0.02,
-                   jitter=0.0))
-    flats = [torch.tensor(x["flat"], dtype=torch.float64) for x in _records(tmp_path, 4)]
+    recs = case_records(4, 1, "topk-consensus")
+    flats = [torch.tensor(x["flat"], dtype=torch.float64) for x in recs]
     mean = sum(flats) / len(flats)
     spread = max(float((f - mean).abs().max()) for f in flats)
     assert spread < 0.1 * 4.0, spread
 
 
-def test_consensus_without_updates(tmp_path):
-    assert_ok(_run("consensus", 5, 1, tmp_path, steps=150))
-    flats = [torch.tensor(x["flat"], dtype=torch.float64) for x in _records(tmp_path, 5)]
+def test_consensus_without_updates(case_records):
+    flats = [torch.tensor(x["flat"], dtype=torch.float64) for x in case_records(5, 1, "consensus")]
     start_spread = 4.0  # replicas started up to 4 apart (node index x [-1, 1])
     mean = sum(flats) / len(flats)
     spread = max(float((f - mean).abs().max()) for f in flats)
