@@ -29,6 +29,8 @@ LAUNCH_TRIES = 3
 # multi-rank suite spends goes mostly to launches (each rank imports torch), so CI's time is
 # planned from this record.
 LAUNCH_LOG = os.environ.get("HADPSGD_TEST_LAUNCH_LOG")
+LAUNCHES: list[dict] = []
+"""Every launch of this pytest process (test, ranks, seconds): ``conftest.py`` sums them."""
 
 
 def launcher_failed_to_start(output: str) -> bool:
@@ -70,11 +72,13 @@ def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,
                         f"(hang?)\nstdout:\n{err.stdout}\nstderr:\n{err.stderr}")
         if out.returncode == 0 or not launcher_failed_to_start(out.stdout + out.stderr):
             break
+    launch = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").removesuffix(" (call)"),
+              "nprocs": nprocs, "args": args[:2],
+              "seconds": round(time.monotonic() - started, 2)}
+    LAUNCHES.append(launch)
     if LAUNCH_LOG:
         with open(LAUNCH_LOG, "a") as f:
-            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""),
-                                "nprocs": nprocs, "args": args[:2],
-                                "seconds": round(time.monotonic() - started, 2)}) + "\n")
+            f.write(json.dumps(launch) + "\n")
     return MPIResult(out.returncode, out.stdout, out.stderr)
 
 

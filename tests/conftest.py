@@ -16,3 +16,28 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     spec = SynthSpec(feat_dim=260, num_classes=12, train_utts=60, heldout_utts=12,
                      min_len=60, max_len=120, seed=3)
     return generate(out, spec)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The mpirun launches of the run, summed by test file: ranks started and seconds.
+
+    Each rank of each launch imports torch (and the first optimizer step torch._dynamo),
+    about 5-7 s of CPU on the 2-core CI machine, so the multi-rank suite's time follows the
+    ranks it starts more than the tests it counts: this table says where CI's minutes go.
+    """
+    from tests._mpi import LAUNCHES
+
+    if not LAUNCHES:
+        return
+    files: dict[str, list[float]] = {}
+    for launch in LAUNCHES:
+        row = files.setdefault(launch["test"].split("::")[0] or "?", [0, 0, 0.0])
+        row[0] += 1
+        row[1] += launch["nprocs"]
+        row[2] += launch["seconds"]
+    write = terminalreporter.write_line
+    terminalreporter.section("mpirun launches by test file (slowest 20)")
+    for name, (n, ranks, secs) in sorted(files.items(), key=lambda kv: -kv[1][2])[:20]:
+        write(f"{secs:8.1f} s {n:4d} launches {ranks:5d} ranks  {name}")
+    total = [sum(row[i] for row in files.values()) for i in range(3)]
+    write(f"{total[2]:8.1f} s {total[0]:4d} launches {total[1]:5d} ranks  in all")
