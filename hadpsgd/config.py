@@ -31,7 +31,7 @@ from hadpsgd.config_file import merge, read_config_file
 from hadpsgd.precision import PRECISIONS
 
 __all__ = ["AlgoConfig", "CommConfig", "ConfigError", "DataConfig", "ModelConfig",
-           "OptimConfig", "RunConfig", "TrainConfig", "check_read", "parse_config"]
+           "OptimConfig", "RunConfig", "TrainConfig", "check_read", "parse_config", "run_parser"]
 
 
 def _algo_names() -> list[str]:
@@ -504,8 +504,13 @@ def check_read(algo: str, given: Iterable[str], resumed: str | None = None) -> N
                       "run of that algorithm in another --out-dir")
 
 
-def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
-    """Parse the command line into a validated :class:`RunConfig` (exits 2 on bad input)."""
+def run_parser() -> RankParser:
+    """The parser of ``python -m hadpsgd.run``.
+
+    Every option of :class:`RunConfig`, then ``--config`` and ``--print-config``. Its
+    ``--help`` is the reference the docs' option tables are held to
+    (``tests/unit/test_docs_flags.py``).
+    """
     parser = RankParser(
         prog="python -m hadpsgd.run", allow_abbrev=False,
         description="Train the SWB BLSTM with SSGD, ADPSGD / H-ADPSGD or BMUF over MPI. "
@@ -521,6 +526,12 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
                             "config.json; options on the command line win")
     group.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
                        help="print the resolved configuration as JSON and exit")
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
+    """Parse the command line into a validated :class:`RunConfig` (exits 2 on bad input)."""
+    parser = run_parser()
     ns = parser.parse_args(argv)
     for name, value in vars(ns).items():
         if isinstance(value, list):  # argparse drops the value "--" of --lr=-- and leaves []

@@ -55,7 +55,7 @@ HADPSGD_STDOUT_TTY      0 or 1      ask stdout        whether the console the ru
                                                       whose ranks' stdout is mpirun's pty
 ======================  ==========  ================  ==============================================
 
-The README's "Environment variables" table lists the same variables. A variable set to the
+The "Environment variables" table of docs/usage.md lists the same variables. A variable set to the
 empty string (or only blanks) counts as unset. Every bad value raises :class:`EnvError`, whose
 message names the variable, the value and what to set instead.
 

@@ -197,8 +197,8 @@ def test_env_module_imports_nothing_from_the_package() -> None:
 
 
 def test_tables_list_the_same_variables() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    section = usage.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     in_readme = {v for row in rows for v in re.findall(r"`(HADPSGD_[A-Z_]+)`", row.split("|")[1])}
     in_readme -= {"HADPSGD_VENV", "HADPSGD_MPI"}  # read by scripts/*.sh, not by the package
