@@ -29,7 +29,7 @@ from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.algorithms.registry import register
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm import CommTimeoutError, Topology
+from hadpsgd.comm import CommTimeoutError, World
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
 
@@ -138,7 +138,7 @@ class ADPSGD(Algorithm):
 
     options: ADPSGDOptions
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: World,
                  gossip_jitter: float = 0.0, **options: Any) -> None:
         super().__init__(model, optimizer, topo, **options)
         if len(self.params.buffers) != 1:

@@ -20,7 +20,7 @@ from hadpsgd.algorithms.gradsync import (
 )
 from hadpsgd.algorithms.options import AlgoOptions
 from hadpsgd.algorithms.scaler import LossScaler
-from hadpsgd.comm import FlatBuffer, Topology, cudnn_weight_groups
+from hadpsgd.comm import FlatBuffer, World, cudnn_weight_groups
 from hadpsgd.comm.overlap import GradScope
 from hadpsgd.precision import check_precision
 
@@ -32,7 +32,7 @@ def params_missing_from(model: nn.Module, optimizer: Any) -> list[str]:
             if p.requires_grad and id(p) not in owned]
 
 
-def broadcast_frozen(model: nn.Module, topo: Topology, root: int = 0) -> None:
+def broadcast_frozen(model: nn.Module, topo: World, root: int = 0) -> None:
     """Give every learner ``root``'s parameters that do not require a gradient.
 
     A frozen layer or a fixed random projection is in no flat buffer (nothing trains it), so
@@ -126,7 +126,7 @@ class Algorithm:
     needs_equal_nodes = False
     """Whether the super-learners must be of equal size (BMUF's block average)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology, *,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: World, *,
                  options: AlgoOptions | None = None, max_grad_norm: float = 0.0,
                  overlap: bool | str = "auto", grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
                  precision: str = "fp32", grad_wire: str = "fp32",

@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.comm.flat import zeros
 
 _ALIGN = 16
@@ -112,7 +112,7 @@ class ModelBuffers:
         topo: The topology the agreements run on.
     """
 
-    def __init__(self, model: nn.Module, topo: Topology) -> None:
+    def __init__(self, model: nn.Module, topo: World) -> None:
         self.topo = topo
         by_device: dict[torch.device, list[_Slot]] = {}
         for name, tensor in model.named_buffers():

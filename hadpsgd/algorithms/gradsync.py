@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hadpsgd.comm import FlatBuffer, Topology
+from hadpsgd.comm import FlatBuffer, World
 from hadpsgd.comm.overlap import BucketPlan, BucketReducer, GradScope
 
 GRAD_WIRES: tuple[str, ...] = ("fp32", "bf16")
@@ -53,7 +53,7 @@ def _ring_bytes(nbytes: int, n: int) -> int:
     return 2 * (n - 1) * nbytes // n
 
 
-def internode_share(nbytes: int, topo: Topology) -> int:
+def internode_share(nbytes: int, topo: World) -> int:
     """What a rank sends *between nodes* in a hierarchical allreduce of ``nbytes``.
 
     The node's sum is cut in ``local_size`` slices, slice *j* crosses the nodes as a ring
@@ -92,7 +92,7 @@ class GradSync:
             no pipelined world route is built).
     """
 
-    def __init__(self, params: list[nn.Parameter], topo: Topology,
+    def __init__(self, params: list[nn.Parameter], topo: World,
                  scope: Callable[[], GradScope], bucket_mb: float = DEFAULT_GRAD_BUCKET_MB,
                  overlap: bool | str = "auto", wire: str = "fp32", world: bool = True) -> None:
         if bucket_mb <= 0:

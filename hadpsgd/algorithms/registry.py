@@ -11,7 +11,7 @@ from torch import nn
 
 from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.options import AlgoOptions
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def get(name: str) -> type[Algorithm]:
     return spec(name).cls
 
 
-def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
+def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, topo: World,
           **options: Any) -> Algorithm:
     """Construct the algorithm registered under ``name`` (see :func:`get`)."""
     return get(name)(model, optimizer, topo, **options)

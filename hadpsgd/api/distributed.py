@@ -34,7 +34,7 @@ from hadpsgd.api.recipe import resolve_recipe
 from hadpsgd.api.samplers import Sampler, make_sampler
 from hadpsgd.api.setup import init, install_error_hooks
 from hadpsgd.api.state import collect, node_part, option_changes
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.precision import autocast
 
 
@@ -82,7 +82,7 @@ class Distributed:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, algo: str = "ssgd",
-                 *, topology: Topology | None = None, precision: str = "fp32",
+                 *, topology: World | None = None, precision: str = "fp32",
                  max_grad_norm: float | None = None, overlap: bool | str = "auto",
                  grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB, grad_wire: str = "fp32",
                  options: AlgoOptions | None = None, **option_values: Any) -> None:

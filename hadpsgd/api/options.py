@@ -22,7 +22,7 @@ from hadpsgd.algorithms import AlgoOptions, AlgoSpec, names, spec
 from hadpsgd.algorithms.base import missing_params_message, params_missing_from
 from hadpsgd.algorithms.gradsync import GRAD_WIRES
 from hadpsgd.cli import ConfigError, flag, option_name
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.precision import PRECISIONS
 
 SHARED_OPTIONS: tuple[str, ...] = ("precision", "max_grad_norm", "overlap", "grad_bucket_mb",
@@ -153,7 +153,7 @@ def check_shared(precision: str, max_grad_norm: float, overlap: bool | str,
             raise OptionError(name, f"{name} must be {low} and finite, got {value!r}")
 
 
-def check_layout(opts: AlgoOptions, topo: Topology) -> None:
+def check_layout(opts: AlgoOptions, topo: World) -> None:
     """Refuse a topology whose super-learners are not those the options ask for."""
     wanted = opts.ranks_per_node()
     if wanted is None:
@@ -168,7 +168,7 @@ def check_layout(opts: AlgoOptions, topo: Topology) -> None:
                           "out")
 
 
-def check_device(model: nn.Module, topo: Topology) -> None:
+def check_device(model: nn.Module, topo: World) -> None:
     """Refuse a model whose parameters are not on the topology's device (an OptionError)."""
     elsewhere = {str(p.device) for p in model.parameters() if p.device != topo.device}
     if elsewhere:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from hadpsgd.comm import SharedCounter, Topology
+from hadpsgd.comm import SharedCounter, World
 from hadpsgd.data import ChunkBatchSampler, PooledBatchSampler
 
 SLOT_NEXT, SLOT_STOP, SLOT_NONFINITE, SLOT_LOSS, SLOT_LOGGED = range(5)
@@ -41,7 +41,7 @@ POOL_SLOTS = 5
 micro-nats) and the number of losses in it."""
 
 
-def ticket_taker(topo: Topology, pool: SharedCounter,
+def ticket_taker(topo: World, pool: SharedCounter,
                  sampler: Callable[[], PooledBatchSampler]) -> Callable[[], int]:
     """``take()`` for the pooled sampler, the same ticket on every member of a super-learner.
 
@@ -168,7 +168,7 @@ class PoolSampler(PooledBatchSampler):
         num_samples, batch_size, seed: As for :class:`ShardSampler`.
     """
 
-    def __init__(self, topo: Topology, num_samples: int, batch_size: int, seed: int) -> None:
+    def __init__(self, topo: World, num_samples: int, batch_size: int, seed: int) -> None:
         self.topo = topo
         self.pool: SharedCounter | None = topo.shared_counter(POOL_SLOTS)
         take: Callable[[], int] = ticket_taker(topo, self.pool, lambda: self)
@@ -267,7 +267,7 @@ Sampler = ShardSampler | PoolSampler
 """What :meth:`hadpsgd.Distributed.sampler` returns."""
 
 
-def make_sampler(topo: Topology, pooled: bool, num_samples: int, batch_size: int,
+def make_sampler(topo: World, pooled: bool, num_samples: int, batch_size: int,
                  seed: int) -> Sampler:
     """A :class:`PoolSampler` where ``pooled`` (ADPSGD across super-learners), else shards.
 

@@ -28,7 +28,7 @@ from types import TracebackType
 
 from hadpsgd import comm
 from hadpsgd.cli import ConfigError, launch_rank, leave_it_to_rank_zero
-from hadpsgd.comm import CommTimeoutError, PeerEndedError, Topology, TopologyError
+from hadpsgd.comm import CommTimeoutError, PeerEndedError, Topology, TopologyError, World
 from hadpsgd.exit_codes import EXIT_FAILED, EXIT_TIMED_OUT, EXIT_USER_ERROR
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)
@@ -44,7 +44,7 @@ _meeting = False
 """Whether the end meeting's exit handler is registered (once, after the first topology)."""
 _exit_code: int | None = None
 """The code of the main thread's ``sys.exit``, once called (None: the script's own end)."""
-_topology: Topology | None = None
+_topology: World | None = None
 """The topology the hooks report for; None before :func:`init` (then no rank has MPI)."""
 
 
@@ -87,7 +87,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", *,
     return topo
 
 
-def install_error_hooks(topo: Topology | None = None) -> None:
+def install_error_hooks(topo: World | None = None) -> None:
     """Have an exception that escapes the script end the job as the module docstring says.
 
     Installed once per process (the hooks are process-wide); a later call only tells them
@@ -130,7 +130,7 @@ def _at_exit() -> None:
     comm.meet_at_end(topo, _exit_code or 0)
 
 
-def said_once(topo: Topology, message: str) -> bool:
+def said_once(topo: World, message: str) -> bool:
     """Rank 0 says ``message`` once if every rank failed with a user error before training.
 
     Every rank checks the same flags, files and options, so usually every rank refuses
@@ -188,7 +188,7 @@ def _failed(kind: type[BaseException], err: BaseException, tb: TracebackType | N
     topo.abort(code)
 
 
-def _user_error(err: BaseException, topo: Topology | None) -> None:
+def _user_error(err: BaseException, topo: World | None) -> None:
     """Say ``err`` once and end this rank with exit 2 (abort the job if not every rank did)."""
     message = str(err) or type(err).__name__
     if topo is None or topo.size == 1:

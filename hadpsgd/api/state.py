@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from hadpsgd.algorithms import Algorithm
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 
 STATE_FORMAT = 1
 """The version of the state's layout."""
 
 
-def collect(algo: Algorithm, topo: Topology, sampler: dict[str, Any] | None,
+def collect(algo: Algorithm, topo: World, sampler: dict[str, Any] | None,
             gather: bool) -> dict[str, Any]:
     """The state of ``algo`` on this rank (collective where there are node parts).
 
@@ -128,7 +128,7 @@ def option_changes(state: dict[str, Any], options: Any) -> list[str]:
             if name in saved and saved[name] != now[name]]
 
 
-def node_part(state: Any, algo: str, topo: Topology) -> dict[str, Any] | None:
+def node_part(state: Any, algo: str, topo: World) -> dict[str, Any] | None:
     """This rank's node part of ``state`` (None if it has none), after checking ``state``.
 
     Raises:

@@ -1,7 +1,8 @@
 """Communication layer (contract): topology discovery and collectives on flat tensors.
 
 ``init()`` returns a :class:`Topology` with hierarchical ``allreduce_`` (intra-node backend
-+ MPI between nodes), ``broadcast_``, the gossip pair ``exchange`` and their deadlines.
++ MPI between nodes), ``broadcast_``, the gossip pair ``exchange`` and their deadlines. The
+algorithms, the loop and the API see it as a :class:`World` (:mod:`hadpsgd.comm.world`).
 """
 
 from hadpsgd.comm.codec import WIRES, decode, encode, payload_bytes
@@ -14,8 +15,9 @@ from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
 from hadpsgd.comm.mpi import library_version as mpi_library_version
 from hadpsgd.comm.mpi import world_rank
 from hadpsgd.comm.topology import Topology, TopologyError
+from hadpsgd.comm.world import World
 
 __all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "WIRES", "CommTimeoutError", "CompressedMean",
            "FlatBuffer", "PeerEndedError", "SharedCounter", "Topology", "TopologyError", "Watchdog",
-           "cudnn_weight_groups", "decode", "encode", "init", "meet_at_end", "mpi_library_version",
-           "payload_bytes", "timeout_from_env", "world_rank"]
+           "World", "cudnn_weight_groups", "decode", "encode", "init", "meet_at_end",
+           "mpi_library_version", "payload_bytes", "timeout_from_env", "world_rank"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,13 +24,13 @@ from hadpsgd.comm.objects import (
 from hadpsgd.comm.pair import PairChannel
 from hadpsgd.comm.staging import wait_device
 from hadpsgd.comm.ulfm import raise_if_revoked
+from hadpsgd.comm.world import ReduceOp
 
 if TYPE_CHECKING:
     from hadpsgd.comm.hostlink import HostLink
     from hadpsgd.comm.pipeline import GradPipeline
     from hadpsgd.comm.side import SideChannel
 
-ReduceOp = Literal["avg", "sum"]
 
 
 class TopologyError(ValueError):

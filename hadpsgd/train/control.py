@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.train.stop import StopFlag
 
 
@@ -128,7 +128,7 @@ class ControlPoint:
         max_nonfinite: More non-finite events than this (over all ranks) stop the run.
     """
 
-    def __init__(self, topo: Topology, stop: StopFlag, max_nonfinite: int) -> None:
+    def __init__(self, topo: World, stop: StopFlag, max_nonfinite: int) -> None:
         self.topo = topo
         self.stop = stop
         self.max_nonfinite = max_nonfinite

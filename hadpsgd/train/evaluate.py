@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, make_loader
 from hadpsgd.data.loader import IGNORE
 from hadpsgd.precision import autocast
@@ -36,7 +36,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: ChunkDataset, topo: Topology,
+def evaluate(model: nn.Module, dataset: ChunkDataset, topo: World,
              batch_size: int = 64, precision: str = "fp32") -> EvalResult:
     """Evaluate ``model`` on every frame of ``dataset``, its chunks split across learners.
 

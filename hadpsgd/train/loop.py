@@ -15,7 +15,7 @@ from hadpsgd.algorithms import Algorithm
 from hadpsgd.api import Distributed
 from hadpsgd.api.samplers import POOL_SLOTS, ticket_taker
 from hadpsgd.api.state import compact
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.data import ChunkBatchSampler, ChunkDataset, PooledBatchSampler, make_loader
 from hadpsgd.data.loader import IGNORE
 from hadpsgd.train.best import SCORE_KEY
@@ -124,7 +124,7 @@ class Trainer:
     ``max_loss_ratio`` times the start raises :class:`DivergedError` on every rank).
     """
 
-    def __init__(self, dist: Distributed, topo: Topology, train_set: ChunkDataset,
+    def __init__(self, dist: Distributed, topo: World, train_set: ChunkDataset,
                  heldout_set: ChunkDataset, schedule: LRSchedule, opts: LoopOptions,
                  out_dir: Path, metrics: MetricsWriter, config: dict[str, Any],
                  stop: StopFlag = FLAG) -> None:

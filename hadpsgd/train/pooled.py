@@ -22,7 +22,7 @@ from hadpsgd.api.samplers import (
     SLOT_NEXT,
     SLOT_STOP,
 )
-from hadpsgd.comm import SharedCounter, Topology
+from hadpsgd.comm import SharedCounter, World
 from hadpsgd.data import PooledBatchSampler
 from hadpsgd.train.plan import (
     POOL_NEXT,
@@ -118,7 +118,7 @@ class PooledPlan(EpochPlan):
 
     meets = True
 
-    def __init__(self, topo: Topology, sampler: PooledBatchSampler, pool: SharedCounter,
+    def __init__(self, topo: World, sampler: PooledBatchSampler, pool: SharedCounter,
                  opts: Any, agree: Agree, control: Any, metrics: Any,
                  algo_metrics: Callable[[], dict[str, float]]) -> None:
         super().__init__(sampler, opts, agree)

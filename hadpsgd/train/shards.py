@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hadpsgd import faults
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.train.checkpoint import (
     CheckpointError,
     CheckpointWriteError,
@@ -66,7 +66,7 @@ def _write_part(tmp: Path, path: Path, node: int, obj: Any) -> tuple[dict[str, A
         return None, f"node {node}: {failed}"
 
 
-def write_sharded(topo: Topology, path: Path, state_of: Callable[[int | None], dict[str, Any]],
+def write_sharded(topo: World, path: Path, state_of: Callable[[int | None], dict[str, Any]],
                   node_state: Any, keep: int, meta: dict[str, Any],
                   on_phase: Callable[[str], None] | None = None, keep_best: int = 0) -> None:
     """Write checkpoint ``path`` from every rank (collective); rank 0 publishes it.

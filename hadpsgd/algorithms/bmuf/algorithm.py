@@ -32,7 +32,7 @@ from hadpsgd.algorithms.bmuf.options import BMUFOptions
 from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 from hadpsgd.comm.overlap import GradScope
 
 
@@ -94,7 +94,7 @@ class BMUF(Algorithm):
                        "recipe (--optimizer adam), a smaller --lr, or a smaller "
                        "--block-momentum. ")
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: Topology,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topo: World,
                  **options: Any) -> None:
         super().__init__(model, optimizer, topo, **options)
         opts = self.options

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hadpsgd.algorithms.bmuf.filter import BlockAverage, Flat, Fragment
-from hadpsgd.comm import Topology
+from hadpsgd.comm import World
 
 
 class BlockExchange:
@@ -29,7 +29,7 @@ class BlockExchange:
         segments: Parts of every pack: the model and each sent moment buffer.
     """
 
-    def __init__(self, topo: Topology, wire: str, background: bool, segments: int) -> None:
+    def __init__(self, topo: World, wire: str, background: bool, segments: int) -> None:
         self.topo, self.wire, self.segments = topo, wire, segments
         # A private channel for background or compressed means (collective: every rank).
         self.side = (topo.side_channel(wire, background=background)
