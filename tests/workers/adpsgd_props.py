@@ -40,8 +40,11 @@ topo = comm.init(device=os.environ.get("HADPSGD_TEST_DEVICE", "cpu"))
 r = topo.rank
 
 
-def run_case(mode: str, out: Path, setting: dict[str, str]) -> None:
-    """One case: ``setting`` holds the ``ADPSGD_TEST_*`` values (the environment's default)."""
+def run_case(mode: str, out: Path, setting: dict[str, str]) -> ADPSGD:
+    """One case: ``setting`` holds the ``ADPSGD_TEST_*`` values (the environment's default).
+
+    Returns the closed algorithm (``gossip_link.py`` reads its gossip thread's counts).
+    """
 
     def get(name: str, default: str) -> str:
         return setting.get(name, os.environ.get(name, default))
@@ -119,13 +122,14 @@ def run_case(mode: str, out: Path, setting: dict[str, str]) -> None:
     record["stale_waits"] = algo.stale_waits
     (out / f"rank{r}.json").write_text(json.dumps(record))
     print(f"OK rank {r} exchanges={record['exchanges']}", flush=True)
+    return algo
 
 
 if mode == "cases":
     for case in json.loads(os.environ["ADPSGD_TEST_CASES"]):
         where = out / case["name"]
         where.mkdir(parents=True, exist_ok=True)
-        run_case(case["mode"], where, {k: str(v) for k, v in case.items()
-                                       if k.startswith("ADPSGD_TEST_")})
+        algo = run_case(case["mode"], where, {k: str(v) for k, v in case.items()
+                                              if k.startswith("ADPSGD_TEST_")})
 else:
-    run_case(mode, out, {})
+    algo = run_case(mode, out, {})
