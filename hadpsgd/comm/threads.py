@@ -1,0 +1,282 @@
+"""An in-process world: N learners as threads of one process (:class:`ThreadJob`).
+
+The second implementation of :class:`~hadpsgd.comm.World` beside MPI's ``Topology``: every
+learner is a thread, a collective is a meeting at a barrier of its group (the world, a node,
+the learners of one local rank across nodes) where each member leaves its value in a slot
+and reads everyone's. It exists for the algorithms' numerical tests, which need the learners'
+arithmetic and not processes: a launch of N ranks costs N imports of torch (5-7 s of CPU
+each on the 2-core CI machine), a thread world costs nothing. What only processes show (MPI
+itself, kills, hangs, deadlines, the launcher, ULFM) stays under ``mpirun``.
+
+Sums are taken in rank order in the tensor's dtype, the same on every member, so replicas
+that must be identical are, bit for bit; a mean divides that sum by the group's size (MPI's
+ring or tree may add in another order: compare with MPI at a tolerance, not bit for bit).
+Objects cross by pickle, as MPI sends them, so no learner holds another's object.
+
+Not here yet (each raises ``NotImplementedError`` naming the way out): the gossip's pair
+channel, the side channel of background or compressed means, the shared counters of
+ADPSGD's pool, bf16 on the wire (``half_mean_``). Deferred means do not defer (they are for
+NCCL streams); there are no background threads (``thread_multiple`` is False).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from hadpsgd.comm.deadline import CommTimeoutError
+from hadpsgd.comm.world import ReduceOp
+
+T = TypeVar("T")
+
+
+class _Group:
+    """Learners (world ranks) that meet at one barrier, a slot each."""
+
+    def __init__(self, members: list[int], timeout: float) -> None:
+        self.members = members
+        self.barrier = threading.Barrier(len(members), timeout=timeout)
+        self.slots: list[Any] = [None] * len(members)
+        self.doing = ["start-up"] * len(members)
+
+    def meet(self, rank: int, value: Any, what: str) -> list[Any]:
+        """Leave ``value``, read every member's (in member order), then part together."""
+        index = self.members.index(rank)
+        self.slots[index] = value
+        self.doing[index] = what
+        try:
+            self.barrier.wait()
+            seen = list(self.slots)
+            self.barrier.wait()  # nobody leaves a new value before everyone has read
+        except threading.BrokenBarrierError:
+            late = [m for m, d in zip(self.members, self.doing, strict=True) if d != what]
+            raise CommTimeoutError(f"{what}: learner(s) {late or '?'} of {self.members} never "
+                                   "arrived (or one failed)", missing=late) from None
+        return seen
+
+
+class ThreadWorld:
+    """One learner's view of a :class:`ThreadJob`: a :class:`~hadpsgd.comm.World`."""
+
+    def __init__(self, job: ThreadJob, rank: int) -> None:
+        self._job = job
+        self.rank, self.size = rank, job.size
+        self.node, self.local_rank = divmod(rank, job.ranks_per_node)
+        self.num_nodes = job.num_nodes
+        self.node_sizes = [job.ranks_per_node] * job.num_nodes
+        self.local_size = job.ranks_per_node
+        self.device = torch.device("cpu")
+        self.timeout = job.timeout
+        self.launch_ranks = list(range(job.size))
+        self._what = "start-up"
+
+    # -- the layout
+    @property
+    def thread_multiple(self) -> bool:
+        """No background threads in a thread world (they would need channels of their own)."""
+        return False
+
+    @property
+    def equal_nodes(self) -> bool:
+        """Every node has :attr:`local_size` learners."""
+        return True
+
+    def require_equal_nodes(self, what: str) -> None:
+        """Nodes are always equal here."""
+
+    # -- what a stuck peer is told
+    @contextlib.contextmanager
+    def doing(self, what: str) -> Iterator[None]:
+        """While inside, ``what`` is this learner's activity (named when a meeting fails)."""
+        before, self._what = self._what, what
+        try:
+            yield
+        finally:
+            self._what = before
+
+    def now_doing(self, what: str) -> None:
+        """This learner's activity from now on."""
+        self._what = what
+
+    # -- collectives on tensors, in place
+    def _reduce(self, group: _Group, tensor: torch.Tensor, op: ReduceOp,
+                what: str) -> torch.Tensor:
+        if op not in ("avg", "sum"):
+            raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
+        seen = group.meet(self.rank, tensor.detach().clone(), what)
+        total = seen[0].clone()
+        for other in seen[1:]:
+            total += other
+        if op == "avg":
+            total /= len(seen)
+        tensor.copy_(total)
+        return tensor
+
+    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg",
+                   path: Any = "auto") -> torch.Tensor:
+        """The mean (or sum) over every learner (``path`` has one meaning here)."""
+        return self._reduce(self._job.world, tensor, op, f"allreduce ({self._what})")
+
+    def intra_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
+        """The mean (or sum) over this node's learners."""
+        return self._reduce(self._job.nodes[self.node], tensor, op,
+                            f"node allreduce ({self._what})")
+
+    def inter_allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg") -> torch.Tensor:
+        """The mean (or sum) over the learners of this local rank across nodes."""
+        return self._reduce(self._job.across[self.local_rank], tensor, op,
+                            f"inter-node allreduce ({self._what})")
+
+    def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int,
+                   what: str) -> torch.Tensor:
+        seen = group.meet(self.rank, tensor.detach().clone(), what)
+        tensor.copy_(seen[root])
+        return tensor
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """``root``'s tensor on every learner."""
+        return self._broadcast(self._job.world, tensor, root, f"broadcast ({self._what})")
+
+    def intra_broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """The node's ``root`` (local rank) tensor on every learner of the node."""
+        return self._broadcast(self._job.nodes[self.node], tensor, root,
+                               f"node broadcast ({self._what})")
+
+    def half_mean_(self, tensor: torch.Tensor, scope: str) -> int:
+        """Not in a thread world yet: run ``--grad-wire bf16`` under mpirun."""
+        raise NotImplementedError("the thread world has no bf16 wire yet (half_mean_): "
+                                  "test --grad-wire bf16 under mpirun")
+
+    def mean_deferred_(self, tensor: torch.Tensor, scope: str) -> bool:
+        """Nothing deferred (that is for NCCL streams): False, the caller averages now."""
+        return False
+
+    def deferrable(self, scope: str) -> bool:
+        """Never: see :meth:`mean_deferred_`."""
+        return False
+
+    def join_deferred(self, host_wait: bool = True) -> None:
+        """Nothing was deferred."""
+
+    def settle_deferred(self) -> bool:
+        """No wait was owed."""
+        return False
+
+    # -- channels and counters
+    def pair_channel(self) -> Any:
+        """Not in a thread world yet: ADPSGD's gossip runs under mpirun."""
+        raise NotImplementedError("the thread world has no pair channel yet: test ADPSGD's "
+                                  "gossip under mpirun")
+
+    def side_channel(self, wire: str = "fp32", background: bool = True) -> Any:
+        """Not in a thread world yet: BMUF's overlapped or compressed syncs run under mpirun."""
+        raise NotImplementedError("the thread world has no side channel yet: test BMUF with "
+                                  "--bmuf-overlap or a compressed --wire under mpirun")
+
+    def grad_pipeline(self) -> None:
+        """No pipeline applies here."""
+        return None
+
+    def shared_counter(self, slots: int) -> Any:
+        """Not in a thread world yet: ADPSGD's pool runs under mpirun."""
+        raise NotImplementedError("the thread world has no shared counters yet: test "
+                                  "ADPSGD's pool under mpirun")
+
+    # -- objects and meetings
+    def barrier(self) -> None:
+        """Wait until every learner arrives."""
+        self._job.world.meet(self.rank, None, f"barrier ({self._what})")
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every learner's object on every learner (each a copy, as MPI pickles them)."""
+        seen = self._job.world.meet(self.rank, pickle.dumps(obj), f"allgather ({self._what})")
+        return [pickle.loads(b) for b in seen]
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s object on every learner."""
+        return self.allgather_object(obj if self.rank == root else None)[root]
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every learner's object on ``root`` (None elsewhere)."""
+        every = self.allgather_object(obj)
+        return every if self.rank == root else None
+
+    # -- failures
+    def every_rank_failed(self, message: str, wait_s: float = 3.0) -> list[str] | None:
+        """One learner's own error only (the others' go up through :meth:`ThreadJob.run`)."""
+        return [message] if self.size == 1 else None
+
+    def check_revoked(self) -> None:
+        """Nothing is revoked in a thread world."""
+
+    def abort(self, code: int = 1) -> None:
+        """Break every meeting, so no learner waits for this one; then raise."""
+        self._job.break_all()
+        raise RuntimeError(f"learner {self.rank} aborted the thread world (code {code})")
+
+
+class ThreadJob:
+    """N learners as threads: :meth:`run` calls a function once per learner.
+
+    Args:
+        size: Learners.
+        ranks_per_node: Learners per node (super-learner), consecutive ranks; it must divide
+            ``size``. Default: every learner its own node.
+        timeout: Seconds a meeting waits for its last member before every member's call
+            raises :class:`~hadpsgd.comm.CommTimeoutError` (a learner that failed, or a
+            collective one learner skipped, ends the job instead of hanging it).
+    """
+
+    def __init__(self, size: int, ranks_per_node: int = 1, timeout: float = 60.0) -> None:
+        if size < 1 or ranks_per_node < 1 or size % ranks_per_node:
+            raise ValueError(f"ranks_per_node ({ranks_per_node}) must divide size ({size}), "
+                             "both >= 1")
+        self.size, self.ranks_per_node, self.timeout = size, ranks_per_node, timeout
+        self.num_nodes = size // ranks_per_node
+        self.world = _Group(list(range(size)), timeout)
+        self.nodes = [_Group(list(range(k * ranks_per_node, (k + 1) * ranks_per_node)),
+                             timeout) for k in range(self.num_nodes)]
+        self.across = [_Group(list(range(j, size, ranks_per_node)), timeout)
+                       for j in range(ranks_per_node)]
+
+    def break_all(self) -> None:
+        """Break every group's barrier: whoever waits there raises at once."""
+        for group in [self.world, *self.nodes, *self.across]:
+            group.barrier.abort()
+
+    def run(self, fn: Callable[[ThreadWorld], T]) -> list[T]:
+        """``fn(world)`` on every learner, each on its own thread; the results by rank.
+
+        Raises:
+            BaseException: The first learner's error (by rank) after every thread ended; a
+                learner that fails breaks every meeting, so the others end too.
+        """
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException | None] = [None] * self.size
+
+        def learner(rank: int) -> None:
+            try:
+                results[rank] = fn(ThreadWorld(self, rank))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller below
+                errors[rank] = err
+                self.break_all()
+
+        threads = [threading.Thread(target=learner, args=(r,), name=f"learner-{r}")
+                   for r in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        first = next((e for e in errors if e is not None and not isinstance(
+            e, CommTimeoutError)), None) or next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        return results
+
+
+__all__ = ["ThreadJob", "ThreadWorld"]

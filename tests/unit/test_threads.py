@@ -1,0 +1,166 @@
+"""The in-process world (:mod:`hadpsgd.comm.threads`): learners as threads.
+
+Held to the :class:`~hadpsgd.comm.World` face as ``Topology`` is (``test_world.py``), its
+collectives checked against sums written here, a failing learner ending the job instead of
+hanging it, and the first algorithm property moved onto it: SSGD on N learners equals one
+learner with N times the batch (the h-adpsgd paper's premise; ``tests/mpi/test_ssgd.py``
+keeps it through the main command under mpirun).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+from hadpsgd.algorithms import BMUF, SSGD
+from hadpsgd.comm import CommTimeoutError, World
+from hadpsgd.comm.threads import ThreadJob, ThreadWorld
+
+
+def _face() -> set[str]:
+    return {n for n in vars(World) if not n.startswith("_")}
+
+
+def test_a_thread_world_has_every_member_of_the_face_with_its_parameters() -> None:
+    world = ThreadWorld(ThreadJob(4, 2), 3)
+    for name in _face():
+        assert hasattr(world, name), name
+        want = getattr(World, name)
+        if inspect.isfunction(want):
+            have = getattr(ThreadWorld, name)
+            assert list(inspect.signature(want).parameters) == list(
+                inspect.signature(have).parameters), name
+    assert (world.node, world.local_rank, world.num_nodes, world.local_size) == (1, 1, 2, 2)
+
+
+@pytest.mark.parametrize(("size", "per_node"), [(1, 1), (3, 1), (4, 2), (6, 3)])
+def test_collectives_against_sums_written_here(size: int, per_node: int) -> None:
+    def value(rank: int) -> torch.Tensor:
+        return torch.arange(5, dtype=torch.float64) * (rank + 1) + rank  # exact sums
+
+    def learner(w: World) -> dict:
+        out = {}
+        t = value(w.rank)
+        out["sum"] = w.allreduce_(t.clone(), op="sum")
+        out["avg"] = w.allreduce_(t.clone())
+        out["node"] = w.intra_allreduce_(t.clone(), op="sum")
+        out["across"] = w.inter_allreduce_(t.clone(), op="sum")
+        out["bcast"] = w.broadcast_(t.clone(), root=size - 1)
+        out["node_bcast"] = w.intra_broadcast_(t.clone(), root=per_node - 1)
+        out["objects"] = w.allgather_object({"rank": w.rank})
+        out["root_obj"] = w.bcast_object(f"from {w.rank}", root=0)
+        out["gathered"] = w.gather_object(w.rank, root=0)
+        w.barrier()
+        return out
+
+    results = ThreadJob(size, per_node).run(learner)
+    every = [value(r) for r in range(size)]
+    for r, got in enumerate(results):
+        node, local = divmod(r, per_node)
+        mates = range(node * per_node, (node + 1) * per_node)
+        across = range(local, size, per_node)
+        assert torch.equal(got["sum"], sum(every))
+        assert torch.equal(got["avg"], sum(every) / size)
+        assert torch.equal(got["node"], sum(every[m] for m in mates))
+        assert torch.equal(got["across"], sum(every[a] for a in across))
+        assert torch.equal(got["bcast"], every[size - 1])
+        assert torch.equal(got["node_bcast"], every[mates[-1]])
+        assert got["objects"] == [{"rank": k} for k in range(size)]
+        assert got["root_obj"] == "from 0"
+        assert got["gathered"] == (list(range(size)) if r == 0 else None)
+
+
+def test_a_failing_learner_ends_the_job_with_its_error_and_nobody_hangs() -> None:
+    def learner(w: World) -> None:
+        if w.rank == 2:
+            raise ValueError("learner 2's own mistake")
+        w.allreduce_(torch.ones(3))  # the others wait here for learner 2
+
+    with pytest.raises(ValueError, match="learner 2's own mistake"):
+        ThreadJob(4, timeout=30).run(learner)
+
+
+def test_a_collective_one_learner_skips_is_named_at_the_deadline() -> None:
+    def learner(w: World) -> None:
+        if w.rank != 1:
+            w.barrier()
+
+    with pytest.raises(CommTimeoutError, match="never arrived"):
+        ThreadJob(3, timeout=0.5).run(learner)
+
+
+def test_what_the_thread_world_lacks_is_refused_by_name() -> None:
+    world = ThreadWorld(ThreadJob(2), 0)
+    for call in (world.pair_channel, world.side_channel, lambda: world.shared_counter(1),
+                 lambda: world.half_mean_(torch.ones(2), "world")):
+        with pytest.raises(NotImplementedError, match="mpirun"):
+            call()
+    assert world.grad_pipeline() is None and not world.deferrable("world")
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def _batch(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randn(rows, 6, generator=gen), torch.randn(rows, 4, generator=gen)
+
+
+@pytest.mark.parametrize(("size", "per_node"), [(2, 1), (4, 1), (4, 2)])
+def test_ssgd_on_n_learners_equals_one_learner_with_n_times_the_batch(size: int,
+                                                                      per_node: int) -> None:
+    b, steps, start = 3, 5, _model()
+
+    def train(w: World, model: torch.nn.Module, rows: int) -> list[torch.Tensor]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        algo = SSGD(model, opt, w)
+        for step in range(steps):
+            x, y = _batch(step, size * b)
+            mine = slice(w.rank * rows, (w.rank + 1) * rows)  # this learner's shard
+            torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+            algo.step()
+            algo.zero_grad()
+        algo.close()
+        return [p.detach().clone() for p in model.parameters()]
+
+    models = [copy.deepcopy(start) for _ in range(size)]
+    many = ThreadJob(size, per_node).run(lambda w: train(w, models[w.rank], b))
+    one = ThreadJob(1).run(lambda w: train(w, copy.deepcopy(start), size * b))[0]
+    for replica in many:  # every replica the same bits
+        assert all(torch.equal(p, q) for p, q in zip(replica, many[0], strict=True))
+    for p, q, s in zip(many[0], one, start.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+        assert not torch.allclose(p, s.detach())  # the steps moved the model
+
+
+def test_bmuf_replicas_of_a_super_learner_agree_and_every_sync_leaves_one_global_model() -> None:
+    # 2 super-learners of 2 on different data, tau 3, 7 steps: the members of a node hold the
+    # same bits after every step, and right after each block sync every learner evaluates the
+    # same global model.
+    start = _model()
+
+    def learner(w: World) -> list[bool]:
+        model = copy.deepcopy(start)
+        algo = BMUF(model, torch.optim.SGD(model.parameters(), lr=0.05), w, sync_period=3)
+        seen = []
+        for step in range(7):
+            x, y = _batch(10 * w.node + step, 4)  # the node's data
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            algo.step()
+            algo.zero_grad()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            seen.append(len({tuple(t.tolist()) for t in w.allgather_object(flat)
+                              [w.node * 2:(w.node + 1) * 2]}) == 1)
+        algo.sync()
+        with algo.evaluation_parameters() as evaluated:
+            flat = torch.cat([p.detach().reshape(-1) for p in evaluated.parameters()])
+        seen.append(len({tuple(t.tolist()) for t in w.allgather_object(flat)}) == 1)
+        algo.close()
+        return seen
+
+    assert all(all(r) for r in ThreadJob(4, 2).run(learner))
