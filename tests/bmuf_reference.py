@@ -1,9 +1,10 @@
 """BMUF in NumPy, written from the papers' equations and the design's description, not the code.
 
-One reference for every BMUF test (``tests/mpi/test_bmuf.py``, ``tests/mpi/test_bmuf_stream.py``):
-the blocking filter of the BMUF-Adam paper (Eq. 1-9 for the model, Eq. 13 and 16-17 for the
-moments, Algorithm 1 for Adam's step k) is the delayed, fragmented filter of docs/design.md
-("BMUF: overlapped and streaming syncs") with one fragment and no delay.
+One reference for every BMUF test (``tests/unit/test_bmuf_threads.py``,
+``tests/mpi/test_bmuf_stream.py``): the blocking filter of the BMUF-Adam paper (Eq. 1-9 for
+the model, Eq. 13 and 16-17 for the moments, Algorithm 1 for Adam's step k) is the delayed,
+fragmented filter of docs/design.md ("BMUF: overlapped and streaming syncs") with one
+fragment and no delay.
 
 Every fragment of the model (whole parameters) has its own block schedule, staggered through
 the period (fragment f of F ends its first block after ``(f + 1) * tau // F`` steps, then every

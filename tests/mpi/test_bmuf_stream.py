@@ -1,9 +1,10 @@
 """Overlapped, fragmented (streaming) and compressed BMUF block syncs under real mpirun.
 
-The NumPy reference (``tests/bmuf_reference.py``, shared with ``test_bmuf.py``) is written
-from the description of the delayed filter (issue 18, docs/design.md "BMUF: overlapped and
-streaming syncs"), not from the code: every fragment of the model (whole parameters) has its
-own block schedule, staggered through the period; at the end of a fragment's block its
+The NumPy reference (``tests/bmuf_reference.py``, shared with
+``tests/unit/test_bmuf_threads.py``) is written from the description of the delayed filter
+(issue 18, docs/design.md "BMUF: overlapped and streaming syncs"), not from the code: every
+fragment of the model (whole parameters) has its own block schedule, staggered through the
+period; at the end of a fragment's block its
 super-learners' local models and moments are averaged; blocking, the filter (Eq. 1-9, moments
 Eq. 13/16-18, Adam's k) is applied at once; overlapped, it is applied when the fragment's
 next block ends, and the local state is then re-based: ``x += theta_init_n -
