@@ -13,8 +13,9 @@ from tests.mpi._resume import run_args
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize(("algo", "nprocs", "per_node"),
-                         [("ssgd", 3, None), ("bmuf", 4, 2), ("adpsgd", 4, 2)])
+# SSGD's and BMUF's cases run on threads (tests/unit/test_nonfinite_threads.py, the same
+# checks of tests/nonfinite_suite.py); ADPSGD's gossip needs MPI.
+@pytest.mark.parametrize(("algo", "nprocs", "per_node"), [("adpsgd", 4, 2)])
 def test_nan_gradient_skipped_together(algo, nprocs, per_node):
     env = {"HADPSGD_RANKS_PER_NODE": str(per_node)} if per_node else {}
     res = run_worker(nprocs, "nonfinite", algo, env=env)
