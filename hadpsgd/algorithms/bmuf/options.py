@@ -137,7 +137,10 @@ class BMUFOptions(WireOptions):
                    "its word error rate on unseen voices), with --wire int4, tau 32 (239x). "
                    "--optimizer adam gives the "
                    "BMUF-Adam paper's recipe (--beta1 0.5 --adam-moments corrected "
-                   "--bmuf-worker-lr single, block momentum 1 - 1/N).")
+                   "--bmuf-worker-lr single, block momentum 1 - 1/N); each of its block "
+                   "syncs also sends both moment buffers, 3x SGD's bytes at the same tau, "
+                   "and its --wire sign and int4 keep tau 8: their slow-link recipes were "
+                   "measured with SGD only.")
 
     @classmethod
     def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
