@@ -15,7 +15,32 @@ import numpy as np
 from hadpsgd.comm.deadline import Watchdog
 
 
-class SharedCounter:
+class CounterReads:
+    """What every kind of shared counter derives from its atomic :meth:`add`.
+
+    The MPI one below and the thread world's :class:`~hadpsgd.comm.meetings.ThreadCounter`.
+    """
+
+    slots: int
+
+    def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:
+        """Atomically add ``values`` to slots ``first...`` and return the slots' old values."""
+        raise NotImplementedError
+
+    def get(self, slot: int) -> int:
+        """The current value of one slot (an atomic read)."""
+        return int(self.add([0], first=slot)[0])
+
+    def take(self, slot: int = 0) -> int:
+        """Atomically increment ``slot`` and return its value before (a ticket)."""
+        return int(self.add([1], first=slot)[0])
+
+    def read(self) -> np.ndarray:
+        """The current value of every slot (one atomic read)."""
+        return self.add(np.zeros(self.slots, dtype=np.int64))
+
+
+class SharedCounter(CounterReads):
     """``slots`` int64 counters in a window on rank 0 of ``comm``.
 
     Create it collectively (every rank of ``comm``); :meth:`reset` and :meth:`free` are
@@ -65,18 +90,6 @@ class SharedCounter:
                                   [old, i64], 0, slot)
         self.win.Flush(0)
         return int(old[0])
-
-    def get(self, slot: int) -> int:
-        """The current value of one slot (an atomic read)."""
-        return int(self.add([0], first=slot)[0])
-
-    def take(self, slot: int = 0) -> int:
-        """Atomically increment ``slot`` and return its value before (a ticket)."""
-        return int(self.add([1], first=slot)[0])
-
-    def read(self) -> np.ndarray:
-        """The current value of every slot (one atomic read)."""
-        return self.add(np.zeros(self.slots, dtype=np.int64))
 
     def reset(self, values: list[int] | np.ndarray) -> None:
         """Set every slot (collective: nobody updates them meanwhile)."""

@@ -13,10 +13,12 @@ that must be identical are, bit for bit; a mean divides that sum by the group's 
 ring or tree may add in another order: compare with MPI at a tolerance, not bit for bit).
 Objects cross by pickle, as MPI sends them, so no learner holds another's object.
 
-Not here yet (each raises ``NotImplementedError`` naming the way out): the gossip's pair
-channel, the side channel of background or compressed means, the shared counters of
-ADPSGD's pool, bf16 on the wire (``half_mean_``). Deferred means do not defer (they are for
-NCCL streams); there are no background threads (``thread_multiple`` is False).
+The gossip's pair channel is a mailbox per ordered pair and tag, the pairing board and
+ADPSGD's pool lock-guarded slots (:mod:`hadpsgd.comm.meetings`), so ADPSGD's gossip thread
+runs here as it does under MPI. Not here yet (each raises
+``NotImplementedError`` naming the way out): the side channel of background or compressed
+means, bf16 on the wire (``half_mean_``). Deferred means do not defer (they are for NCCL
+streams).
 """
 
 from __future__ import annotations
@@ -30,34 +32,10 @@ from typing import Any, TypeVar
 import torch
 
 from hadpsgd.comm.deadline import CommTimeoutError
+from hadpsgd.comm.meetings import Group, ThreadCounter, ThreadPairChannel
 from hadpsgd.comm.world import ReduceOp
 
 T = TypeVar("T")
-
-
-class _Group:
-    """Learners (world ranks) that meet at one barrier, a slot each."""
-
-    def __init__(self, members: list[int], timeout: float) -> None:
-        self.members = members
-        self.barrier = threading.Barrier(len(members), timeout=timeout)
-        self.slots: list[Any] = [None] * len(members)
-        self.doing = ["start-up"] * len(members)
-
-    def meet(self, rank: int, value: Any, what: str) -> list[Any]:
-        """Leave ``value``, read every member's (in member order), then part together."""
-        index = self.members.index(rank)
-        self.slots[index] = value
-        self.doing[index] = what
-        try:
-            self.barrier.wait()
-            seen = list(self.slots)
-            self.barrier.wait()  # nobody leaves a new value before everyone has read
-        except threading.BrokenBarrierError:
-            late = [m for m, d in zip(self.members, self.doing, strict=True) if d != what]
-            raise CommTimeoutError(f"{what}: learner(s) {late or '?'} of {self.members} never "
-                                   "arrived (or one failed)", missing=late) from None
-        return seen
 
 
 class ThreadWorld:
@@ -78,8 +56,8 @@ class ThreadWorld:
     # -- the layout
     @property
     def thread_multiple(self) -> bool:
-        """No background threads in a thread world (they would need channels of their own)."""
-        return False
+        """Threads may communicate beside the learner's own (the gossip thread does)."""
+        return True
 
     @property
     def equal_nodes(self) -> bool:
@@ -104,7 +82,7 @@ class ThreadWorld:
         self._what = what
 
     # -- collectives on tensors, in place
-    def _reduce(self, group: _Group, tensor: torch.Tensor, op: ReduceOp,
+    def _reduce(self, group: Group, tensor: torch.Tensor, op: ReduceOp,
                 what: str) -> torch.Tensor:
         if op not in ("avg", "sum"):
             raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
@@ -132,7 +110,7 @@ class ThreadWorld:
         return self._reduce(self._job.across[self.local_rank], tensor, op,
                             f"inter-node allreduce ({self._what})")
 
-    def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int,
+    def _broadcast(self, group: Group, tensor: torch.Tensor, root: int,
                    what: str) -> torch.Tensor:
         seen = group.meet(self.rank, tensor.detach().clone(), what)
         tensor.copy_(seen[root])
@@ -168,10 +146,15 @@ class ThreadWorld:
         return False
 
     # -- channels and counters
-    def pair_channel(self) -> Any:
-        """Not in a thread world yet: ADPSGD's gossip runs under mpirun."""
-        raise NotImplementedError("the thread world has no pair channel yet: test ADPSGD's "
-                                  "gossip under mpirun")
+    def pair_channel(self) -> ThreadPairChannel:
+        """The gossip's channel over the learners of this local rank across nodes.
+
+        The leaders' channel for local rank 0; collective over the world, as with MPI.
+        """
+        group = self._job.across[self.local_rank]
+        channel = ThreadPairChannel(group, self.rank, self.timeout)
+        self._job.world.meet(self.rank, None, "pair channel")  # every learner, in one order
+        return channel
 
     def side_channel(self, wire: str = "fp32", background: bool = True) -> Any:
         """Not in a thread world yet: BMUF's overlapped or compressed syncs run under mpirun."""
@@ -182,10 +165,9 @@ class ThreadWorld:
         """No pipeline applies here."""
         return None
 
-    def shared_counter(self, slots: int) -> Any:
-        """Not in a thread world yet: ADPSGD's pool runs under mpirun."""
-        raise NotImplementedError("the thread world has no shared counters yet: test "
-                                  "ADPSGD's pool under mpirun")
+    def shared_counter(self, slots: int) -> ThreadCounter:
+        """Counters every learner updates alone (collective: every learner makes it)."""
+        return ThreadCounter(self._job.world, self.rank, slots)
 
     # -- objects and meetings
     def barrier(self) -> None:
@@ -238,10 +220,10 @@ class ThreadJob:
                              "both >= 1")
         self.size, self.ranks_per_node, self.timeout = size, ranks_per_node, timeout
         self.num_nodes = size // ranks_per_node
-        self.world = _Group(list(range(size)), timeout)
-        self.nodes = [_Group(list(range(k * ranks_per_node, (k + 1) * ranks_per_node)),
+        self.world = Group(list(range(size)), timeout)
+        self.nodes = [Group(list(range(k * ranks_per_node, (k + 1) * ranks_per_node)),
                              timeout) for k in range(self.num_nodes)]
-        self.across = [_Group(list(range(j, size, ranks_per_node)), timeout)
+        self.across = [Group(list(range(j, size, ranks_per_node)), timeout)
                        for j in range(ranks_per_node)]
 
     def break_all(self) -> None:

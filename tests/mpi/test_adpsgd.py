@@ -1,4 +1,6 @@
-"""ADPSGD / H-ADPSGD invariants under real mpirun (flat rings and emulated super-learners)."""
+"""ADPSGD / H-ADPSGD invariants (flat rings and emulated super-learners): the conserve and
+consensus cases on learners as threads but one layout under real mpirun; stalls, frozen
+neighbours, host groups and the main command under mpirun."""
 
 import json
 import re
@@ -9,8 +11,10 @@ import torch
 
 from hadpsgd.algorithms.gossip import neighbours
 from hadpsgd.comm import payload_bytes
+from hadpsgd.comm.threads import ThreadJob
 from hadpsgd.train import read_metrics
 from tests._mpi import assert_ok, run_mpi, run_worker
+from tests.adpsgd_suite import run_case
 from tests.mpi._resume import final_state
 
 pytestmark = pytest.mark.mpi
@@ -33,7 +37,7 @@ STALENESS = {"mode": "conserve", "ADPSGD_TEST_STEPS": 30, "ADPSGD_TEST_STALENESS
 TOPK = {"mode": "conserve", "ADPSGD_TEST_STEPS": 30, "ADPSGD_TEST_WIRE": "topk",
         "ADPSGD_TEST_GOSSIP_STEP": 0.5}
 # The conserve and consensus cases of each layout (ranks, ranks per super-learner), run one
-# after another in one launch per layout (``adpsgd_props.py cases``): launches, each rank
+# after another in one run per layout (tests/adpsgd_suite.py's run_case): launches, each rank
 # importing torch, are most of the multi-rank suite's time. Each case keeps its own settings
 # and its own ADPSGD, and each test below reads its own case's records.
 CASES: dict[tuple[int, int], dict[str, dict]] = {
@@ -52,21 +56,45 @@ CASES: dict[tuple[int, int], dict[str, dict]] = {
 }
 
 
+# The layout whose cases run under mpirun (the MPI path of the same checks: MPI's pair
+# channel, its RMA pairing board); every other layout's run on learners as threads
+# (hadpsgd.comm.threads: ADPSGD's own gossip thread over the thread world's pair channel),
+# with no launch.
+UNDER_MPI = {(6, 2)}
+
+
+def _on_threads(n: int, per_node: int, out: Path) -> None:
+    def learner(w) -> None:
+        for name, case in CASES[(n, per_node)].items():
+            where = out / name
+            where.mkdir(parents=True, exist_ok=True)
+            run_case(w, case["mode"], where, {k: str(v) for k, v in case.items()
+                                              if k.startswith("ADPSGD_TEST_")},
+                     exit_on_error=False)
+
+    ThreadJob(n, per_node, timeout=30).run(learner)
+
+
 @pytest.fixture(scope="module")
 def case_records(tmp_path_factory):
-    """``(n, per_node, name)`` -> the records of that case; one launch per layout, on demand."""
+    """``(n, per_node, name)`` -> the records of that case; one run per layout, on demand."""
     launched: dict[tuple[int, int], tuple] = {}
 
     def get(n: int, per_node: int, name: str) -> list[dict]:
         if (n, per_node) not in launched:
             out = tmp_path_factory.mktemp(f"adpsgd-{n}x{per_node}")
-            cases = [{"name": k, **v} for k, v in CASES[(n, per_node)].items()]
-            env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
-                   "ADPSGD_TEST_CASES": json.dumps(cases)}
-            launched[(n, per_node)] = (run_worker(n, "adpsgd_props", "cases", str(out),
-                                                  env=env), out)
+            if (n, per_node) in UNDER_MPI:
+                cases = [{"name": k, **v} for k, v in CASES[(n, per_node)].items()]
+                env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
+                       "ADPSGD_TEST_CASES": json.dumps(cases)}
+                res = run_worker(n, "adpsgd_props", "cases", str(out), env=env)
+            else:
+                res = None
+                _on_threads(n, per_node, out)
+            launched[(n, per_node)] = (res, out)
         res, out = launched[(n, per_node)]
-        assert_ok(res)
+        if res is not None:
+            assert_ok(res)
         return _records(out / name, n)
 
     return get

@@ -94,11 +94,82 @@ def test_a_collective_one_learner_skips_is_named_at_the_deadline() -> None:
 
 def test_what_the_thread_world_lacks_is_refused_by_name() -> None:
     world = ThreadWorld(ThreadJob(2), 0)
-    for call in (world.pair_channel, world.side_channel, lambda: world.shared_counter(1),
-                 lambda: world.half_mean_(torch.ones(2), "world")):
+    for call in (world.side_channel, lambda: world.half_mean_(torch.ones(2), "world")):
         with pytest.raises(NotImplementedError, match="mpirun"):
             call()
     assert world.grad_pipeline() is None and not world.deferrable("world")
+
+
+def test_shared_counters_hand_out_each_ticket_once() -> None:
+    # 4 learners take 50 tickets each from one slot, one-sidedly: every ticket once.
+    def learner(w: World) -> tuple[list[int], list[int]]:
+        pool = w.shared_counter(2)
+        mine = [pool.take(0) for _ in range(50)]
+        w.barrier()
+        assert pool.read().tolist() == [200, 0]
+        pool.reset([5, 6])  # collective: every learner sees it after
+        assert pool.get(0) == 5
+        w.barrier()
+        old = pool.add([1, 1]).tolist()  # one-sided: each learner's old values differ
+        pool.free()
+        return mine, old
+
+    results = ThreadJob(4).run(learner)
+    assert sorted(sum((m for m, _ in results), [])) == list(range(200))
+    assert sorted(old for _, old in results) == [[5, 6], [6, 7], [7, 8], [8, 9]]
+
+
+def test_the_pair_channel_swaps_buffers_and_meets_at_its_barrier() -> None:
+    # 2 super-learners of 2: the leaders' channel has ranks 0 and 1 (the node index); they
+    # swap twice on one tag (in order), and a non-blocking barrier completes when both start.
+    def learner(w: World) -> list[float]:
+        channel = w.pair_channel()
+        if w.local_rank != 0:
+            return []
+        assert (channel.rank, channel.size) == (w.node, 2)
+        got = []
+        for k in range(2):
+            recv = torch.empty(3)
+            channel.exchange(torch.full((3,), 10.0 * w.node + k), recv, 1 - channel.rank)
+            got.append(float(recv[0]))
+        board = channel.board(2)
+        board.compare_and_swap(channel.rank, 0, 7)
+        barrier = channel.start_barrier()
+        channel.watchdog.wait_until(barrier.done, "test barrier", None)
+        board.free()
+        return got
+
+    results = ThreadJob(4, 2).run(learner)
+    assert results[0] == [10.0, 11.0] and results[2] == [0.0, 1.0]
+
+
+def test_adpsgd_gossip_on_threads_conserves_the_sum_of_replicas() -> None:
+    # ADPSGD's own gossip thread on the thread world's pair channel: 4 learners on a ring,
+    # constant gradients; the replicas' sum is n w0 - lr T sum_r g_r (Eqs. 6-7: gossip moves
+    # none of it), and exchanges happened.
+    from hadpsgd.algorithms import ADPSGD
+
+    lr, steps = 0.05, 30
+
+    def learner(w: World) -> tuple[torch.Tensor, torch.Tensor, int]:
+        model = torch.nn.Linear(8, 3).double()
+        algo = ADPSGD(model, torch.optim.SGD(model.parameters(), lr=lr), w, gossip_jitter=0.002)
+        w0 = algo.flat.clone()
+        g = torch.full_like(algo.flat, 0.01 * (w.rank + 1))
+        for _ in range(steps):
+            algo.grads.buffers[torch.float64].copy_(g)
+            algo.step()
+            algo.grads.zero_()
+        exchanges = algo.thread.exchanges if algo.thread else 0
+        algo.close()
+        return algo.flat.clone(), w0, exchanges
+
+    results = ThreadJob(4, timeout=60).run(learner)
+    total = sum(r[0] for r in results)
+    w0 = results[0][1]  # the broadcast start, the same on every learner
+    expected = 4 * w0 - lr * steps * sum(0.01 * (k + 1) for k in range(4))
+    assert float((total - expected).norm() / expected.norm()) < 1e-9
+    assert sum(r[2] for r in results) > 0
 
 
 def _model() -> torch.nn.Module:
