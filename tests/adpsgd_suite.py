@@ -29,6 +29,21 @@ from hadpsgd.algorithms import ADPSGD
 from hadpsgd.comm import World
 
 
+def run_cases(topo: World, cases: list[dict], out: Path, exit_on_error: bool = True) -> ADPSGD:
+    """Several cases one after another, each on a new ADPSGD over ``topo``: ``cases`` holds
+    ``{"name": ..., "mode": ..., "ADPSGD_TEST_...": value}``; each writes ``out/<name>/``.
+    Returns the last case's algorithm."""
+    algo = None
+    for case in cases:
+        where = out / case["name"]
+        where.mkdir(parents=True, exist_ok=True)
+        algo = run_case(topo, case["mode"], where, {k: str(v) for k, v in case.items()
+                                                   if k.startswith("ADPSGD_TEST_")},
+                        exit_on_error=exit_on_error)
+    assert algo is not None, "no case to run"
+    return algo
+
+
 def run_case(topo: World, mode: str, out: Path, setting: dict[str, str],
              exit_on_error: bool = True) -> ADPSGD:
     """One case on ``topo``; ``setting`` holds the ``ADPSGD_TEST_*`` values (the

@@ -1,10 +1,10 @@
 """The meetings of the in-process world (:mod:`hadpsgd.comm.threads`).
 
-Groups of learner threads, shared counters and the gossip's pair channel.
-A :class:`Group` is a barrier with a slot per member: a collective leaves each member's value
-and reads everyone's. The counters and the pair channel are the thread world's stand-ins
-for MPI's one-sided windows (:class:`~hadpsgd.comm.SharedCounter`) and ``PairChannel``,
-with the same calls, so ADPSGD's pool and gossip thread run on them unchanged.
+Groups of learner threads, shared counters and the gossip's pair channel. A :class:`Group`
+is a barrier with a slot per member: a collective leaves each member's value and reads
+everyone's. The counters and the pair channel are the thread world's stand-ins for MPI's
+one-sided windows (:class:`~hadpsgd.comm.SharedCounter`) and ``PairChannel``, with the same
+calls, so ADPSGD's pool and gossip thread run on them unchanged.
 """
 
 from __future__ import annotations
@@ -56,9 +56,8 @@ def _made_together(group: Group, rank: int, make: Callable[[], Any], what: str) 
 class _Watchdog:
     """What a channel's user waits with: polls a completion test up to the deadline."""
 
-    def __init__(self, timeout: float, world_ranks: list[int]) -> None:
+    def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.world_ranks = world_ranks
 
     def wait_until(self, done: Callable[[], bool], what: str,
                    group: list[int] | None = None) -> None:
@@ -148,7 +147,7 @@ class ThreadPairChannel:
         self._group, self._world_rank = group, rank
         self.rank, self.size = group.members.index(rank), len(group.members)
         self.world_ranks = list(group.members)
-        self.watchdog = _Watchdog(timeout, self.world_ranks)
+        self.watchdog = _Watchdog(timeout)
         self.linked = 0
         """Exchanges that took a host group (none here: for the tests' counts)."""
         self._boxes: _Mailboxes = _made_together(group, rank, _Mailboxes, "pair channel set-up")

@@ -15,10 +15,9 @@ Objects cross by pickle, as MPI sends them, so no learner holds another's object
 
 The gossip's pair channel is a mailbox per ordered pair and tag, the pairing board and
 ADPSGD's pool lock-guarded slots (:mod:`hadpsgd.comm.meetings`), so ADPSGD's gossip thread
-runs here as it does under MPI. Not here yet (each raises
-``NotImplementedError`` naming the way out): the side channel of background or compressed
-means, bf16 on the wire (``half_mean_``). Deferred means do not defer (they are for NCCL
-streams).
+runs here as it does under MPI. Not here yet (each raises ``NotImplementedError`` naming
+the way out): the side channel of background or compressed means, bf16 on the wire
+(``half_mean_``). Deferred means do not defer (they are for NCCL streams).
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from hadpsgd.comm.side import SideChannel
 
 
-
 class TopologyError(ValueError):
     """A process layout that cannot work (bad ``ranks_per_node``, unequal nodes, ...).
 

@@ -14,7 +14,7 @@ from hadpsgd.comm import payload_bytes
 from hadpsgd.comm.threads import ThreadJob
 from hadpsgd.train import read_metrics
 from tests._mpi import assert_ok, run_mpi, run_worker
-from tests.adpsgd_suite import run_case
+from tests.adpsgd_suite import run_cases
 from tests.mpi._resume import final_state
 
 pytestmark = pytest.mark.mpi
@@ -63,18 +63,6 @@ CASES: dict[tuple[int, int], dict[str, dict]] = {
 UNDER_MPI = {(6, 2)}
 
 
-def _on_threads(n: int, per_node: int, out: Path) -> None:
-    def learner(w) -> None:
-        for name, case in CASES[(n, per_node)].items():
-            where = out / name
-            where.mkdir(parents=True, exist_ok=True)
-            run_case(w, case["mode"], where, {k: str(v) for k, v in case.items()
-                                              if k.startswith("ADPSGD_TEST_")},
-                     exit_on_error=False)
-
-    ThreadJob(n, per_node, timeout=30).run(learner)
-
-
 @pytest.fixture(scope="module")
 def case_records(tmp_path_factory):
     """``(n, per_node, name)`` -> the records of that case; one run per layout, on demand."""
@@ -83,14 +71,15 @@ def case_records(tmp_path_factory):
     def get(n: int, per_node: int, name: str) -> list[dict]:
         if (n, per_node) not in launched:
             out = tmp_path_factory.mktemp(f"adpsgd-{n}x{per_node}")
+            cases = [{"name": k, **v} for k, v in CASES[(n, per_node)].items()]
             if (n, per_node) in UNDER_MPI:
-                cases = [{"name": k, **v} for k, v in CASES[(n, per_node)].items()]
                 env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
                        "ADPSGD_TEST_CASES": json.dumps(cases)}
                 res = run_worker(n, "adpsgd_props", "cases", str(out), env=env)
             else:
                 res = None
-                _on_threads(n, per_node, out)
+                ThreadJob(n, per_node, timeout=30).run(
+                    lambda w: run_cases(w, cases, out, exit_on_error=False))
             launched[(n, per_node)] = (res, out)
         res, out = launched[(n, per_node)]
         if res is not None:

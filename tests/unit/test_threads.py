@@ -10,7 +10,6 @@ keeps it through the main command under mpirun).
 from __future__ import annotations
 
 import copy
-import inspect
 
 import pytest
 import torch
@@ -18,21 +17,12 @@ import torch
 from hadpsgd.algorithms import BMUF, SSGD
 from hadpsgd.comm import CommTimeoutError, World
 from hadpsgd.comm.threads import ThreadJob, ThreadWorld
-
-
-def _face() -> set[str]:
-    return {n for n in vars(World) if not n.startswith("_")}
+from tests.unit.test_world import face_gaps
 
 
 def test_a_thread_world_has_every_member_of_the_face_with_its_parameters() -> None:
     world = ThreadWorld(ThreadJob(4, 2), 3)
-    for name in _face():
-        assert hasattr(world, name), name
-        want = getattr(World, name)
-        if inspect.isfunction(want):
-            have = getattr(ThreadWorld, name)
-            assert list(inspect.signature(want).parameters) == list(
-                inspect.signature(have).parameters), name
+    assert face_gaps(ThreadWorld, lambda n: hasattr(world, n)) == []
     assert (world.node, world.local_rank, world.num_nodes, world.local_size) == (1, 1, 2, 2)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 
 from hadpsgd.comm import Topology, World
@@ -44,19 +45,26 @@ def _reached(tree: ast.AST) -> set[str]:
     return out
 
 
-def test_topology_has_every_member_of_the_world_with_its_parameters() -> None:
-    face = _members(World)
-    assert len(face) > 30
-    missing = {n for n in face if not hasattr(Topology, n)
-               and n not in Topology.__dataclass_fields__}
-    assert not missing, f"Topology lacks {sorted(missing)}"
-    for name in face:
+def face_gaps(cls: type, has: Callable[[str], bool]) -> list[str]:
+    """What ``cls`` lacks of the face: a missing member (``has`` says which it has), or a
+    method whose parameters differ. Shared with ``test_threads.py`` (the thread world)."""
+    gaps = []
+    for name in sorted(_members(World)):
         want = getattr(World, name, None)
-        have = getattr(Topology, name, None)
-        if inspect.isfunction(want):
-            assert inspect.isfunction(have), name
-            assert (list(inspect.signature(want).parameters)
-                    == list(inspect.signature(have).parameters)), name
+        if not has(name):
+            gaps.append(f"{name}: missing")
+        elif inspect.isfunction(want) and (
+                not inspect.isfunction(getattr(cls, name, None))
+                or list(inspect.signature(want).parameters)
+                != list(inspect.signature(getattr(cls, name)).parameters)):
+            gaps.append(f"{name}: other parameters")
+    return gaps
+
+
+def test_topology_has_every_member_of_the_world_with_its_parameters() -> None:
+    assert len(_members(World)) > 30
+    fields = Topology.__dataclass_fields__
+    assert face_gaps(Topology, lambda n: hasattr(Topology, n) or n in fields) == []
 
 
 def test_the_algorithms_loop_and_api_reach_nothing_of_a_world_outside_the_face() -> None:

@@ -13,16 +13,12 @@ import sys
 from pathlib import Path
 
 from hadpsgd import comm
-from tests.adpsgd_suite import run_case
+from tests.adpsgd_suite import run_case, run_cases
 
 mode, out = sys.argv[1], Path(sys.argv[2])
 topo = comm.init(device=os.environ.get("HADPSGD_TEST_DEVICE", "cpu"))
 r = topo.rank
 if mode == "cases":
-    for case in json.loads(os.environ["ADPSGD_TEST_CASES"]):
-        where = out / case["name"]
-        where.mkdir(parents=True, exist_ok=True)
-        algo = run_case(topo, case["mode"], where, {k: str(v) for k, v in case.items()
-                                                    if k.startswith("ADPSGD_TEST_")})
+    algo = run_cases(topo, json.loads(os.environ["ADPSGD_TEST_CASES"]), out)
 else:
     algo = run_case(topo, mode, out, {})
