@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ from hadpsgd.precision import set_tf32
 from hadpsgd.train.loop import LoopOptions, Trainer
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.schedule import LRSchedule
+
+_SEEDED_INIT = threading.Lock()
+"""Held while a learner seeds torch's (process-wide) generator and draws its initial model."""
 
 
 def loop_options(cfg: RunConfig) -> LoopOptions:
@@ -68,16 +72,19 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
             path = resume_checkpoint(cfg)
             resume_data.check_resume_data(path, saved_config(path) if path else None,
                                           data_identity, allowed(cfg))
-    # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
-    # ranks keeps single-process runs reproducible too.
-    torch.manual_seed(cfg.train.seed)
     set_tf32(topo.device, cfg.train.tf32)
     with topo.startup("model broadcast"):
         faults.startup("startup-model", topo.rank)
-        model = build_model(cfg.model.preset, train_set.file.feat_dim,
-                            train_set.file.num_classes,
-                            per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
-                            ).to(topo.device)
+        # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
+        # ranks keeps single-process runs reproducible too. torch's generator is the
+        # process's: learners that are threads of one process (the in-process world) seed and
+        # draw one at a time, so rank 0's model is the seed's there too.
+        with _SEEDED_INIT:
+            torch.manual_seed(cfg.train.seed)
+            model = build_model(cfg.model.preset, train_set.file.feat_dim,
+                                train_set.file.num_classes,
+                                per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
+                                ).to(topo.device)
         dist = build_distributed(cfg, model, build_optimizer(cfg.optim, model), topo)
     algo = dist.algorithm
     with topo.startup("run directory"):

@@ -5,7 +5,9 @@ learner is a thread, a collective is a meeting at a barrier of its group (the wo
 the learners of one local rank across nodes) where each member leaves its value in a slot
 and reads everyone's. It exists for the algorithms' numerical tests, which need the learners'
 arithmetic and not processes: a launch of N ranks costs N imports of torch (5-7 s of CPU
-each on the 2-core CI machine), a thread world costs nothing. What only processes show (MPI
+each on the 2-core CI machine), a thread world costs nothing. The main command's trainer
+runs on it too (``build_trainer`` with a :class:`ThreadWorld`: ``tests/trainer_threads.py``),
+so tests of a whole run's numbers need no launch either. What only processes show (MPI
 itself, kills, hangs, deadlines, the launcher, ULFM) stays under ``mpirun``.
 
 Sums are taken in rank order in the tensor's dtype, the same on every member, so replicas
@@ -35,6 +37,8 @@ from hadpsgd.comm.meetings import Group, ThreadCounter, ThreadPairChannel
 from hadpsgd.comm.world import ReduceOp
 
 T = TypeVar("T")
+THREAD_HOST = "threads"
+"""The host name of every learner of a thread world (one process on one machine)."""
 
 
 class ThreadWorld:
@@ -50,6 +54,9 @@ class ThreadWorld:
         self.device = torch.device("cpu")
         self.timeout = job.timeout
         self.launch_ranks = list(range(job.size))
+        self.hosts = [THREAD_HOST] * job.size
+        self.intra_backend = "threads"
+        self.emulated = job.ranks_per_node < job.size  # nodes without hosts, as HADPSGD's
         self._what = "start-up"
 
     # -- the layout
@@ -75,6 +82,12 @@ class ThreadWorld:
             yield
         finally:
             self._what = before
+
+    @contextlib.contextmanager
+    def startup(self, phase: str) -> Iterator[None]:
+        """``phase`` of the start-up, as :meth:`doing` (the trainer's assembly names them)."""
+        with self.doing(f"starting up: {phase}"):
+            yield
 
     def now_doing(self, what: str) -> None:
         """This learner's activity from now on."""

@@ -1,6 +1,9 @@
-"""Mixed precision under real mpirun: bf16 for every algorithm (also with oneDNN capped at
-AVX2, as on a CPU without native bf16), fp16's agreed loss scale, exact resume with a scale
-in the checkpoint, and bf16 gradients on the wire."""
+"""Mixed precision under real mpirun: bf16 through the main command (H-ADPSGD, whose
+gossip, nodes and super-learners touch every precision path; SSGD with oneDNN capped at
+AVX2, as on a CPU without native bf16), fp16's scale search through the command, exact
+resume with a scale in the checkpoint, and bf16 gradients on the wire. bf16's identical
+replicas for every algorithm and fp16's overflow skipped by its group run on learners as
+threads (``tests/unit/test_precision_threads.py``), through the same trainer."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 from hadpsgd.models import build_model
 from tests._mpi import MPIResult, assert_ok, run_mpi, run_worker
 from tests.mpi._resume import assert_equal, final_state, kill_then_resume, run_args, train
+from tests.trainer_threads import check_bf16_replicas
 
 pytestmark = pytest.mark.mpi
 
@@ -32,13 +36,6 @@ def states(res: MPIResult) -> list[dict]:
     assert_ok(res)
     line = next(x for x in res.stdout.splitlines() if x.startswith("STATE "))
     return json.loads(line.removeprefix("STATE "))
-
-
-def by_node(every: list[dict], key: str) -> dict[int, set]:
-    out: dict[int, set] = {}
-    for s in every:
-        out.setdefault(s["node"], set()).add(s[key])
-    return out
 
 
 def flags(tiny_data, out, *extra: str) -> list[str]:
@@ -62,9 +59,8 @@ def bf16_run(layout: str, tiny_data: tuple[Path, Path], out: Path,
     return res
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_bf16_through_the_main_command(layout, tiny_data, tmp_path):
-    bf16_run(layout, tiny_data, tmp_path)
+def test_bf16_through_the_main_command(tiny_data, tmp_path):
+    bf16_run("hadpsgd", tiny_data, tmp_path)
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
@@ -79,44 +75,15 @@ def test_bf16_on_a_cpu_without_native_bf16(tiny_data: tuple[Path, Path],
     assert "primitive descriptor" not in res.output and "runs in fp32" not in res.output
 
 
-@pytest.mark.parametrize(("layout", "extra"), [("ssgd", []), ("bmuf", []), ("hadpsgd", []),
-                                                ("ssgd", ["--grad-wire", "bf16"]),
-                                                ("bmuf", ["--grad-wire", "bf16"])])
-def test_bf16_replicas_identical_where_promised(layout, extra, tiny_data, tmp_path):
+@pytest.mark.parametrize("layout", ["ssgd", "bmuf"])
+def test_bf16_replicas_identical_with_the_bf16_wire(layout, tiny_data, tmp_path):
+    """As tests/unit/test_precision_threads.py's replicas, with bf16 gradients on MPI's wire
+    (the thread world has no bf16 wire)."""
     algo, nprocs = LAYOUTS[layout]
     every = states(run_worker(nprocs, "precision_run",
                               *flags(tiny_data, tmp_path, *algo, "--epochs", "2",
-                                     "--precision", "bf16", *extra)))
-    assert all(math.isfinite(s["heldout_loss"]) for s in every)
-    # Learners that share every step's gradient hold the same bits: the world for SSGD, a
-    # super-learner for BMUF and H-ADPSGD; BMUF's global model is the same everywhere.
-    assert all(len(d) == 1 for d in by_node(every, "local").values()), every
-    if layout == "ssgd":
-        assert len({s["local"] for s in every}) == 1, every
-    if layout == "bmuf":
-        assert len({s["evaluated"] for s in every}) == 1, every
-    # bf16 has fp32's range: no loss scale, nothing skipped.
-    assert all(s["loss_scale"] == 1.0 and s["skipped_steps"] == 0 for s in every)
-
-
-@pytest.mark.parametrize("layout", ["ssgd", "bmuf", "hadpsgd"])
-def test_fp16_overflow_on_one_learner_is_skipped_by_its_group(layout, tiny_data, tmp_path):
-    """Rank 1's fp16 gradient overflows at step 5: every learner that shares its gradient
-    skips that step and halves its scale (2**16 -> 2**15); other super-learners do not."""
-    algo, nprocs = LAYOUTS[layout]
-    every = states(run_worker(nprocs, "precision_run",
-                              *flags(tiny_data, tmp_path, *algo, "--max-steps", "12",
-                                     "--precision", "fp16", "--max-nonfinite", "0"),
-                              env={"HADPSGD_FAULT": "kind=overflow,rank=1,step=5"}))
-    group = {s["node"] for s in every if s["rank"] == 1} if layout != "ssgd" else None
-    for s in every:
-        hit = group is None or s["node"] in group
-        assert s["loss_scale"] == (2.0**15 if hit else 2.0**16), every
-        assert s["overflow_steps"] == s["skipped_steps"] == (1 if hit else 0), every
-        assert s["nonfinite"] == 0, every  # the scale's search is no non-finite data
-    assert all(len(d) == 1 for d in by_node(every, "local").values()), every
-    if layout == "ssgd":
-        assert len({s["local"] for s in every}) == 1, every
+                                     "--precision", "bf16", "--grad-wire", "bf16")))
+    check_bf16_replicas(layout, every)
 
 
 def test_fp16_run_finding_its_scale_is_not_stopped(tiny_data, tmp_path):
