@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from hadpsgd import faults
-from hadpsgd.assembly import build_trainer
+from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
 from hadpsgd.comm import World
-from hadpsgd.comm.threads import ThreadJob
+from hadpsgd.comm.threads import ThreadJob, ThreadWorld
 from hadpsgd.config import parse_config
 from hadpsgd.train import Trainer
 
@@ -57,22 +57,23 @@ def train(trainer: Trainer, topo: World) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def fault_plan(spec: str | None) -> Iterator[None]:
-    """``HADPSGD_FAULT=spec`` for the length of the block (the plan is read once a process,
-    so it is read afresh on entry and forgotten on exit)."""
-    before = os.environ.get("HADPSGD_FAULT")
-    if spec is None:
-        os.environ.pop("HADPSGD_FAULT", None)
-    else:
-        os.environ["HADPSGD_FAULT"] = spec
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the length of the block, as a launch's ``env=``.
+
+    The fault plan (``HADPSGD_FAULT``) is read once a process, so it is read afresh on
+    entry and forgotten on exit.
+    """
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     faults._PLAN = None  # noqa: SLF001 - the process-wide plan, reread for this job
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("HADPSGD_FAULT", None)
-        else:
-            os.environ["HADPSGD_FAULT"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         faults._PLAN = None  # noqa: SLF001
 
 
@@ -101,14 +102,26 @@ def check_bf16_replicas(layout: str, every: list[dict[str, Any]]) -> None:
 
 
 def train_on_threads(flags: list[str], size: int, fault: str | None = None,
+                     env: dict[str, str] | None = None,
                      timeout: float = 120.0) -> list[dict[str, Any]]:
     """Train the run ``flags`` describe on ``size`` learners as threads; their end states.
 
-    Nodes are as the run asks (``--ranks-per-node``, ``--super-learner-size``); without
-    either, one node of every learner (one host, as ``comm.init`` finds it).
+    As ``python -m hadpsgd.run``: a resume (``--resume``) takes its run's configuration and
+    is refused at another layout before anything is built, then loads its checkpoint. Nodes
+    are as the run asks (``--ranks-per-node``, ``--super-learner-size``); without either, one
+    node of every learner (one host, as ``comm.init`` finds it). ``fault`` is a
+    ``HADPSGD_FAULT`` spec, ``env`` more of the environment, both for this run only.
     """
-    cfg = parse_config(flags)
+    cfg, _ = resumed_config(parse_config(flags))
     per_node = cfg.algo_options().ranks_per_node() or cfg.comm.ranks_per_node or size
-    with fault_plan(fault):
-        return ThreadJob(size, per_node, timeout).run(
-            lambda world: train(build_trainer(cfg, world), world))
+
+    def learner(world: ThreadWorld) -> dict[str, Any]:
+        if cfg.train.resume:
+            check_layout(cfg, world)
+        trainer = build_trainer(cfg, world)
+        if cfg.train.resume:
+            resume(trainer, cfg, world)
+        return train(trainer, world)
+
+    with environment({**(env or {}), **({"HADPSGD_FAULT": fault} if fault else {})}):
+        return ThreadJob(size, per_node, timeout).run(learner)
