@@ -18,8 +18,18 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return generate(out, spec)
 
 
+FILE_SECONDS: dict[str, float] = {}
+"""Seconds of setup, call and teardown, summed by test file (the terminal summary's table)."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's time to its test file's total."""
+    name = report.nodeid.split("::")[0]
+    FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The mpirun launches of the run, summed by test file: ranks started and seconds.
+    """The time of the run by test file, and its mpirun launches: ranks started and seconds.
 
     Each rank of each launch imports torch (and the first optimizer step torch._dynamo),
     about 5-7 s of CPU on the 2-core CI machine, so the multi-rank suite's time follows the
@@ -27,6 +37,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """
     from tests._mpi import LAUNCHES
 
+    if FILE_SECONDS:  # every test, launches or not: where the suite's minutes go
+        terminalreporter.section("time by test file (slowest 25)")
+        for name, secs in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
+            terminalreporter.write_line(f"{secs:8.1f} s  {name}")
+        terminalreporter.write_line(f"{sum(FILE_SECONDS.values()):8.1f} s  in all "
+                                    f"({len(FILE_SECONDS)} files)")
     if not LAUNCHES:
         return
     files: dict[str, list[float]] = {}
