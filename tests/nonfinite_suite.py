@@ -4,8 +4,7 @@ Rank 1's gradient is NaN at step 2 (0-based). Checks, on every learner: the lear
 share a reduction (all of them for ssgd; the super-learner for bmuf and adpsgd) skip that
 step together and stay bit-identical; only rank 1 is marked as the origin; the parameters
 stay finite; each step's ``StepResult`` (loss, finiteness, skipped) says so on every learner.
-``tests/unit/test_nonfinite_threads.py`` runs it on threads (ssgd, bmuf);
-``tests/workers/nonfinite.py`` under mpirun (adpsgd, whose gossip needs MPI).
+``tests/unit/test_nonfinite_threads.py`` runs it on threads (ssgd, bmuf, adpsgd).
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ def check_nonfinite(topo: World, algo_name: str) -> list[str]:
         for group in groups:
             if len({digests[r] for r in group}) != 1:
                 failures.append(f"step {step}: replicas of {group} differ")
-        if not all(math.isfinite(float(p.sum())) for p in model.parameters()):
+        if not all(math.isfinite(float(p.detach().sum())) for p in model.parameters()):
             failures.append(f"step {step}: non-finite parameters")
     algo.close()
     return failures
