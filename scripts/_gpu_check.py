@@ -1,6 +1,6 @@
 """What ``scripts/gpu_check.py`` decides without a GPU: budget, results, report.
 
-Pure functions (no torch, no subprocess), so ``tests/unit/test_gpu_check.py`` checks them on
+Pure functions (no torch, no subprocess), so ``tests/lab/test_gpu_check.py`` checks them on
 any machine:
 
 - the **budget**: whether a check may still start, and the time limit of each command it runs

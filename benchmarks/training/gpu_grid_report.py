@@ -1,7 +1,7 @@
 """The GPU grid's cells, ratios, targets and report: pure functions (no torch, no GPU).
 
 :mod:`benchmarks.training.gpu_grid` measures; this module turns the figures into the rows,
-the Markdown table and the JSON record, so ``tests/unit/test_gpu_grid.py`` checks all of it
+the Markdown table and the JSON record, so ``tests/lab/test_gpu_grid.py`` checks all of it
 with fake numbers on any machine.
 
 A *cell* is one batch x precision x LSTM layout. Its precision is one of ``fp32`` (IEEE fp32,
