@@ -1,17 +1,21 @@
 """``python -m hadpsgd.run`` refuses every bad input before training, naming file and fix.
 
-One launch per bad-input case (the variants of each case are covered without MPI in
-tests/unit/test_data_validate.py). Single-rank launches keep the module fast; the two-rank
-ones put the damage where only rank 1's share of the scan sees it, so the job must still
-end, promptly and with the error, on every rank. The last cases edit a stamped file in place
+The single-rank refusals share one launch: ``tests/workers/refusals.py`` runs the command's
+``main`` once per case in one process, each case's output captured as its own process would
+print it (the variants of each case are covered without MPI in
+tests/unit/test_data_validate.py). The multi-rank cases launch each: they put the damage
+where only rank 1's share of the scan sees it, so the job must still end, promptly and with
+the error, on every rank. The last cases edit a stamped file in place
 (the stamp kept): labels are refused when the file opens, a frame outside the stamp's sample
 when training reads it, every one a user's error (exit 2, one line, the file and the fix).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -20,7 +24,7 @@ import pytest
 
 from hadpsgd.data import ChunkDataset, write_features
 from hadpsgd.data.validate_stamp import sample_frames
-from tests._mpi import MPIResult, run_mpi
+from tests._mpi import MPIResult, assert_ok, run_mpi, run_worker
 
 pytestmark = pytest.mark.mpi
 
@@ -29,11 +33,57 @@ BATCH = 4
 BANNER = "[hadpsgd] ssgd on"
 
 
+def argv(train: Path, heldout: Path, out: Path, *extra: str) -> list[str]:
+    """``python -m hadpsgd.run``'s arguments for a one-epoch tiny run."""
+    return ["--train", str(train), "--heldout", str(heldout), "--preset", "tiny", "--epochs",
+            "1", "--batch-size", str(BATCH), "--no-progress", "--out-dir", str(out), *extra]
+
+
 def launch(nprocs: int, train: Path, heldout: Path, out: Path, *extra: str) -> MPIResult:
-    return run_mpi(nprocs, ["-m", "hadpsgd.run", "--train", str(train), "--heldout",
-                            str(heldout), "--preset", "tiny", "--epochs", "1", "--batch-size",
-                            str(BATCH), "--no-progress", "--out-dir", str(out), *extra],
+    return run_mpi(nprocs, ["-m", "hadpsgd.run", *argv(train, heldout, out, *extra)],
                    timeout=120)
+
+
+# ------------------------------------------------------------------ one rank, one launch
+Case = Callable[[tuple[Path, Path], Path], tuple[Path, Path]]
+REFUSALS: dict[str, Case] = {}
+"""A single-rank case's name -> its builder: given the good data and a folder of its own,
+it damages a copy and returns the run's (train, held-out) files."""
+
+
+def refusal(name: str) -> Callable[[Case], Case]:
+    """Register a single-rank case's builder under ``name``."""
+    def register(build: Case) -> Case:
+        REFUSALS[name] = build
+        return build
+    return register
+
+
+@pytest.fixture(scope="module")
+def refused(tiny_data: tuple[Path, Path],
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[MPIResult, Path, tuple]]:
+    """Every single-rank case built, then refused in one launch: name -> (result, out-dir,
+    the run's (train, held-out) files). The result is the case's own: its exit code and
+    what it printed.
+    """
+    cases, outs, files = {}, {}, {}
+    for name, build in REFUSALS.items():
+        folder = tmp_path_factory.mktemp(name)
+        outs[name], files[name] = folder / "o", build(tiny_data, folder)
+        cases[name] = argv(*files[name], outs[name])
+    res = run_worker(1, "refusals", env={"REFUSAL_CASES": json.dumps(cases)}, timeout=300)
+    assert_ok(res)
+    line = next(x for x in res.stdout.splitlines() if x.startswith("RESULTS "))
+    got = json.loads(line.removeprefix("RESULTS "))
+    return {name: (MPIResult(r["code"], r["stdout"], r["stderr"]), outs[name], files[name])
+            for name, r in got.items()}
+
+
+def check_refused(refused: dict[str, tuple[MPIResult, Path, tuple]], name: str,
+                  *phrases: str) -> str:
+    """The case ``name`` was refused as a user error before training; its error line."""
+    res, out, _ = refused[name]
+    return assert_refused(res, 1, out, *phrases)
 
 
 def assert_refused(res: MPIResult, nprocs: int, out: Path, *phrases: str) -> str:
@@ -65,12 +115,16 @@ def copy_of(src: Path, tmp_path: Path, name: str, keep_stamp: bool = False) -> P
     return dst
 
 
-def test_truncated_file(tiny_data, tmp_path):
+@refusal("truncated")
+def truncated(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = tmp_path / "cut.h5"
     data = tiny_data[0].read_bytes()
     bad.write_bytes(data[:len(data) // 2])
-    res = launch(1, bad, tiny_data[1], tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "cut.h5", "truncated", "copy it again")
+    return bad, tiny_data[1]
+
+
+def test_truncated_file(refused):
+    check_refused(refused, "truncated", "cut.h5", "truncated", "copy it again")
 
 
 def test_damaged_frames_seen_by_one_rank_end_every_rank(tiny_data, tmp_path):
@@ -88,22 +142,30 @@ def test_damaged_frames_seen_by_one_rank_end_every_rank(tiny_data, tmp_path):
     assert_refused(res, 2, tmp_path / "o", "damaged.h5", "cannot read frames", "copy it again")
 
 
-def test_missing_dataset(tiny_data, tmp_path):
+@refusal("missing-dataset")
+def missing_dataset(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = copy_of(tiny_data[1], tmp_path, "nolabels.h5")
     with h5py.File(bad, "r+") as f:
         del f["labels"]
-    res = launch(1, tiny_data[0], bad, tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "nolabels.h5", "missing dataset 'labels'",
-                   "rewrite it with hadpsgd.data.write_features")
+    return tiny_data[0], bad
 
 
-def test_feature_dim_differs_between_splits(tiny_data, tmp_path):
+def test_missing_dataset(refused):
+    check_refused(refused, "missing-dataset", "nolabels.h5", "missing dataset 'labels'",
+                  "rewrite it with hadpsgd.data.write_features")
+
+
+@refusal("feature-dim")
+def feature_dim(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = tmp_path / "dim13.h5"
     rng = np.random.default_rng(0)
     write_features(bad, [rng.standard_normal((50, 13))], [np.zeros(50, int)], ["u"], 12)
-    res = launch(1, tiny_data[0], bad, tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "dim13.h5", "feature-dim mismatch",
-                   "260 are expected", "use matching data")
+    return tiny_data[0], bad
+
+
+def test_feature_dim_differs_between_splits(refused):
+    check_refused(refused, "feature-dim", "dim13.h5", "feature-dim mismatch",
+                  "260 are expected", "use matching data")
 
 
 @pytest.mark.parametrize("stamped", [False, True], ids=["no-stamp", "stamp+verify-data"])
@@ -120,20 +182,28 @@ def test_nan_frame_seen_by_one_rank_ends_every_rank(tiny_data, tmp_path, stamped
                    repr(utt_id), "rewrite the file")
 
 
-def test_label_out_of_range(tiny_data, tmp_path):
+@refusal("label-range")
+def label_range(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = copy_of(tiny_data[0], tmp_path, "label.h5")
     with h5py.File(bad, "r+") as f:
         f["labels"][100] = f.attrs["num_classes"]
-    res = launch(1, bad, tiny_data[1], tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "label.h5", "at frame 100", "outside [0, num_classes",
-                   "num_classes attribute is too small")
+    return bad, tiny_data[1]
 
 
-def test_zero_byte_file(tiny_data, tmp_path):
+def test_label_out_of_range(refused):
+    check_refused(refused, "label-range", "label.h5", "at frame 100", "outside [0, num_classes",
+                  "num_classes attribute is too small")
+
+
+@refusal("zero-bytes")
+def zero_bytes(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = tmp_path / "empty.h5"
     bad.touch()
-    res = launch(1, bad, tiny_data[1], tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "empty.h5", "empty (0 bytes)", "regenerate")
+    return bad, tiny_data[1]
+
+
+def test_zero_byte_file(refused):
+    check_refused(refused, "zero-bytes", "empty.h5", "empty (0 bytes)", "regenerate")
 
 
 def test_fewer_chunks_than_one_global_batch(tiny_data, tmp_path):
@@ -144,57 +214,92 @@ def test_fewer_chunks_than_one_global_batch(tiny_data, tmp_path):
                    f"global batch of {2 * per_rank}", "zero steps", "smaller --batch-size")
 
 
-def test_offsets_and_utt_ids_disagree(tiny_data, tmp_path):
+@refusal("offsets-ids")
+def offsets_ids(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = copy_of(tiny_data[0], tmp_path, "ids.h5")
     with h5py.File(bad, "r+") as f:
         ids = f["utt_ids"][:-1]
         del f["utt_ids"]
         f.create_dataset("utt_ids", data=ids)
-    res = launch(1, bad, tiny_data[1], tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "ids.h5", "'utt_ids' has shape",
-                   "rewrite it with hadpsgd.data.write_features")
+    return bad, tiny_data[1]
 
 
-def test_path_is_a_directory(tiny_data, tmp_path):
+def test_offsets_and_utt_ids_disagree(refused):
+    check_refused(refused, "offsets-ids", "ids.h5", "'utt_ids' has shape",
+                  "rewrite it with hadpsgd.data.write_features")
+
+
+@refusal("directory")
+def directory(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     folder = tmp_path / "features"
     folder.mkdir()
-    res = launch(1, folder, tiny_data[1], tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "--train", "features", "is a directory",
-                   "pass the .h5 file inside it")
+    return folder, tiny_data[1]
 
 
-def test_path_does_not_exist(tiny_data, tmp_path):
-    res = launch(1, tiny_data[0], tmp_path / "nope.h5", tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "--heldout", "nope.h5", "does not exist",
-                   "check the path")
+def test_path_is_a_directory(refused):
+    check_refused(refused, "directory", "--train", "features", "is a directory",
+                  "pass the .h5 file inside it")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_path_without_read_permission(tiny_data, tmp_path):
-    bad = copy_of(tiny_data[0], tmp_path, "secret.h5")
-    bad.chmod(0)
-    res = launch(1, bad, tiny_data[1], tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", "secret.h5", "permission denied", "chmod a+r")
+@refusal("no-such-path")
+def no_such_path(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    return tiny_data[0], tmp_path / "nope.h5"
+
+
+def test_path_does_not_exist(refused):
+    check_refused(refused, "no-such-path", "--heldout", "nope.h5", "does not exist",
+                  "check the path")
+
+
+ROOT_READS_ALL = os.geteuid() == 0
+
+
+if not ROOT_READS_ALL:
+    @refusal("unreadable")
+    def unreadable(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+        bad = copy_of(tiny_data[0], tmp_path, "secret.h5")
+        bad.chmod(0)
+        return bad, tiny_data[1]
+
+
+@pytest.mark.skipif(ROOT_READS_ALL, reason="root reads files whatever their mode")
+def test_path_without_read_permission(refused):
+    check_refused(refused, "unreadable", "secret.h5", "permission denied", "chmod a+r")
 
 
 # ------------------------------------------------------------------ edited after the stamp
 VALIDATE = "python -m hadpsgd.data validate"
 
 
-@pytest.mark.parametrize(("split", "value"), [("train", 9999), ("heldout", -1)])
-def test_labels_edited_in_a_stamped_file(tiny_data, tmp_path, split, value):
+EDITS = {"train": 9999, "heldout": -1}
+"""The split whose stamped file gets an edited label, and the label written."""
+
+
+def edited_labels(split: str) -> Case:
+    """A builder: ``split``'s file, stamped, with label 30 set to ``EDITS[split]``."""
+    def build(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+        src = tiny_data[0] if split == "train" else tiny_data[1]
+        bad = copy_of(src, tmp_path, f"{split}-edited.h5", keep_stamp=True)
+        with h5py.File(bad, "r+") as f:
+            f["labels"][30] = EDITS[split]
+        return (bad, tiny_data[1]) if split == "train" else (tiny_data[0], bad)
+    return build
+
+
+for _split in EDITS:
+    refusal(f"edited-{_split}")(edited_labels(_split))
+
+
+@pytest.mark.parametrize("split", list(EDITS))
+def test_labels_edited_in_a_stamped_file(refused, split):
     # Before: 9999 trained into an IndexError after priors.json; -1 an unclear exit 2 after
     # config.json; in the held-out file, the same at the first evaluation. The other pairs
-    # take the same path (tests/unit/test_data_validate.py has each); two launches keep CI
-    # short. The run directory must not exist: no config.json, no priors.json.
-    src = tiny_data[0] if split == "train" else tiny_data[1]
-    bad = copy_of(src, tmp_path, f"{split}-edited.h5", keep_stamp=True)
-    with h5py.File(bad, "r+") as f:
-        f["labels"][30] = value
-    train, heldout = (bad, tiny_data[1]) if split == "train" else (tiny_data[0], bad)
-    res = launch(1, train, heldout, tmp_path / "o")
-    assert_refused(res, 1, tmp_path / "o", str(bad), f"label {value} at frame 30",
-                   "changed after it was validated", f"{VALIDATE} {bad}")
+    # take the same path (tests/unit/test_data_validate.py has each). The run directory
+    # must not exist: no config.json, no priors.json.
+    train, heldout = refused[f"edited-{split}"][2]
+    bad = train if split == "train" else heldout
+    check_refused(refused, f"edited-{split}", str(bad), f"label {EDITS[split]} at frame 30",
+                  "changed after it was validated", f"{VALIDATE} {bad}")
 
 
 @pytest.mark.parametrize("split", ["heldout", "train"])
