@@ -46,15 +46,16 @@ def launch(nprocs: int, train: Path, heldout: Path, out: Path, *extra: str) -> M
 
 # ------------------------------------------------------------------ one rank, one launch
 Case = Callable[[tuple[Path, Path], Path], tuple[Path, Path]]
-REFUSALS: dict[str, Case] = {}
-"""A single-rank case's name -> its builder: given the good data and a folder of its own,
-it damages a copy and returns the run's (train, held-out) files."""
+REFUSALS: dict[str, tuple[Case, tuple[str, ...]]] = {}
+"""A single-rank case's name -> its builder and the phrases its error line must hold. Given
+the good data and a folder of its own, the builder damages a copy and returns the run's
+(train, held-out) files; ``{train}`` and ``{heldout}`` in a phrase are those paths."""
 
 
-def refusal(name: str) -> Callable[[Case], Case]:
-    """Register a single-rank case's builder under ``name``."""
+def refusal(name: str, *phrases: str) -> Callable[[Case], Case]:
+    """Register a single-rank case's builder under ``name`` with its error's ``phrases``."""
     def register(build: Case) -> Case:
-        REFUSALS[name] = build
+        REFUSALS[name] = (build, phrases)
         return build
     return register
 
@@ -67,7 +68,7 @@ def refused(tiny_data: tuple[Path, Path],
     what it printed.
     """
     cases, outs, files = {}, {}, {}
-    for name, build in REFUSALS.items():
+    for name, (build, _) in REFUSALS.items():
         folder = tmp_path_factory.mktemp(name)
         outs[name], files[name] = folder / "o", build(tiny_data, folder)
         cases[name] = argv(*files[name], outs[name])
@@ -77,13 +78,6 @@ def refused(tiny_data: tuple[Path, Path],
     got = json.loads(line.removeprefix("RESULTS "))
     return {name: (MPIResult(r["code"], r["stdout"], r["stderr"]), outs[name], files[name])
             for name, r in got.items()}
-
-
-def check_refused(refused: dict[str, tuple[MPIResult, Path, tuple]], name: str,
-                  *phrases: str) -> str:
-    """The case ``name`` was refused as a user error before training; its error line."""
-    res, out, _ = refused[name]
-    return assert_refused(res, 1, out, *phrases)
 
 
 def assert_refused(res: MPIResult, nprocs: int, out: Path, *phrases: str) -> str:
@@ -115,16 +109,12 @@ def copy_of(src: Path, tmp_path: Path, name: str, keep_stamp: bool = False) -> P
     return dst
 
 
-@refusal("truncated")
+@refusal("truncated", "cut.h5", "truncated", "copy it again")
 def truncated(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = tmp_path / "cut.h5"
     data = tiny_data[0].read_bytes()
     bad.write_bytes(data[:len(data) // 2])
     return bad, tiny_data[1]
-
-
-def test_truncated_file(refused):
-    check_refused(refused, "truncated", "cut.h5", "truncated", "copy it again")
 
 
 def test_damaged_frames_seen_by_one_rank_end_every_rank(tiny_data, tmp_path):
@@ -142,7 +132,8 @@ def test_damaged_frames_seen_by_one_rank_end_every_rank(tiny_data, tmp_path):
     assert_refused(res, 2, tmp_path / "o", "damaged.h5", "cannot read frames", "copy it again")
 
 
-@refusal("missing-dataset")
+@refusal("missing-dataset", "nolabels.h5", "missing dataset 'labels'",
+         "rewrite it with hadpsgd.data.write_features")
 def missing_dataset(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = copy_of(tiny_data[1], tmp_path, "nolabels.h5")
     with h5py.File(bad, "r+") as f:
@@ -150,22 +141,13 @@ def missing_dataset(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path,
     return tiny_data[0], bad
 
 
-def test_missing_dataset(refused):
-    check_refused(refused, "missing-dataset", "nolabels.h5", "missing dataset 'labels'",
-                  "rewrite it with hadpsgd.data.write_features")
-
-
-@refusal("feature-dim")
+@refusal("feature-dim", "dim13.h5", "feature-dim mismatch", "260 are expected",
+         "use matching data")
 def feature_dim(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = tmp_path / "dim13.h5"
     rng = np.random.default_rng(0)
     write_features(bad, [rng.standard_normal((50, 13))], [np.zeros(50, int)], ["u"], 12)
     return tiny_data[0], bad
-
-
-def test_feature_dim_differs_between_splits(refused):
-    check_refused(refused, "feature-dim", "dim13.h5", "feature-dim mismatch",
-                  "260 are expected", "use matching data")
 
 
 @pytest.mark.parametrize("stamped", [False, True], ids=["no-stamp", "stamp+verify-data"])
@@ -182,7 +164,8 @@ def test_nan_frame_seen_by_one_rank_ends_every_rank(tiny_data, tmp_path, stamped
                    repr(utt_id), "rewrite the file")
 
 
-@refusal("label-range")
+@refusal("label-range", "label.h5", "at frame 100", "outside [0, num_classes",
+         "num_classes attribute is too small")
 def label_range(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = copy_of(tiny_data[0], tmp_path, "label.h5")
     with h5py.File(bad, "r+") as f:
@@ -190,20 +173,11 @@ def label_range(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Pat
     return bad, tiny_data[1]
 
 
-def test_label_out_of_range(refused):
-    check_refused(refused, "label-range", "label.h5", "at frame 100", "outside [0, num_classes",
-                  "num_classes attribute is too small")
-
-
-@refusal("zero-bytes")
+@refusal("zero-bytes", "empty.h5", "empty (0 bytes)", "regenerate")
 def zero_bytes(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = tmp_path / "empty.h5"
     bad.touch()
     return bad, tiny_data[1]
-
-
-def test_zero_byte_file(refused):
-    check_refused(refused, "zero-bytes", "empty.h5", "empty (0 bytes)", "regenerate")
 
 
 def test_fewer_chunks_than_one_global_batch(tiny_data, tmp_path):
@@ -214,7 +188,8 @@ def test_fewer_chunks_than_one_global_batch(tiny_data, tmp_path):
                    f"global batch of {2 * per_rank}", "zero steps", "smaller --batch-size")
 
 
-@refusal("offsets-ids")
+@refusal("offsets-ids", "ids.h5", "'utt_ids' has shape",
+         "rewrite it with hadpsgd.data.write_features")
 def offsets_ids(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     bad = copy_of(tiny_data[0], tmp_path, "ids.h5")
     with h5py.File(bad, "r+") as f:
@@ -224,47 +199,25 @@ def offsets_ids(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Pat
     return bad, tiny_data[1]
 
 
-def test_offsets_and_utt_ids_disagree(refused):
-    check_refused(refused, "offsets-ids", "ids.h5", "'utt_ids' has shape",
-                  "rewrite it with hadpsgd.data.write_features")
-
-
-@refusal("directory")
+@refusal("directory", "--train", "features", "is a directory", "pass the .h5 file inside it")
 def directory(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     folder = tmp_path / "features"
     folder.mkdir()
     return folder, tiny_data[1]
 
 
-def test_path_is_a_directory(refused):
-    check_refused(refused, "directory", "--train", "features", "is a directory",
-                  "pass the .h5 file inside it")
-
-
-@refusal("no-such-path")
+@refusal("no-such-path", "--heldout", "nope.h5", "does not exist", "check the path")
 def no_such_path(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     return tiny_data[0], tmp_path / "nope.h5"
 
 
-def test_path_does_not_exist(refused):
-    check_refused(refused, "no-such-path", "--heldout", "nope.h5", "does not exist",
-                  "check the path")
-
-
-ROOT_READS_ALL = os.geteuid() == 0
-
-
-if not ROOT_READS_ALL:
-    @refusal("unreadable")
+# Root reads files whatever their mode: the case exists only for other users.
+if os.geteuid() != 0:
+    @refusal("unreadable", "secret.h5", "permission denied", "chmod a+r")
     def unreadable(tiny_data: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
         bad = copy_of(tiny_data[0], tmp_path, "secret.h5")
         bad.chmod(0)
         return bad, tiny_data[1]
-
-
-@pytest.mark.skipif(ROOT_READS_ALL, reason="root reads files whatever their mode")
-def test_path_without_read_permission(refused):
-    check_refused(refused, "unreadable", "secret.h5", "permission denied", "chmod a+r")
 
 
 # ------------------------------------------------------------------ edited after the stamp
@@ -287,19 +240,12 @@ def edited_labels(split: str) -> Case:
 
 
 for _split in EDITS:
-    refusal(f"edited-{_split}")(edited_labels(_split))
-
-
-@pytest.mark.parametrize("split", list(EDITS))
-def test_labels_edited_in_a_stamped_file(refused, split):
     # Before: 9999 trained into an IndexError after priors.json; -1 an unclear exit 2 after
     # config.json; in the held-out file, the same at the first evaluation. The other pairs
     # take the same path (tests/unit/test_data_validate.py has each). The run directory
     # must not exist: no config.json, no priors.json.
-    train, heldout = refused[f"edited-{split}"][2]
-    bad = train if split == "train" else heldout
-    check_refused(refused, f"edited-{split}", str(bad), f"label {EDITS[split]} at frame 30",
-                  "changed after it was validated", f"{VALIDATE} {bad}")
+    refusal(f"edited-{_split}", f"{{{_split}}}", f"label {EDITS[_split]} at frame 30",
+            "changed after it was validated", f"{VALIDATE} {{{_split}}}")(edited_labels(_split))
 
 
 @pytest.mark.parametrize("split", ["heldout", "train"])
@@ -353,3 +299,12 @@ def test_a_layout_error_every_rank_finds_is_said_once(tiny_data, tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and "ranks_per_node=3 is larger than the 2" in lines[0], res.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_a_single_rank_refusal_names_the_file_and_the_fix(refused, name):
+    """Each single-rank case of REFUSALS: exit 2 with one error line holding its phrases, no
+    traceback, no start banner, no run directory."""
+    res, out, (train, heldout) = refused[name]
+    phrases = [p.format(train=train, heldout=heldout) for p in REFUSALS[name][1]]
+    assert_refused(res, 1, out, *phrases)
