@@ -30,11 +30,13 @@ from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.algorithms.registry import register
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm import CommTimeoutError, World
+from hadpsgd.comm.codec import FORMATS
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
 
-CHOCO_WIRES: tuple[str, ...] = ("topk", "sign")
-"""The wires whose gossip is CHOCO-SGD's compressed differences (and reads --gossip-step)."""
+CHOCO_WIRES: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.differences)
+"""The wires whose gossip is CHOCO-SGD's compressed differences (and reads --gossip-step):
+the wire table's ``differences`` (:data:`hadpsgd.comm.codec.FORMATS`)."""
 
 _GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
 """A super-learner's leader's verdicts on its gossip in flight (see ``_bound_staleness``)."""

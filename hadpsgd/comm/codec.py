@@ -24,6 +24,7 @@ module only codes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +46,6 @@ from hadpsgd.comm.sparse import (
     unframed,
 )
 
-WIRES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "sign", "topk")
-"""Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
 INT8_CHUNK = 1024
 """Values per int8 scale. A scale costs 4 bytes, so 1024 values carry 4/1024 = 0.4 % of
 overhead (int8 stays at 3.98x below fp32), while a chunk is still small enough that one
@@ -59,6 +58,74 @@ class Wire:
 
     name: str
     fraction: float = TOPK_FRACTION
+
+
+def _int8_rows(x: torch.Tensor, w: Wire) -> torch.Tensor:
+    scale, q = absmax_codes(x, INT8_CHUNK, 127)
+    return framed(scale, q.to(torch.int8).view(torch.uint8))
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """One wire format: what it is, what its exchanges do with it, and its codec.
+
+    The one record of a format's facts: the codec below, ADPSGD's gossip (which formats it
+    sends as CHOCO-SGD's differences) and BMUF's recipe (the block length a format takes)
+    read them here, so a new wire touches this table, its codec and its tests.
+    """
+
+    name: str
+    bits: float
+    """Bits on the wire a value, about (the format's overhead included; topk at its default
+    fraction)."""
+    sparse: bool
+    """Sends some of the values (the rest waits in the residual), not a code of each."""
+    differences: bool
+    """ADPSGD sends it as CHOCO-SGD's compressed differences to per-edge estimates (a code
+    this coarse of a whole model is useless); the others gossip the model itself."""
+    feedback: bool
+    """Rounds, so its callers keep the error-feedback residual."""
+    bmuf_tau: int | None
+    """The block length BMUF's SGD recipe takes with it where no --sync-period is given
+    (None: the recipe's own; algorithms/bmuf/options.py says what it was measured on)."""
+    payload: Callable[[int, Wire, int], int]
+    """``(numel, wire, elem_size) -> bytes`` of a payload of ``numel`` values."""
+    encode: Callable[[torch.Tensor, Wire], torch.Tensor]
+    """``[R, m]`` values -> ``[R, P]`` bytes, each row on its own (may alias, fp32)."""
+    decode: Callable[[torch.Tensor, int, Wire, torch.dtype], torch.Tensor]
+    """``[R, P]`` bytes -> ``[R, m]`` values of the dtype (may alias, fp32)."""
+
+
+FORMATS: dict[str, WireFormat] = {f.name: f for f in (
+    WireFormat("fp32", 32.0, sparse=False, differences=False, feedback=False, bmuf_tau=None,
+               payload=lambda n, w, e: n * e,
+               encode=lambda x, w: x.contiguous().view(torch.uint8),
+               decode=lambda p, m, w, d: reinterpret(p, d)),
+    WireFormat("bf16", 16.0, sparse=False, differences=False, feedback=True, bmuf_tau=None,
+               payload=lambda n, w, e: 2 * n,
+               encode=lambda x, w: x.to(torch.bfloat16).view(torch.uint8),
+               decode=lambda p, m, w, d: reinterpret(p, torch.bfloat16).to(d)),
+    WireFormat("int8", 8.03, sparse=False, differences=False, feedback=True, bmuf_tau=None,
+               payload=lambda n, w, e: n + 4 * -(-n // INT8_CHUNK),
+               encode=_int8_rows,
+               decode=lambda p, m, w, d: unframed(p, m, INT8_CHUNK, d,
+                                                  lambda b: reinterpret(b, torch.int8))),
+    WireFormat("int4", 4.03, sparse=False, differences=False, feedback=True, bmuf_tau=32,
+               payload=lambda n, w, e: int4_bytes(n),
+               encode=lambda x, w: encode_int4_rows(x),
+               decode=lambda p, m, w, d: decode_int4_rows(p, m, d)),
+    WireFormat("sign", 1.01, sparse=False, differences=True, feedback=True, bmuf_tau=40,
+               payload=lambda n, w, e: sign_bytes(n),
+               encode=lambda x, w: encode_sign_rows(x),
+               decode=lambda p, m, w, d: decode_sign_rows(p, m, d)),
+    WireFormat("topk", 0.23, sparse=True, differences=True, feedback=True, bmuf_tau=None,
+               payload=lambda n, w, e: topk_bytes(n, w.fraction),
+               encode=lambda x, w: encode_topk_rows(x, w.fraction),
+               decode=lambda p, m, w, d: decode_topk_rows(p, m, w.fraction, d)),
+)}
+"""Every wire format by name, in the order ``--wire`` lists them."""
+WIRES: tuple[str, ...] = tuple(FORMATS)
+"""Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
 
 
 def wire_spec(name: str, fraction: float = TOPK_FRACTION) -> str:
@@ -98,17 +165,7 @@ def check_wire(wire: str) -> None:
 def payload_bytes(numel: int, wire: str, elem_size: int = 4) -> int:
     """Bytes :func:`encode` makes of ``numel`` values (``elem_size``: the dtype's, for fp32)."""
     w = parse_wire(wire)
-    if w.name == "fp32":
-        return numel * elem_size
-    if w.name == "bf16":
-        return 2 * numel
-    if w.name == "int4":
-        return int4_bytes(numel)
-    if w.name == "sign":
-        return sign_bytes(numel)
-    if w.name == "topk":
-        return topk_bytes(numel, w.fraction)
-    return numel + 4 * -(-numel // INT8_CHUNK)
+    return FORMATS[w.name].payload(numel, w, elem_size)
 
 
 def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
@@ -119,34 +176,13 @@ def encode_rows(x: torch.Tensor, wire: str) -> torch.Tensor:
     ``payload_bytes(m, wire)`` bytes, whatever its values.
     """
     w = parse_wire(wire)
-    if w.name == "fp32":
-        return x.contiguous().view(torch.uint8)
-    if w.name == "bf16":
-        return x.to(torch.bfloat16).view(torch.uint8)
-    if w.name == "int4":
-        return encode_int4_rows(x)
-    if w.name == "sign":
-        return encode_sign_rows(x)
-    if w.name == "topk":
-        return encode_topk_rows(x, w.fraction)
-    scale, q = absmax_codes(x, INT8_CHUNK, 127)
-    return framed(scale, q.to(torch.int8).view(torch.uint8))
+    return FORMATS[w.name].encode(x, w)
 
 
 def decode_rows(p: torch.Tensor, m: int, wire: str, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`encode_rows`: ``[R, P]`` bytes -> ``[R, m]`` of ``dtype`` (may alias)."""
     w = parse_wire(wire)
-    if w.name == "fp32":
-        return reinterpret(p, dtype)
-    if w.name == "bf16":
-        return reinterpret(p, torch.bfloat16).to(dtype)
-    if w.name == "int4":
-        return decode_int4_rows(p, m, dtype)
-    if w.name == "sign":
-        return decode_sign_rows(p, m, dtype)
-    if w.name == "topk":
-        return decode_topk_rows(p, m, w.fraction, dtype)
-    return unframed(p, m, INT8_CHUNK, dtype, lambda b: reinterpret(b, torch.int8))
+    return FORMATS[w.name].decode(p, m, w, dtype)
 
 
 def encode(x: torch.Tensor, wire: str) -> torch.Tensor:
@@ -171,5 +207,6 @@ def decode(payload: torch.Tensor, numel: int, wire: str, dtype: torch.dtype) -> 
     return out.clone() if parse_wire(wire).name == "fp32" else out
 
 
-__all__ = ["INT8_CHUNK", "TOPK_FRACTION", "WIRES", "Wire", "check_wire", "decode", "decode_rows",
-           "encode", "encode_rows", "parse_wire", "payload_bytes", "reinterpret", "wire_spec"]
+__all__ = ["FORMATS", "INT8_CHUNK", "TOPK_FRACTION", "WIRES", "Wire", "WireFormat", "check_wire",
+           "decode", "decode_rows", "encode", "encode_rows", "parse_wire", "payload_bytes",
+           "reinterpret", "wire_spec"]

@@ -151,7 +151,7 @@ def test_an_option_the_chosen_wire_does_not_read_is_refused(tmp_path, capsys, mo
              "--topk-fraction is read by --wire topk only, not by --wire sign; drop it or "
              "choose --wire topk"),
             (["--algo", "adpsgd", "--wire", "int4", "--gossip-step", "0.5"],
-             "--gossip-step is read by --wire topk or --wire sign only, not by --wire int4"),
+             "--gossip-step is read by --wire sign or --wire topk only, not by --wire int4"),
             (["--algo", "bmuf", "--topk-fraction", "0.1"], "not by --wire fp32")]:
         with pytest.raises(SystemExit):
             parse_config(argv)

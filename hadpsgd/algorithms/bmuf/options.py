@@ -16,16 +16,19 @@ from typing import Any
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
+from hadpsgd.comm.codec import FORMATS
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
 WARMUP_LRS: tuple[str, ...] = ("worker", "world")
-WIRE_SYNC_PERIOD: dict[str, int] = {"int4": 32, "sign": 40}
-"""--sync-period that BMUF's SGD recipe takes with a --wire, where none is given, from the
-bytes-against-WER studies (docs/results.md): on unseen human voices (FSDD, 4 workers, 9
-runs) sign deltas every 40 steps sent 1,196x fewer bytes than SSGD fp32 at 0.8 point below
-its WER, int4 every 32 steps 239x fewer at 2.0 below. topk keeps tau 8, its best tested
-(4.4 points above SSGD there)."""
+WIRE_SYNC_PERIOD: dict[str, int] = {name: f.bmuf_tau for name, f in FORMATS.items()
+                                     if f.bmuf_tau is not None}
+"""--sync-period that BMUF's SGD recipe takes with a --wire, where none is given (the wire
+table's ``bmuf_tau``, :data:`hadpsgd.comm.codec.FORMATS`), from the bytes-against-WER
+studies (docs/results.md): on unseen human voices (FSDD, 4 workers, 9 runs) sign deltas
+every 40 steps sent 1,196x fewer bytes than SSGD fp32 at 0.8 point below its WER, int4
+every 32 steps 239x fewer at 2.0 below. topk keeps tau 8, its best tested (4.4 points above
+SSGD there)."""
 
 
 DEFAULT_SYNC_PERIOD = 8
