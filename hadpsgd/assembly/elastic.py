@@ -99,10 +99,25 @@ def check_backend(topo: comm.Topology) -> None:
     abort it before the shrink: the job dies at the watchdog. With gloo they wait for
     ``HADPSGD_TIMEOUT``. Through MPI the same collective fails at once and the run goes on.
 
+    The same holds between super-learners that share a host, where a host link carries the
+    cross-node leg (NCCL on GPUs: the block average, ADPSGD's sync, the gossip swap and the
+    side channel's twin): flat ADPSGD or BMUF with one learner a node puts every exchange of
+    the host's learners there, and a dead learner leaves its host-mates in its kernel.
+
     Raises:
         ConfigError: Naming the backend, the node's ranks and the fix, on every rank alike
-            (the backends are agreed at start-up).
+            (the backends and the host link are agreed at start-up).
     """
+    link = topo.reducer.host_link
+    if link is not None:
+        raise ConfigError(
+            f"--on-failure continue cannot go on through a failure with {link.name} between "
+            f"the super-learners of one host (the host link, {link.hosts} "
+            f"host{'s' if link.hosts > 1 else ''}): a dead learner leaves its host-mates in a "
+            f"{link.name} collective that nothing aborts before the survivors shrink the "
+            "world. Set HADPSGD_HOST_LINK=0 (MPI then carries every leg between "
+            "super-learners and its failure mitigation ends the collective at once), or "
+            "drop --on-failure continue")
     if topo.intra_backend not in ("nccl", "gloo") or max(topo.node_sizes) == 1:
         return
     stuck = ("an NCCL kernel that never ends (nothing aborts it before the survivors "
