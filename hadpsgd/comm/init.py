@@ -15,7 +15,7 @@ from hadpsgd.comm.deadline import Watchdog, timeout_from_env
 from hadpsgd.comm.hierarchical import HierAlgo, Reducer
 from hadpsgd.comm.hostlink import device_host_link
 from hadpsgd.comm.mpi import check_thread_level, cuda_support, mpi
-from hadpsgd.comm.objects import allgather_object
+from hadpsgd.comm.objects import allgather_object, disagreements
 from hadpsgd.comm.placement import (
     device_label,
     launcher_local_rank,
@@ -232,6 +232,15 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     if bucket <= 0:
         raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
     watchdog = _first_contact(world, timeout, thread_level >= MPI.THREAD_MULTIPLE)
+    # Settings each rank reads for itself decide who joins which collective below (the node
+    # split, gloo's groups, the host link's agreement): agree on them first, then act.
+    problem = disagreements(allgather_object(world, watchdog, {
+        "the intra-node backend (--intra-backend, HADPSGD_INTRA_BACKEND)": backend_name,
+        "HADPSGD_HOST_LINK": env.host_link(),
+        "the ranks per node (--ranks-per-node, HADPSGD_RANKS_PER_NODE)": rpn,
+    } if node_hint is None else {}, list(range(size))))
+    if problem:
+        raise TopologyError(problem)
     with watchdog.guard("host communicator (Split_type)"):
         host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     host_size = host.Get_size()

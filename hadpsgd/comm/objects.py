@@ -118,3 +118,20 @@ def every_rank_failed(comm: Any, message: str, wait_s: float) -> list[str] | Non
             return None  # the barrier stays pending: the job is about to be aborted
         time.sleep(0.005)
     return comm.allgather(message)
+
+
+def disagreements(every: list[dict[str, Any]]) -> str:
+    """What the ranks' own settings disagree on, as the error to say; ``""`` if nothing.
+
+    ``every`` holds one dict of settings a rank, by rank (an ``allgather_object``). The
+    error names the setting, rank 0's value and the ranks with another (their environments
+    or command lines differ: an MPMD launch, a per-rank script).
+    """
+    for key, value in every[0].items():
+        others = {r: s.get(key) for r, s in enumerate(every) if s.get(key) != value}
+        if others:
+            shown = ", ".join(f"rank {r} {v!r}" for r, v in list(others.items())[:4])
+            more = f" and {len(others) - 4} more" if len(others) > 4 else ""
+            return (f"the ranks disagree on {key}: rank 0 has {value!r}, {shown}{more}; "
+                    "start every rank with the same options and HADPSGD_* environment")
+    return ""

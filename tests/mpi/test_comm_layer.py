@@ -129,3 +129,16 @@ def test_cross_node_leg_cut_by_host(nprocs, per_node, hosts):
         assert "leader True" in res.stdout and "between hosts" in res.stdout
     if per_node == "1":  # the overlapped block average's channel: a twin link of its own
         assert res.stdout.count("ok True") == nprocs, res.stdout
+
+
+def test_ranks_with_different_settings_are_refused_alike_before_any_acts():
+    """Rank 1's own HADPSGD_INTRA_BACKEND (gloo, the others mpi) once sent it alone into
+    gloo's rendezvous, waiting out the deadline: the ranks agree on their settings first
+    and every rank refuses, naming the setting and the rank (issue 59, item 6)."""
+    res = run_worker(3, "settings_differ", env={"HADPSGD_TIMEOUT": "20"}, timeout=120)
+    assert "NO REFUSAL" not in res.stdout, res.output[-3000:]
+    lines = re.findall(r"REFUSED rank (\d): (.*)", res.stdout)
+    assert sorted(int(r) for r, _ in lines) == [0, 1, 2], res.output[-3000:]
+    for _, msg in lines:
+        assert ("disagree on the intra-node backend" in msg and "rank 0 has 'mpi'" in msg
+                and "rank 1 'gloo'" in msg and "rank 2" not in msg), msg
