@@ -103,7 +103,9 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
             print("[hadpsgd] note: --precision fp16 on CPU runs the LSTM in fp32 (oneDNN has "
                   "no fp16 LSTM) and the layers after it in fp16; on CPU use fp32 or bf16",
                   flush=True)
-        print(f"[hadpsgd] {cfg.train.algo} on {topo.size} learners ({topo.num_nodes} nodes), "
+        print(f"[hadpsgd] {cfg.train.algo} on {topo.size} learner{'s' if topo.size != 1 else ''} "
+              f"({topo.num_nodes} "
+              f"node{'s' if topo.num_nodes != 1 else ''}), "
               f"{cfg.model.preset} BLSTM with {count_parameters(trainer.algo.model):,} "
               f"parameters, {len(trainer.train_set):,} training chunks, global batch "
               f"{cfg.train.batch_size * topo.size}, peak lr {trainer.schedule.peak:g}",

@@ -373,6 +373,14 @@ class Algorithm:
         size (``--allow-resume-change``), when the algorithm's saved state does not apply.
         """
 
+    def evaluation_note(self) -> str:
+        """What the held-out line should say about the model it scores (``""``: nothing).
+
+        BMUF says when its global model is still the initial one (no block sync yet), which
+        a long block makes look like a run that does not learn.
+        """
+        return ""
+
     def metrics(self) -> dict[str, float]:
         """Figures for the training log: the gradients' wire bytes, fp16's loss scale.
 

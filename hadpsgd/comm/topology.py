@@ -154,7 +154,9 @@ class Topology:
         if link is not None and link.kind == self.device.type:
             cross = f"{link.name} between super-learners of one host" + (
                 f", MPI ({inter}) between hosts" if link.hosts > 1 else "")
-        line = (f"{self.size} learners on {self.num_nodes} {kind}nodes {self.node_sizes}, "
+        nodes = f"{kind}node{'s' if self.num_nodes != 1 else ''}"
+        line = (f"{self.size} learner{'s' if self.size != 1 else ''} on {self.num_nodes} "
+                f"{nodes} {self.node_sizes}, "
                 f"device {self.device}, intra-node {path.intra} (host tensors: "
                 f"{self.reducer.intra.name}), inter-node {cross}, {self.reducer.algo} "
                 f"hierarchy, deadline {self.timeout:g} s")

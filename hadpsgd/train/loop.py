@@ -534,6 +534,6 @@ class Trainer:
                      if self.pos.global_step else "before training")
             print(f"[hadpsgd] {where}: held-out "
                   f"loss {result.loss:.4f}, frame accuracy {result.accuracy:.4f}"
-                  + speech_note(result), flush=True)
+                  + speech_note(result) + self.algo.evaluation_note(), flush=True)
         self.guard.heldout(result.loss, self.pos.global_step)
         return result

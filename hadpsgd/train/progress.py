@@ -26,6 +26,21 @@ def on_terminal() -> bool:
     return reaches_terminal() if told is None else told
 
 
+def byte_text(n: float) -> str:
+    """``n`` bytes for a log line, in the unit that keeps them readable.
+
+    ``812 B``, ``4.4 kB``, ``671 kB``, ``164.0 MiB``, ``2.31 GiB``: a sign run's kilobytes
+    are not "0.0 MiB".
+    """
+    if n < 1000:
+        return f"{n:.0f} B"
+    if n < 2**20:
+        return f"{n / 1000:.3g} kB"
+    if n < 2**30:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**30:.2f} GiB"
+
+
 def internode_line(algo: Algorithm, steps: int, frames: int) -> str:
     """The run's inter-node traffic as this rank counts it, per trained frame and against SSGD.
 
@@ -36,8 +51,8 @@ def internode_line(algo: Algorithm, steps: int, frames: int) -> str:
     """
     sent, received = algo.internode_bytes()
     ssgd = algo.ssgd_fp32_bytes(steps)
-    head = (f"inter-node bytes of this rank after {steps} steps: {sent / 2**20:.2f} MiB sent, "
-            f"{received / 2**20:.2f} MiB received")
+    head = (f"inter-node bytes of this rank after {steps} steps: {byte_text(sent)} sent, "
+            f"{byte_text(received)} received")
     if ssgd == 0:  # one node: SSGD would send nothing between nodes either
         return head + " (one node: nothing crosses nodes)"
     per = max(frames, 1)
@@ -101,11 +116,11 @@ class Progress:
         if self.lines and now - self._last_line >= LINE_EVERY_S:
             self._last_line = now
             # Bytes on the wire (BMUF's block syncs, ADPSGD's gossip): what --wire saves.
-            wire = (f", {extra['wire_bytes'] / 2**20:.1f} MiB sent across nodes"
+            wire = (f", {byte_text(extra['wire_bytes'])} sent across nodes"
                     if extra.get("wire_bytes") else "")
             # Gradient bytes (what --grad-wire bf16 halves) and fp16's scale and overflows.
             if extra.get("grad_wire_bytes"):
-                wire += f", {extra['grad_wire_bytes'] / 2**20:.1f} MiB of gradients sent"
+                wire += f", {byte_text(extra['grad_wire_bytes'])} of gradients sent"
             if "loss_scale" in extra:
                 wire += (f", loss scale {extra['loss_scale']:g} "
                          f"({extra['overflow_steps']:.0f} overflow steps skipped)")

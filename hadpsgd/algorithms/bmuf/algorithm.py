@@ -318,6 +318,18 @@ class BMUF(Algorithm):
         self.exchange.wait(frag.average)
         self.filter.apply(frag)
 
+    def evaluation_note(self) -> str:
+        """The evaluated model is the initial one while no block sync has happened yet.
+
+        Said after steps but before the first sync, so a long block (tau 40) does not look
+        like a run that does not learn.
+        """
+        synced = any(f.num_syncs for f in self.fragments)
+        if self.started and self.block_steps > 0 and not synced:
+            return (f" (the global model before any block sync: the first comes after "
+                    f"{self.tau} steps, --sync-period)")
+        return ""
+
     def metrics(self) -> dict[str, float]:
         """Bytes sent across nodes in block syncs so far (this rank)."""
         return {**super().metrics(), "wire_bytes": float(self.wire_bytes)}
