@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
@@ -113,6 +114,9 @@ class Distributed:
         self._sampler: Sampler | None = None
         self._sampler_state: dict[str, Any] | None = None  # loaded before sampler() was made
         self._closed = False
+        # Adam's beta1 as given: a scheduler that cycles it (OneCycleLR's cycle_momentum)
+        # would silently replace the recipe's (BMUF-Adam's 0.5), so a change is said once.
+        self._beta1 = [g["betas"][0] for g in optimizer.param_groups if "betas" in g]
 
     # ------------------------------------------------------------------ what it holds
     @property
@@ -177,6 +181,8 @@ class Distributed:
             norm, whether the update was skipped, and whether that was fp16's overflow.
         """
         result = self.algorithm.step(None if loss is None else loss.detach())
+        if self._beta1:
+            self._check_beta1()
         if self._sampler is not None:
             self._sampler.stepped()
         if self.topology.size > 1:
@@ -184,6 +190,19 @@ class Distributed:
             self.topology.now_doing(f"in the training script after step {self.steps} "
                                     "(forward, backward or data), outside hadpsgd")
         return result
+
+    def _check_beta1(self) -> None:
+        """Say once (rank 0) that something changed the optimizer's beta1 under BMUF."""
+        now = [g["betas"][0] for g in self.optimizer.param_groups if "betas" in g]
+        if now == self._beta1:
+            return
+        if self.algo == "bmuf" and self.topology.rank == 0:
+            warnings.warn(f"the optimizer's beta1 changed from {self._beta1[0]} to {now[0]} "
+                          f"after step {self.steps}: a scheduler sets it (OneCycleLR cycles "
+                          "Adam's beta1 unless cycle_momentum=False), so BMUF-Adam's beta1 "
+                          "is not the one given; pass cycle_momentum=False to keep it",
+                          RuntimeWarning, stacklevel=3)
+        self._beta1 = []  # said (or not BMUF's concern): not checked again
 
     def zero_grad(self) -> None:
         """Zero the gradients in place (``optimizer.zero_grad()`` works too, at a copy's cost)."""
