@@ -27,6 +27,7 @@ than ``len(loader)`` batches in an epoch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -76,9 +77,14 @@ def step_scheduler(scheduler: Any, position: float) -> int:
     if total is not None:
         target = min(target, int(total))
     taken = 0
-    while scheduler.last_epoch < target:
-        scheduler.step()
-        taken += 1
+    with warnings.catch_warnings():
+        # torch warns when a scheduler steps before its optimizer did: after a resume the
+        # catch-up to the saved position does so on purpose (once per rank, every resume).
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`",
+                                category=UserWarning)
+        while scheduler.last_epoch < target:
+            scheduler.step()
+            taken += 1
     return taken
 
 

@@ -48,3 +48,22 @@ def test_the_shard_samplers_position_counts_its_steps_over_epochs():
     opt = _opt()
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=30)
     assert resumed.step_scheduler(sched) == 23
+
+
+def test_catching_up_after_a_resume_does_not_warn_of_the_order() -> None:
+    """After a resume the scheduler steps up to the saved position before any optimizer step,
+    on purpose: torch's "lr_scheduler.step() before optimizer.step()" warning, once per rank
+    at every resume on the documented path, is not said (issue 60, item 4)."""
+    import warnings
+
+    import torch
+
+    from hadpsgd.api.samplers import step_scheduler
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert step_scheduler(sched, 5.0) == 5
+    assert not [w for w in seen if "lr_scheduler" in str(w.message)], seen
+    assert sched.last_epoch == 5
