@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -54,12 +56,6 @@ def test_catching_up_after_a_resume_does_not_warn_of_the_order() -> None:
     """After a resume the scheduler steps up to the saved position before any optimizer step,
     on purpose: torch's "lr_scheduler.step() before optimizer.step()" warning, once per rank
     at every resume on the documented path, is not said (issue 60, item 4)."""
-    import warnings
-
-    import torch
-
-    from hadpsgd.api.samplers import step_scheduler
-
     opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
     with warnings.catch_warnings(record=True) as seen:
