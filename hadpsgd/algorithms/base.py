@@ -384,10 +384,14 @@ class Algorithm:
     def metrics(self) -> dict[str, float]:
         """Figures for the training log: the gradients' wire bytes, fp16's loss scale.
 
-        Algorithms add their own to these (``{**super().metrics(), ...}``).
+        Algorithms add their own to these (``{**super().metrics(), ...}``). ``wire_bytes``,
+        the bytes of the algorithm's own exchanges across nodes, is here the gradients'
+        (SSGD's every step), so every algorithm logs it under one name; BMUF's block syncs
+        and ADPSGD's gossip replace it with theirs.
         """
         sent, received = self.internode_bytes()
         figures = {"grad_wire_bytes": float(self.gradsync.wire_bytes),
+                   "wire_bytes": float(self.gradsync.internode_bytes),
                    "internode_bytes": float(sent), "internode_bytes_received": float(received)}
         if self.scaler is not None:
             figures["loss_scale"] = self.scaler.scale
