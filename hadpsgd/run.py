@@ -15,13 +15,12 @@ from typing import Any
 
 from hadpsgd import comm, faults
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
-from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners, check_backend, recover
+from hadpsgd.assembly.elastic import check_backend, recover
 from hadpsgd.assembly.endings import (
     STATE,
     abort_world,
+    end_training,
     exit_now,
-    fail,
-    lost_outside_training,
     timed_out,
     user_error,
 )
@@ -44,14 +43,12 @@ from hadpsgd.exit_codes import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STOPPED,
-    EXIT_TIMED_OUT,
     EXIT_USER_ERROR,
 )
 from hadpsgd.models import count_parameters
 from hadpsgd.train import Trainer
-from hadpsgd.train.checkpoint import CheckpointError, CheckpointWriteError
+from hadpsgd.train.checkpoint import CheckpointError
 from hadpsgd.train.evaluate import speech_note
-from hadpsgd.train.loop import NonFiniteError
 from hadpsgd.train.stop import FLAG
 
 __all__ = ["EXIT_DIVERGED", "EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "EXIT_USER_ERROR", "main",
@@ -211,39 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     CONSOLE.install()
                     CONSOLE.attach(trainer.ckpt_dir.parent, "continued by this learner as "
                                    "rank 0 after a failure")
-    except NonFiniteError as err:
-        return fail(err, topo, EXIT_DIVERGED, traceback_too=False)
-    except comm.CommTimeoutError as err:  # the message names the peer and what it was doing
-        # The same cause and code as the watchdog's own abort of a blocking call.
-        return fail(err, topo, EXIT_TIMED_OUT, traceback_too=False)
-    except CheckpointWriteError as err:  # names the directory, the space needed and the fix
-        return fail(err, topo, EXIT_FAILED, traceback_too=False)
-    except NotEnoughLearners as err:  # names who failed and how to resume
-        # Every survivor knows it (decided after the shrink): each ends on its own, since
-        # under ULFM an abort after a failure leaves mpirun's exit status at 0.
-        STATE.survived = True
-        if err.say:
-            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except ulfm.PeerError as err:  # a peer's own error, not a lost learner: all end with it
-        STATE.survived = True
-        if err.say:
-            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except LeftTheJob as err:  # BMUF: this super-learner lost a member; the others go on
-        STATE.survived = True
-        if err.stops:  # nobody goes on: the job failed
-            if err.say:
-                print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
-            return EXIT_FAILED
-        print(f"[hadpsgd] {err}", flush=True)
-        return EXIT_OK
-    except FeatureFileError as err:  # a frame changed after its file was stamped
-        return fail(err, topo, EXIT_USER_ERROR, traceback_too=False)
     except BaseException as err:  # noqa: BLE001 - every failure must end every rank
-        if STATE.elastic and ulfm.is_peer_failure(err):  # no state to go on from: a peer's
-            return lost_outside_training(topo)  # own error, or the learners lost, named
-        return fail(err, topo, EXIT_FAILED, traceback_too=True)
+        return end_training(err, topo)  # the endings' table (hadpsgd.assembly.endings)
     finally:
         FLAG.uninstall()
         release_runs()  # the run directory is free for the next run (as at process exit)

@@ -16,8 +16,18 @@ from dataclasses import dataclass
 
 from hadpsgd import comm, env
 from hadpsgd.api.setup import said_once
+from hadpsgd.assembly.elastic import LeftTheJob, NotEnoughLearners
 from hadpsgd.comm import ulfm
-from hadpsgd.exit_codes import EXIT_FAILED, EXIT_TIMED_OUT, EXIT_USER_ERROR
+from hadpsgd.data import FeatureFileError
+from hadpsgd.exit_codes import (
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_TIMED_OUT,
+    EXIT_USER_ERROR,
+)
+from hadpsgd.train.checkpoint import CheckpointWriteError
+from hadpsgd.train.loop import NonFiniteError
 from hadpsgd.train.stop import FLAG
 
 
@@ -46,7 +56,7 @@ def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool
     prefix = (f"hadpsgd: rank {topo.rank}: error: "
               if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
               else "hadpsgd: error: ")
-    print(f"{prefix}{err or type(err).__name__}", file=sys.stderr, flush=True)
+    print(f"{prefix}{str(err) or type(err).__name__}", file=sys.stderr, flush=True)
     # A peer's deadline is no error of this learner's own: the hung peer would never join
     # the shrink that telling the others takes, so that ends the job as before.
     own = not isinstance(err, comm.CommTimeoutError)
@@ -57,6 +67,63 @@ def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool
     if topo.size > 1:
         topo.abort(code)  # the peers may be blocked in a collective this rank never joins
     return code
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run ends on one kind of error raised while training (a row of :data:`ENDINGS`)."""
+
+    kinds: tuple[type[BaseException], ...]
+    """The errors of this row (the first row whose kinds match decides)."""
+    code: int
+    """The exit code (:mod:`hadpsgd.exit_codes`)."""
+    how: str
+    """``abort``: this rank says it and ends the job (:func:`fail`: ``MPI_Abort``, or under
+    ULFM every survivor told); ``own``: after a peer's failure, each survivor ends on its
+    own (an abort would leave mpirun's status at 0), saying it where the error says to;
+    ``left``: BMUF's super-learner that lost a member leaves, the others go on (exit 0),
+    unless nobody goes on (then ``code``)."""
+    traceback: bool = False
+    """Print the traceback too (an error nobody foresaw)."""
+
+
+ENDINGS: tuple[Ending, ...] = (
+    Ending((NonFiniteError,), EXIT_DIVERGED, "abort"),  # past --max-nonfinite, or diverged
+    Ending((comm.CommTimeoutError,), EXIT_TIMED_OUT, "abort"),  # names the peer and its deed
+    Ending((CheckpointWriteError,), EXIT_FAILED, "abort"),  # the directory, space, the fix
+    Ending((NotEnoughLearners, ulfm.PeerError), EXIT_FAILED, "own"),  # who failed; resume
+    Ending((LeftTheJob,), EXIT_FAILED, "left"),
+    Ending((FeatureFileError,), EXIT_USER_ERROR, "abort"),  # a frame changed after its stamp
+)
+"""Errors raised while training, by kind: exit code, who says it, how the job ends."""
+OTHER = Ending((BaseException,), EXIT_FAILED, "abort", traceback=True)
+"""Any other error: said with its traceback, the job ended (a peer's failure under ULFM
+where no agreed state is: :func:`lost_outside_training`)."""
+
+
+def ending_for(err: BaseException) -> Ending:
+    """The row of :data:`ENDINGS` that decides how ``err`` ends the run (else :data:`OTHER`)."""
+    return next((row for row in ENDINGS if isinstance(err, row.kinds)), OTHER)
+
+
+def end_training(err: BaseException, topo: comm.Topology) -> int:
+    """End the run on ``err`` as its :data:`ENDINGS` row says; returns the exit code.
+
+    ``err`` was raised while training, or in set-up past the set-up's own errors (a user's
+    error, a deadline: :func:`user_error`, :func:`timed_out`).
+    """
+    row = ending_for(err)
+    if row is OTHER and STATE.elastic and ulfm.is_peer_failure(err):
+        return lost_outside_training(topo)  # a peer's own error, or the learners lost
+    if row.how == "abort":
+        return fail(err, topo, row.code, traceback_too=row.traceback)
+    STATE.survived = True  # each ends on its own, without MPI_Finalize
+    if row.how == "left" and not err.stops:  # type: ignore[attr-defined]
+        print(f"[hadpsgd] {err}", flush=True)  # this super-learner leaves; the others go on
+        return EXIT_OK
+    if err.say:  # type: ignore[attr-defined] - decided after the shrink: said once
+        print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+    return row.code
 
 
 def lost_outside_training(topo: comm.Topology) -> int:
