@@ -65,6 +65,9 @@ for config in $CONFIGS; do
       warmworld)  # the paper's recipe, its synchronous warm-up at SSGD's rate for the world
         run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 8 --adam-moments corrected -- \
           "${data[@]}" --bmuf-warmup-steps "$WARMUP_STEPS" --bmuf-warmup-lr world ;;
+      warmworld4)  # warmworld with blocks of 4 (speechocean762 at 16 workers: tau 8 trailed SSGD)
+        run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 4 --adam-moments corrected -- \
+          "${data[@]}" --bmuf-warmup-steps "$WARMUP_STEPS" --bmuf-warmup-lr world ;;
       tau16)
         run "$fold" "${bmuf[@]}" --beta1 0.5 --sync-period 16 --adam-moments corrected -- \
           "${data[@]}" --bmuf-warmup-steps "$WARMUP_STEPS" ;;
