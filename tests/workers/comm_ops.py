@@ -112,3 +112,6 @@ for backend in backends:
         print(f"FAIL rank {world.rank} ({backend}): {failed}", flush=True)
         sys.exit(1)
     print(f"OK rank {world.rank} {world.describe()}", flush=True)
+# The last topology and this rank, for the workers that run this one (comm_ops_spanning,
+# host_link) and read what it built.
+topo, r = world, world.rank
