@@ -116,7 +116,8 @@ class Distributed:
         self._closed = False
         # Adam's beta1 as given: a scheduler that cycles it (OneCycleLR's cycle_momentum)
         # would silently replace the recipe's (BMUF-Adam's 0.5), so a change is said once.
-        self._beta1 = [g["betas"][0] for g in optimizer.param_groups if "betas" in g]
+        self._beta1 = ([g["betas"][0] for g in optimizer.param_groups if "betas" in g]
+                       if self.algo == "bmuf" else [])  # only BMUF's recipe sets a beta1
 
     # ------------------------------------------------------------------ what it holds
     @property
@@ -196,13 +197,13 @@ class Distributed:
         now = [g["betas"][0] for g in self.optimizer.param_groups if "betas" in g]
         if now == self._beta1:
             return
-        if self.algo == "bmuf" and self.topology.rank == 0:
+        if self.topology.rank == 0:
             warnings.warn(f"the optimizer's beta1 changed from {self._beta1[0]} to {now[0]} "
                           f"after step {self.steps}: a scheduler sets it (OneCycleLR cycles "
                           "Adam's beta1 unless cycle_momentum=False), so BMUF-Adam's beta1 "
                           "is not the one given; pass cycle_momentum=False to keep it",
                           RuntimeWarning, stacklevel=3)
-        self._beta1 = []  # said (or not BMUF's concern): not checked again
+        self._beta1 = []  # said: not checked again
 
     def zero_grad(self) -> None:
         """Zero the gradients in place (``optimizer.zero_grad()`` works too, at a copy's cost)."""
