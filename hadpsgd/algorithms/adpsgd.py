@@ -168,6 +168,7 @@ class ADPSGD(Algorithm):
         """The mean of every learner's buffers at the last :meth:`sync` (``sync_buffers``)."""
         self._eval_model: nn.Module | None = None
         self._gossip_before = (0, 0)
+        self._control_before = 0
         """Gossip bytes sent and received before this algorithm was built: a failure's
         rebuilt run (:meth:`carry_bytes`) or, on rank 0 (whose log line reports them), a
         resume; the thread's own counters start at 0 in every process."""
@@ -393,11 +394,17 @@ class ADPSGD(Algorithm):
         return (before_sent + (t.bytes_sent if t else 0),
                 before_received + (t.bytes_received if t else 0))
 
+    def control_bytes(self) -> int:
+        """The pairing board's bytes across nodes: claims of neighbours (see gossip)."""
+        t = self.thread
+        return self._control_before + (t.control_bytes if t else 0)
+
     def carry_bytes(self, old: Algorithm) -> None:
-        """The gradients' counters and the gossip's (sent and received)."""
+        """The gradients' counters, the gossip's (sent and received) and the pairing's."""
         super().carry_bytes(old)
         if isinstance(old, ADPSGD):
             self._gossip_before = old.gossip_bytes()
+            self._control_before = old.control_bytes()
 
     def metrics(self) -> dict[str, float]:
         """Gossip health: exchanges per step, staleness, bytes sent, last consensus distance.
@@ -424,6 +431,7 @@ class ADPSGD(Algorithm):
         state = super().state_dict()
         state["gossip_rounds"] = self.thread.rounds if self.thread else 0
         state["gossip_wire_bytes"], state["gossip_wire_bytes_received"] = self.gossip_bytes()
+        state["gossip_control_bytes"] = self.control_bytes()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
@@ -431,6 +439,7 @@ class ADPSGD(Algorithm):
         if self.topo.rank == 0:  # the checkpoint holds rank 0's, whose log line says them
             self._gossip_before = (int(state.get("gossip_wire_bytes", 0)),
                                    int(state.get("gossip_wire_bytes_received", 0)))
+            self._control_before = int(state.get("gossip_control_bytes", 0))
 
     def close(self) -> None:
         """Finish in-flight exchanges on every super-learner, then re-align each node."""

@@ -407,6 +407,14 @@ class Algorithm:
         grads = self.gradsync.internode_bytes
         return grads, grads  # a ring receives what it sends
 
+    def control_bytes(self) -> int:
+        """Bytes of the algorithm's own control traffic this rank carried across nodes so far.
+
+        Beside :meth:`internode_bytes`' payloads: what decides who exchanges with whom
+        (ADPSGD's pairing board). None here.
+        """
+        return 0
+
     def ssgd_fp32_bytes(self, steps: int) -> int:
         """What this rank would have sent between nodes in ``steps`` steps of SSGD in fp32.
 

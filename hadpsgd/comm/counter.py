@@ -3,7 +3,12 @@
 MPI one-sided atomics (``Fetch_and_op`` / ``Get_accumulate`` under a shared ``Lock_all``)
 need no matching call on the other ranks, so a fast learner never waits for a slow one. ADPSGD
 uses them for its work-conserving data pool (each learner takes the next batch index at its
-own pace) and for its control signals (stop requests, non-finite events, the training loss).
+own pace) and for its control signals (stop requests, non-finite events, the training loss);
+its gossip pairs up on :class:`OwnedSlots`, one slot per leader in the leader's own memory, so
+that waiting for a partner reads local memory and only a claim crosses to a neighbour.
+
+Each counts the bytes its operations carry to and from another node (operands, compare
+values and returned values; not the transport's headers): ``crossing_bytes``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ class CounterReads:
     """
 
     slots: int
+    crossing_bytes: int = 0
+    """Bytes this rank's operations carried to and from slots on another node so far."""
 
     def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:
         """Atomically add ``values`` to slots ``first...`` and return the slots' old values."""
@@ -40,6 +47,17 @@ class CounterReads:
         return self.add(np.zeros(self.slots, dtype=np.int64))
 
 
+def _compare_and_swap(mpi: Any, win: Any, rank: int, slot: int, expected: int,
+                      new: int) -> int:
+    """One atomic compare-and-swap on int64 ``slot`` of ``rank``'s part of ``win``."""
+    i64 = mpi.INT64_T  # one datatype on both sides: MPI requires the same basic type
+    old = np.empty(1, dtype=np.int64)
+    win.Compare_and_swap([np.array([new], dtype=np.int64), i64],
+                         [np.array([expected], dtype=np.int64), i64], [old, i64], rank, slot)
+    win.Flush(rank)
+    return int(old[0])
+
+
 class SharedCounter(CounterReads):
     """``slots`` int64 counters in a window on rank 0 of ``comm``.
 
@@ -50,15 +68,20 @@ class SharedCounter(CounterReads):
         comm: The communicator (a private duplicate: its window belongs to this object).
         watchdog: Deadline keeper of the collective calls.
         slots: Number of counters.
+        crossing: Whether rank 0 is on another node than this rank (its operations then
+            count in :attr:`crossing_bytes`).
     """
 
-    def __init__(self, comm: Any, watchdog: Watchdog, slots: int) -> None:
+    def __init__(self, comm: Any, watchdog: Watchdog, slots: int,
+                 crossing: bool = False) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
         self.comm = comm
         self.watchdog = watchdog
         self.slots = slots
+        self.crossing = crossing
+        self.crossing_bytes = 0
         size = slots * 8 if comm.Get_rank() == 0 else 0
         self.win = MPI.Win.Allocate(size, disp_unit=8, comm=comm)
         if comm.Get_rank() == 0:
@@ -78,18 +101,16 @@ class SharedCounter(CounterReads):
             self.win.Get_accumulate([add, i64], [old, i64], 0,
                                     target=(first, add.size, i64), op=MPI.SUM)
         self.win.Flush(0)
+        if self.crossing:
+            self.crossing_bytes += 2 * add.nbytes  # the operands out, the old values back
         return old
 
     def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
         """Atomically set ``slot`` to ``new`` if it holds ``expected``; return its old value."""
-        MPI = self._mpi  # noqa: N806
-        i64 = MPI.INT64_T
-        old = np.empty(1, dtype=np.int64)
-        self.win.Compare_and_swap([np.array([new], dtype=np.int64), i64],
-                                  [np.array([expected], dtype=np.int64), i64],
-                                  [old, i64], 0, slot)
-        self.win.Flush(0)
-        return int(old[0])
+        old = _compare_and_swap(self._mpi, self.win, 0, slot, expected, new)
+        if self.crossing:
+            self.crossing_bytes += 24  # new and expected value out, the old one back
+        return old
 
     def reset(self, values: list[int] | np.ndarray) -> None:
         """Set every slot (collective: nobody updates them meanwhile)."""
@@ -100,6 +121,72 @@ class SharedCounter(CounterReads):
             self.win.Put([new, i64], 0, target=(0, new.size, i64))
             self.win.Flush(0)
         self.watchdog.wait(self.comm.Ibarrier(), "shared counter reset (leave)")
+
+    def free(self) -> None:
+        """Release the window (collective)."""
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class OwnedSlots(CounterReads):
+    """One int64 slot per rank of ``comm``, slot ``j`` in rank ``j``'s own window.
+
+    ADPSGD's pairing board (:mod:`hadpsgd.algorithms.gossip`): a leader waiting for a
+    partner reads its own slot, which is local memory and crosses no link, however long it
+    waits; only claiming a neighbour (one compare-and-swap on the neighbour's slot) crosses.
+    On one board on rank 0 every wait was a poll across the link, which on two emulated
+    hosts carried more bytes than the gossip itself (issue 57). Create it collectively;
+    :meth:`free` is collective too, every other method is one-sided.
+
+    Args:
+        comm: The communicator (a private duplicate: its window belongs to this object).
+        watchdog: Deadline keeper of the collective calls.
+        nodes: The node of each of ``comm``'s ranks (operations on a slot of another node
+            count in :attr:`crossing_bytes`); None: every other rank's is.
+    """
+
+    def __init__(self, comm: Any, watchdog: Watchdog, nodes: list[int] | None = None) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self.comm = comm
+        self.watchdog = watchdog
+        self.slots = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.nodes = list(nodes) if nodes is not None else list(range(self.slots))
+        self.crossing_bytes = 0
+        self.win = MPI.Win.Allocate(8, disp_unit=8, comm=comm)
+        np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
+        self.watchdog.wait(comm.Ibarrier(), "pairing board set-up")
+        self.win.Lock_all()
+
+    def _count(self, slot: int, nbytes: int) -> None:
+        if self.nodes[slot] != self.nodes[self.rank]:
+            self.crossing_bytes += nbytes
+
+    def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:
+        """Atomically add ``values[0]`` to slot ``first`` (one slot a call); its old value."""
+        MPI = self._mpi  # noqa: N806
+        add = np.asarray(values, dtype=np.int64)
+        if add.size != 1:
+            raise ValueError(f"OwnedSlots: one slot a call (each lives on its own rank), got "
+                             f"{add.size}")
+        old = np.empty_like(add)
+        i64 = MPI.INT64_T
+        self.win.Fetch_and_op([add, i64], [old, i64], first, 0, MPI.SUM)
+        self.win.Flush(first)
+        self._count(first, 16)
+        return old
+
+    def read(self) -> np.ndarray:
+        """Every slot (one atomic read each)."""
+        return np.array([self.get(j) for j in range(self.slots)], dtype=np.int64)
+
+    def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
+        """Atomically set ``slot`` to ``new`` if it holds ``expected``; return its old value."""
+        old = _compare_and_swap(self._mpi, self.win, slot, 0, expected, new)
+        self._count(slot, 24)
+        return old
 
     def free(self) -> None:
         """Release the window (collective)."""

@@ -83,8 +83,10 @@ class ThreadCounter(CounterReads):
     collective too, every other call is one learner's alone, as with MPI's one-sided atomics.
     """
 
-    def __init__(self, group: Group, rank: int, slots: int) -> None:
+    def __init__(self, group: Group, rank: int, slots: int, crossing: bool = False) -> None:
         self._group, self._rank, self.slots = group, rank, slots
+        self.crossing = crossing
+        self.crossing_bytes = 0
         self._state: _CounterState = _made_together(group, rank, lambda: _CounterState(slots),
                                                     "shared counter set-up")
 
@@ -94,10 +96,14 @@ class ThreadCounter(CounterReads):
         with self._state.lock:
             old = self._state.values[first:first + add.size].copy()
             self._state.values[first:first + add.size] += add
+        if self.crossing:
+            self.crossing_bytes += 2 * add.nbytes  # as SharedCounter counts
         return old
 
     def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
         """Atomically set ``slot`` to ``new`` if it holds ``expected``; its old value."""
+        if self.crossing:
+            self.crossing_bytes += 24
         with self._state.lock:
             old = int(self._state.values[slot])
             if old == expected:
@@ -115,6 +121,29 @@ class ThreadCounter(CounterReads):
     def free(self) -> None:
         """Release it (collective)."""
         self._group.meet(self._rank, None, "shared counter free")
+
+
+class ThreadSlots(ThreadCounter):
+    """A :class:`ThreadCounter` whose slot ``own`` is this member's: the others' cross nodes.
+
+    Counts the bytes :class:`~hadpsgd.comm.counter.OwnedSlots` counts for the same calls.
+    """
+
+    def __init__(self, group: Group, rank: int, slots: int, own: int) -> None:
+        super().__init__(group, rank, slots)
+        self.own = own
+        self.crossing_bytes = 0
+
+    def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:  # noqa: D102
+        old = super().add(values, first)
+        if first != self.own:
+            self.crossing_bytes += 16 * old.size
+        return old
+
+    def compare_and_swap(self, slot: int, expected: int, new: int) -> int:  # noqa: D102
+        if slot != self.own:
+            self.crossing_bytes += 24
+        return super().compare_and_swap(slot, expected, new)
 
 
 class _Mailboxes:
@@ -173,9 +202,13 @@ class ThreadPairChannel:
                                        f"within {self.watchdog.timeout} s", missing=[who])
             recv.copy_(boxes.boxes[(peer, self.rank, tag)].popleft())
 
-    def board(self, slots: int) -> ThreadCounter:
-        """Shared counters over the channel's members (collective over the channel)."""
-        return ThreadCounter(self._group, self._world_rank, slots)
+    def board(self, slots: int) -> ThreadSlots:
+        """A pairing board, one slot per member (collective over the channel).
+
+        Like :class:`~hadpsgd.comm.counter.OwnedSlots`, it counts an operation on another
+        member's slot as crossing nodes.
+        """
+        return ThreadSlots(self._group, self._world_rank, slots, own=self.rank)
 
     def start_barrier(self) -> _Arrival:
         """Begin a non-blocking barrier over the channel."""

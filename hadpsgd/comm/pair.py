@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hadpsgd.comm.counter import SharedCounter
+from hadpsgd.comm.counter import OwnedSlots
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.hostlink import HostLink
 from hadpsgd.comm.mpi import MPI_NATIVE
@@ -119,9 +119,16 @@ class PairChannel:
         if rhost is not None:
             self._landed = _from_host(rhost, recv)
 
-    def board(self, slots: int) -> SharedCounter:
-        """Shared counters over this channel's ranks (collective over the channel)."""
-        return SharedCounter(self.comm.Dup(), self.watchdog, slots)
+    def board(self, slots: int) -> OwnedSlots:
+        """A pairing board: one slot per rank of the channel, in that rank's own memory.
+
+        Collective over the channel. ``slots`` must be the channel's size (one per
+        super-learner); each rank of the channel is a node of its own.
+        """
+        if slots != self.size:
+            raise ValueError(f"a pairing board has one slot per rank of the channel "
+                             f"({self.size}), got {slots}")
+        return OwnedSlots(self.comm.Dup(), self.watchdog)
 
     def start_barrier(self) -> PairRequest:
         """Begin a non-blocking barrier over the channel."""

@@ -178,8 +178,11 @@ class ThreadWorld:
         return None
 
     def shared_counter(self, slots: int) -> ThreadCounter:
-        """Counters every learner updates alone (collective: every learner makes it)."""
-        return ThreadCounter(self._job.world, self.rank, slots)
+        """Counters every learner updates alone (collective: every learner makes it).
+
+        As the MPI world's, on rank 0: another node's operations count as crossing nodes.
+        """
+        return ThreadCounter(self._job.world, self.rank, slots, crossing=self.node != 0)
 
     # -- objects and meetings
     def barrier(self) -> None:

@@ -479,9 +479,13 @@ class Topology:
                             max(8, int(piece_mb * 2**20)))
 
     def shared_counter(self, slots: int) -> SharedCounter:
-        """Counters every learner updates one-sidedly (collective: every rank calls it)."""
+        """Counters every learner updates one-sidedly (collective: every rank calls it).
+
+        They live on rank 0: a rank of another node counts its operations' bytes as
+        crossing nodes (``crossing_bytes``).
+        """
         return SharedCounter(self._track(*self._dup("shared counter", self.comm))[0],
-                             self.watchdog, slots)
+                             self.watchdog, slots, crossing=self.node != 0)
 
     def _dup(self, what: str, *comms: Any) -> list[Any]:
         """Duplicates of ``comms``, each a blocking collective under the deadline."""

@@ -26,7 +26,7 @@ from hadpsgd.train.graphs import GraphedForward
 from hadpsgd.train.metrics import MetricsWriter
 from hadpsgd.train.plan import EpochPlan
 from hadpsgd.train.pooled import PooledPlan
-from hadpsgd.train.progress import Progress, internode_line, on_terminal
+from hadpsgd.train.progress import ByteCount, Progress, internode_line, on_terminal
 from hadpsgd.train.schedule import LRSchedule, set_lr
 from hadpsgd.train.shards import PART_KEY, write_sharded
 from hadpsgd.train.snapshot import (
@@ -305,13 +305,21 @@ class Trainer:
         """Train to the end (all epochs or ``max_steps``); returns the held-out history.
 
         Rank 0 ends with the bytes it sent and received across nodes, per trained frame and
-        against SSGD in fp32 (:func:`~hadpsgd.train.progress.internode_line`).
+        against SSGD in fp32, and every rank's together, payload and control (pairing, data
+        pool) apart (:func:`~hadpsgd.train.progress.internode_line`); the totals also go
+        into ``metrics.jsonl`` (a ``bytes`` record).
         """
         history = self._run()
-        if self.topo.rank == 0 and self.pos.global_step:
+        control = self.algo.control_bytes() + self._plan_bytes + self.plan.control_bytes()
+        mine = ByteCount(*self.algo.internode_bytes(), control)
+        counts = self.topo.gather_object(mine, root=0)  # every rank: the world's total
+        if self.topo.rank == 0 and self.pos.global_step and counts is not None:
             frames = self.pos.global_step * self.opts.batch_size * self.train_set.chunk_len
-            print(f"[hadpsgd] {internode_line(self.algo, self.pos.global_step, frames)}",
-                  flush=True)
+            total = ByteCount.total(counts)
+            line = internode_line(self.algo, self.pos.global_step, frames, mine, total)
+            print(f"[hadpsgd] {line}", flush=True)
+            self.metrics.write("bytes", self.pos.global_step, ranks=len(counts),
+                               **total.record("world_"), **mine.record("rank0_"))
         return history
 
     def _run(self) -> list[EvalResult]:
@@ -445,6 +453,8 @@ class Trainer:
 
     def _use_plan(self, plan: EpochPlan) -> None:
         """Draw batches as ``plan`` hands them out (its sampler under the loader)."""
+        old = getattr(self, "plan", None)
+        self._plan_bytes = getattr(self, "_plan_bytes", 0) + (old.control_bytes() if old else 0)
         self.plan = plan
         self.sampler = plan.sampler
         self.recorder = Recorder(self.sampler)

@@ -236,5 +236,9 @@ class EpochPlan:
         self.sampler.set_trained(trained_chunks(state, self.sampler.num_chunks))
         pos.step_in_epoch = 0
 
+    def control_bytes(self) -> int:
+        """Bytes this rank's data plan carried across nodes so far (none: the shards are local)."""
+        return 0
+
     def close(self) -> None:
         """Release what the plan holds (collective for the pooled plan)."""

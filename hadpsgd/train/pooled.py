@@ -124,6 +124,7 @@ class PooledPlan(EpochPlan):
         super().__init__(sampler, opts, agree)
         self.topo = topo
         self.pool: SharedCounter | None = pool
+        self._spent = 0  # the pool's crossing bytes once it is freed
         self.control_point = control
         self.metrics = metrics
         self.algo_metrics = algo_metrics
@@ -305,8 +306,13 @@ class PooledPlan(EpochPlan):
         self.pool_next = 0
         self.order = None
 
+    def control_bytes(self) -> int:
+        """The pool's operations from another node than rank 0's: tickets, signals (bytes)."""
+        return self._spent + (self.pool.crossing_bytes if self.pool is not None else 0)
+
     def close(self) -> None:
         """Release the shared data pool (collective)."""
         if self.pool is not None:
+            self._spent += self.pool.crossing_bytes
             self.pool.free()
             self.pool = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from hadpsgd import env
@@ -41,24 +42,56 @@ def byte_text(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def internode_line(algo: Algorithm, steps: int, frames: int) -> str:
+@dataclass(frozen=True)
+class ByteCount:
+    """Bytes across nodes: payloads sent and received, and control (both ways together)."""
+
+    sent: int
+    received: int
+    control: int = 0
+    """What decides who exchanges what with whom: ADPSGD's pairing board and data pool."""
+
+    @staticmethod
+    def total(counts: list[ByteCount]) -> ByteCount:
+        """Every rank's together."""
+        return ByteCount(sum(c.sent for c in counts), sum(c.received for c in counts),
+                         sum(c.control for c in counts))
+
+    def record(self, prefix: str) -> dict[str, int]:
+        """The figures for a metrics record, keys prefixed."""
+        return {f"{prefix}internode_bytes": self.sent,
+                f"{prefix}internode_bytes_received": self.received,
+                f"{prefix}control_bytes": self.control}
+
+
+def internode_line(algo: Algorithm, steps: int, frames: int, mine: ByteCount | None = None,
+                   everyone: ByteCount | None = None) -> str:
     """The run's inter-node traffic as this rank counts it, per trained frame and against SSGD.
 
     Args:
         algo: The algorithm (:meth:`~hadpsgd.algorithms.Algorithm.internode_bytes`).
         steps: Steps taken (the reference: SSGD in fp32 for as many steps).
         frames: Frames this rank trained in them (positions of its batches).
+        mine: This rank's count (default: the algorithm's payloads, no control).
+        everyone: Every rank's together, said after this rank's where given.
     """
-    sent, received = algo.internode_bytes()
+    mine = mine or ByteCount(*algo.internode_bytes())
+    sent, received = mine.sent, mine.received
     ssgd = algo.ssgd_fp32_bytes(steps)
+    control = f" (and {byte_text(mine.control)} of control)" if mine.control else ""
     head = (f"inter-node bytes of this rank after {steps} steps: {byte_text(sent)} sent, "
-            f"{byte_text(received)} received")
+            f"{byte_text(received)} received{control}")
     if ssgd == 0:  # one node: SSGD would send nothing between nodes either
         return head + " (one node: nothing crosses nodes)"
     per = max(frames, 1)
     ratio = f"{ssgd / sent:.1f}x fewer" if sent else "none"
-    return (f"{head}; per trained frame {sent / per:.3g} sent, {received / per:.3g} received; "
+    line = (f"{head}; per trained frame {sent / per:.3g} sent, {received / per:.3g} received; "
             f"SSGD in fp32 would have sent {ssgd / per:.3g} a frame: {ratio}")
+    if everyone is not None:
+        line += (f"; all ranks: {byte_text(everyone.sent)} sent, "
+                 f"{byte_text(everyone.received)} received, {byte_text(everyone.control)} of "
+                 f"control (pairing, data pool)")
+    return line
 
 
 class Progress:

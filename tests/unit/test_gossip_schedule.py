@@ -142,3 +142,57 @@ def test_the_default_graph_is_exponential_and_the_ring_for_choco():
     assert graph("--wire", "topk", "--gossip-graph", "exponential") == "exponential"
     with pytest.raises(ConfigError, match="--gossip-graph must be one of ring, exponential"):
         ADPSGDOptions(gossip_graph="torus")
+
+
+class CountingBoard(Board):
+    """A board that counts, by caller, the operations on another leader's slot (what crosses
+    nodes when each slot lives in its own leader's memory, as OwnedSlots does)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.remote = collections.Counter()
+        self.callers: dict[int, int] = {}
+
+    def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
+        me = self.callers[threading.get_ident()]
+        if slot != me:
+            self.remote[me] += 1
+        return super().compare_and_swap(slot, expected, new)
+
+    def get(self, slot: int) -> int:
+        me = self.callers[threading.get_ident()]
+        if slot != me:
+            self.remote[me] += 1
+        return super().get(slot)
+
+
+def test_waiting_for_a_slow_neighbour_crosses_no_link():
+    """Issue 57: on one board on rank 0 a waiting leader polled across the link every 2 ms at
+    most, more bytes than the gossip's. With every slot in its own leader's memory, a leader
+    that waits 0.4 s for its only neighbour reads only its own slot: a pairing costs the
+    claims of the newcomer, a handful, not one a poll."""
+    n = 2
+    board = CountingBoard(n)
+    threads = [GossipThread(torch.zeros(3), threading.Lock(), Channel(i, n, board))
+               for i in range(n)]
+    rounds = 5
+    got: dict[int, list[int | None]] = collections.defaultdict(list)
+
+    def work(i: int) -> None:
+        board.callers[threading.get_ident()] = i
+        for _ in range(rounds):
+            if i == 0:
+                time.sleep(0.08)  # the slow one: its neighbour waits on the board meanwhile
+            got[i].append(threads[i]._pair())
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(20)
+        assert not w.is_alive(), "a pairing never happened"
+    assert got[0] == [1] * rounds and got[1] == [0] * rounds
+    # 0.4 s of waiting at <= 2 ms a poll was >= 200 remote reads; now the claims alone: at
+    # most one a round for the newcomer (the slow one) and one for the first try of the other.
+    assert sum(board.remote.values()) <= 3 * rounds, board.remote
+    assert board.remote[1] <= rounds + 1  # the waiter: at most its own first tries

@@ -1,0 +1,166 @@
+"""Every byte on the link: the main command on two emulated hosts, link counters beside the run's.
+
+Each configuration runs ``python -m hadpsgd.run`` twice on two emulated hosts
+(:class:`benchmarks._common.netns.TwoHosts`: two network namespaces, MPI over TCP through a
+veth pair), at a short and a long ``--max-steps``. The bytes the pair's queues sent (both
+directions, ``tc -s``) are read around each run, so the link's figure holds everything that
+crossed: payload, ADPSGD's pairing and its data pool, control, start-up, evaluation. The
+difference of the two runs, over the difference of their steps, is the link's bytes a step
+(start-up and the end's evaluation cancel); the long run is the whole run. Beside them the
+run's own count (its final ``metrics.jsonl`` record, summed over every rank), so a user sees
+whether what hadpsgd reports is what the link carries. Ratios against SSGD fp32 measured in
+the same invocation. Usage::
+
+    python -m benchmarks.training.link [--configs ssgd bmuf-sign hadpsgd-topk] \
+        [--steps 80 240] [--rate 1gbit] [--json out.json] [-- extra hadpsgd.run flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common.launch import ROOT, bench_env, emit
+from benchmarks._common.netns import TwoHosts
+
+CONFIGS: dict[str, list[str]] = {
+    "ssgd": ["--algo", "ssgd"],
+    "bmuf": ["--algo", "bmuf"],
+    "bmuf-sign": ["--algo", "bmuf", "--wire", "sign"],
+    "hadpsgd": ["--algo", "adpsgd"],
+    "hadpsgd-topk": ["--algo", "adpsgd", "--wire", "topk"],
+    "adpsgd-topk": ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1"],
+}
+"""The runs, by name: flags of ``hadpsgd.run``. Each host is a node (2 ranks a host), so
+``hadpsgd*`` is H-ADPSGD of 2 super-learners x 2 and ``adpsgd-topk`` flat ADPSGD of 4 (two
+pairs of them on each host, so some of its exchanges never reach the link)."""
+
+
+def _counted(out_dir: Path) -> dict[str, float]:
+    """The run's own count: its ``bytes`` record (every rank's together, and rank 0's)."""
+    for line in reversed((out_dir / "metrics.jsonl").read_text().splitlines()):
+        record = json.loads(line)
+        if record.get("kind") == "bytes":
+            return {k: float(v) for k, v in record.items() if k.endswith("bytes")
+                    or k.endswith("bytes_received")}
+    return {}
+
+
+def run_one(hosts: TwoHosts, flags: list[str], steps: int, nprocs: int,
+            timeout: float) -> dict[str, Any]:
+    """One run of the main command: seconds, link bytes both ways, the run's own figures."""
+    with tempfile.TemporaryDirectory(prefix="hadpsgd-link-") as tmp:
+        argv = [sys.executable, "-m", "hadpsgd.run", *flags, "--max-steps", str(steps),
+                "--out-dir", tmp, "--no-progress"]
+        env = {**bench_env(nprocs), "HADPSGD_TIMEOUT": "120"}
+        before = hosts.link_bytes()
+        start = time.perf_counter()
+        res = subprocess.run(hosts.mpirun(nprocs, argv), capture_output=True, text=True,
+                             timeout=timeout, env=env, cwd=ROOT)
+        seconds = time.perf_counter() - start
+        after = hosts.link_bytes()
+        if res.returncode != 0:
+            raise SystemExit(f"{' '.join(flags)} --max-steps {steps} failed "
+                             f"({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        lines = [s for s in res.stdout.splitlines() if "inter-node bytes" in s]
+        return {"steps": steps, "seconds": seconds,
+                "link_bytes": sum(after) - sum(before),
+                "link_bytes_each_way": [a - b for a, b in zip(after, before, strict=True)],
+                "counted": _counted(Path(tmp)), "last_line": lines[-1] if lines else ""}
+
+
+def measure(name: str, flags: list[str], hosts: TwoHosts, steps: tuple[int, int],
+            nprocs: int, timeout: float) -> dict[str, Any]:
+    """A configuration's row: per step from the two runs' difference, whole run from the long."""
+    short, long = (run_one(hosts, flags, s, nprocs, timeout) for s in steps)
+    span = long["steps"] - short["steps"]
+    def both_ways(run: dict[str, Any]) -> float:
+        # A byte between two ranks is one rank's "sent" and the other's "received": the
+        # link carries it once, so the world's sent plus control is what crossed.
+        c = run["counted"]
+        return c.get("world_internode_bytes", 0.0) + c.get("world_control_bytes", 0.0)
+
+    return {"config": name, "flags": flags,
+            "link_per_step": (long["link_bytes"] - short["link_bytes"]) / span,
+            "link_whole_run": long["link_bytes"],
+            "counted_per_step": (both_ways(long) - both_ways(short)) / span,
+            "counted_whole_run": both_ways(long),
+            "control_per_step": (long["counted"].get("world_control_bytes", 0.0)
+                                 - short["counted"].get("world_control_bytes", 0.0)) / span,
+            "counted": long["counted"], "runs": [short, long]}
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's bytes against SSGD's (per step and whole run), link and counted."""
+    ref = next((r for r in rows if r["config"] == "ssgd"), None)
+    for r in rows:
+        for key in ("link_per_step", "link_whole_run", "counted_per_step"):
+            r[f"ssgd_over_{key}"] = (ref[key] / r[key] if ref is not None and r[key] > 0
+                                     else None)
+        r["link_over_counted"] = (r["link_per_step"] / r["counted_per_step"]
+                                  if r["counted_per_step"] > 0 else None)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The stdout table: one line per configuration."""
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.0f}x" if x >= 10 else f"{x:.2f}x"
+
+    lines = [f"{'config':<14} {'link B/step':>12} {'vs ssgd':>8} {'counted B/step':>15} "
+             f"{'of it control':>13} {'link/counted':>12} {'link, run':>12} {'vs ssgd':>8}"]
+    for r in rows:
+        lines.append(f"{r['config']:<14} {r['link_per_step']:>12,.0f} "
+                     f"{ratio(r['ssgd_over_link_per_step']):>8} "
+                     f"{r['counted_per_step']:>15,.0f} {r['control_per_step']:>13,.0f} "
+                     f"{ratio(r['link_over_counted']):>12} "
+                     f"{r['link_whole_run']:>12,.0f} {ratio(r['ssgd_over_link_whole_run']):>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every configuration on two emulated hosts; print the table and the JSON record."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", nargs="+", default=["ssgd", "bmuf-sign", "hadpsgd-topk"],
+                   choices=sorted(CONFIGS))
+    p.add_argument("--steps", type=int, nargs=2, default=[80, 240], metavar=("SHORT", "LONG"))
+    p.add_argument("--rate", default="1gbit", help="the link's rate each way (tc units)")
+    p.add_argument("--delay", default=None, help="one-way latency through tc netem, e.g. 25ms")
+    p.add_argument("--preset", default="small")
+    p.add_argument("-n", "--ranks", type=int, default=4, help="ranks, half on each host")
+    p.add_argument("--json", type=Path, help="also write the JSON record here")
+    p.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
+    a = p.parse_args(argv)
+    if a.steps[1] <= a.steps[0]:
+        p.error("--steps SHORT LONG: LONG must be more than SHORT")
+    rows = []
+    with TwoHosts(rate=a.rate, delay=a.delay) as hosts:
+        for name in a.configs:
+            flags = [*CONFIGS[name], "--preset", a.preset, *extra]
+            rows.append(measure(name, flags, hosts, (a.steps[0], a.steps[1]), a.ranks,
+                                a.timeout))
+            print(f"# {name}: {rows[-1]['runs'][1]['last_line']}", flush=True)
+    add_ratios(rows)
+    print(f"{a.ranks} ranks on two emulated hosts ({a.rate}"
+          f"{', ' + a.delay + ' each way' if a.delay else ''}), --preset {a.preset}, "
+          f"runs of {a.steps[0]} and {a.steps[1]} steps {' '.join(extra)}")
+    print(table(rows))
+    emit({"benchmark": "link", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+          "cpus": os.cpu_count(), "rate": a.rate, "delay": a.delay, "steps": a.steps,
+          "extra": extra, "rows": rows}, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
