@@ -44,12 +44,15 @@ pairs of them on each host, so some of its exchanges never reach the link)."""
 
 
 def _counted(out_dir: Path) -> dict[str, float]:
-    """The run's own count: its ``bytes`` record (every rank's together, and rank 0's)."""
+    """The run's own count: its ``bytes`` record (every rank's together, and rank 0's).
+
+    With ``steps``: the steps the run took (a run whose data ends first stops there).
+    """
     for line in reversed((out_dir / "metrics.jsonl").read_text().splitlines()):
         record = json.loads(line)
         if record.get("kind") == "bytes":
             return {k: float(v) for k, v in record.items() if k.endswith("bytes")
-                    or k.endswith("bytes_received")}
+                    or k.endswith("bytes_received") or k == "step"}
     return {}
 
 
@@ -57,8 +60,9 @@ def run_one(hosts: TwoHosts, flags: list[str], steps: int, nprocs: int,
             timeout: float) -> dict[str, Any]:
     """One run of the main command: seconds, link bytes both ways, the run's own figures."""
     with tempfile.TemporaryDirectory(prefix="hadpsgd-link-") as tmp:
-        argv = [sys.executable, "-m", "hadpsgd.run", *flags, "--max-steps", str(steps),
-                "--out-dir", tmp, "--no-progress"]
+        # Epochs enough for --max-steps to end it, whatever the data's size.
+        argv = [sys.executable, "-m", "hadpsgd.run", "--epochs", "1000", *flags,
+                "--max-steps", str(steps), "--out-dir", tmp, "--no-progress"]
         env = {**bench_env(nprocs), "HADPSGD_TIMEOUT": "120"}
         before = hosts.link_bytes()
         start = time.perf_counter()
@@ -70,10 +74,14 @@ def run_one(hosts: TwoHosts, flags: list[str], steps: int, nprocs: int,
             raise SystemExit(f"{' '.join(flags)} --max-steps {steps} failed "
                              f"({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
         lines = [s for s in res.stdout.splitlines() if "inter-node bytes" in s]
+        counted = _counted(Path(tmp))
+        if counted.get("step", steps) != steps:  # (a version without the record: unchecked)
+            raise SystemExit(f"{' '.join(flags)} ended at step {counted.get('step')}, not "
+                             f"{steps}: give it more data or --epochs")
         return {"steps": steps, "seconds": seconds,
                 "link_bytes": sum(after) - sum(before),
                 "link_bytes_each_way": [a - b for a, b in zip(after, before, strict=True)],
-                "counted": _counted(Path(tmp)), "last_line": lines[-1] if lines else ""}
+                "counted": counted, "last_line": lines[-1] if lines else ""}
 
 
 def measure(name: str, flags: list[str], hosts: TwoHosts, steps: tuple[int, int],

@@ -25,7 +25,7 @@ from torch import nn
 from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP
 from hadpsgd.algorithms.gossip import GRAPHS, GossipThread
-from hadpsgd.algorithms.gradsync import GradCheck
+from hadpsgd.algorithms.gradsync import GradCheck, internode_share
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.algorithms.registry import register
 from hadpsgd.cli import ConfigError
@@ -166,6 +166,12 @@ class ADPSGD(Algorithm):
         """The replicas' average at the last :meth:`sync` (what is evaluated and deployed)."""
         self._average_buffers: list[torch.Tensor] | None = None
         """The mean of every learner's buffers at the last :meth:`sync` (``sync_buffers``)."""
+        self._synced_at: tuple[int, int] | None = None
+        """This learner's (steps, closed) at the last :meth:`sync`."""
+        self._changed = torch.zeros(1, dtype=torch.float64)
+        self.sync_bytes = 0
+        """Bytes this rank sent across nodes averaging the replicas (evaluation, checkpoints):
+        a ring receives as much."""
         self._eval_model: nn.Module | None = None
         self._gossip_before = (0, 0)
         self._control_before = 0
@@ -330,18 +336,34 @@ class ADPSGD(Algorithm):
         A global collective, but the replicas are left as they are: the paper has no global
         averaging, and writing the average back would add it. A delta still in flight is
         applied at the learner's next step, as usual.
+
+        The average crosses nodes in fp32 (one model, as an SSGD step's gradients), so it is
+        taken again only where a replica changed since the last: an epoch's end evaluates,
+        then checkpoints, and the run's end finishes, evaluates and checkpoints, all of the
+        same replicas. Whether any changed is agreed first (8 bytes): one learner may have
+        stepped where another did not, and all must take the same collectives.
         """
         self._check_thread()
-        if self._average is None:
+        # The replica changes at a step (its update, the gossip's delta) and when closing.
+        now = (self.steps, int(self._closed))
+        if self._average is not None:
+            self._changed.fill_(0.0 if now == self._synced_at else 1.0)
+            if float(self.topo.allreduce_(self._changed, op="sum")) == 0.0:
+                return  # nobody's replica changed: the average and distance stand
+        else:
             self._average = torch.empty_like(self.flat)
         with self.lock:
             self._average.copy_(self.flat)
         self.topo.allreduce_(self._average, op="avg")
         dist = (self.flat - self._average).double().pow(2).sum().reshape(1)
         self.consensus_distance = float(self.topo.allreduce_(dist, op="avg").sqrt())
+        nbytes = self._average.nbytes
         if self.syncs_buffers:
             self._average_buffers = self.buffers.copy()
             self.buffers.mean("world", self._average_buffers)
+            nbytes += sum(b.nbytes for b in self._average_buffers)
+        self.sync_bytes += internode_share(nbytes, self.topo)
+        self._synced_at = now
 
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:
@@ -378,14 +400,16 @@ class ADPSGD(Algorithm):
         yield self._eval_model
 
     def internode_bytes(self) -> tuple[int, int]:
-        """Bytes sent and received across nodes: the gradients' and the gossip's.
+        """Bytes sent and received across nodes: the gradients', the gossip's, the averages'.
 
         The gradients cross no node (a super-learner is one node); the gossip's payloads and
-        flags do (only a leader gossips).
+        flags do (only a leader gossips), and so does every rank's share of the replicas'
+        average for evaluation and checkpoints (:attr:`sync_bytes`).
         """
         sent, received = super().internode_bytes()
         gossip_sent, gossip_received = self.gossip_bytes()
-        return sent + gossip_sent, received + gossip_received
+        return (sent + gossip_sent + self.sync_bytes,
+                received + gossip_received + self.sync_bytes)
 
     def gossip_bytes(self) -> tuple[int, int]:
         """The gossip's bytes sent and received across nodes over the whole run."""
@@ -405,6 +429,7 @@ class ADPSGD(Algorithm):
         if isinstance(old, ADPSGD):
             self._gossip_before = old.gossip_bytes()
             self._control_before = old.control_bytes()
+            self.sync_bytes = old.sync_bytes
 
     def metrics(self) -> dict[str, float]:
         """Gossip health: exchanges per step, staleness, bytes sent, last consensus distance.
@@ -432,14 +457,17 @@ class ADPSGD(Algorithm):
         state["gossip_rounds"] = self.thread.rounds if self.thread else 0
         state["gossip_wire_bytes"], state["gossip_wire_bytes_received"] = self.gossip_bytes()
         state["gossip_control_bytes"] = self.control_bytes()
+        state["average_bytes"] = self.sync_bytes
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
         super().load_state_dict(state)
+        self._synced_at = None  # loaded weights: the next sync averages them
         if self.topo.rank == 0:  # the checkpoint holds rank 0's, whose log line says them
             self._gossip_before = (int(state.get("gossip_wire_bytes", 0)),
                                    int(state.get("gossip_wire_bytes_received", 0)))
             self._control_before = int(state.get("gossip_control_bytes", 0))
+            self.sync_bytes = int(state.get("average_bytes", 0))
 
     def close(self) -> None:
         """Finish in-flight exchanges on every super-learner, then re-align each node."""
