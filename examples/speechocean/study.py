@@ -78,6 +78,11 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-tau4": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--sync-period", "4"]),
     "bmuf-clip2": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--max-grad-norm", "2"]),
     "bmuf-clip05": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--max-grad-norm", "0.5"]),
+    # The sign recipe's gap (issue 57), taken apart: its tau 40 with fp32 deltas, and its
+    # sign code at the default tau 8.
+    "bmuf-tau40": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--sync-period", "40"]),
+    "bmuf-sign-tau8": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node", "1",
+                              "--sync-period", "8"]),
     # BMUF-Adam's gap at 16 workers: its recipe's tau 8 against tau 4 (as SGD's fix).
     "bmuf-adam-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
                               "--bmuf-warmup-steps", "36", "--sync-period", "4"]),
