@@ -46,7 +46,7 @@ pairs of them on each host, so some of its exchanges never reach the link)."""
 def _counted(out_dir: Path) -> dict[str, float]:
     """The run's own count: its ``bytes`` record (every rank's together, and rank 0's).
 
-    With ``steps``: the steps the run took (a run whose data ends first stops there).
+    With it the ``step`` the run ended at (a run whose data ends first stops there).
     """
     for line in reversed((out_dir / "metrics.jsonl").read_text().splitlines()):
         record = json.loads(line)

@@ -174,10 +174,11 @@ class ADPSGD(Algorithm):
         a ring receives as much."""
         self._eval_model: nn.Module | None = None
         self._gossip_before = (0, 0)
-        self._control_before = 0
         """Gossip bytes sent and received before this algorithm was built: a failure's
         rebuilt run (:meth:`carry_bytes`) or, on rank 0 (whose log line reports them), a
         resume; the thread's own counters start at 0 in every process."""
+        self._control_before = 0
+        """The pairing's control bytes before this algorithm was built (as above)."""
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
         # rank makes it, the leaders use it.

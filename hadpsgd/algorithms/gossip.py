@@ -315,7 +315,7 @@ class GossipThread(threading.Thread):
     @property
     def control_bytes(self) -> int:
         """Bytes of the pairing's board operations that crossed nodes (claims of neighbours)."""
-        return int(getattr(self.board, "crossing_bytes", 0))
+        return int(self.board.crossing_bytes)
 
     def _exchange(self, p: int, apply_now: bool) -> None:
         """Swap snapshots with partner ``p`` and publish (or apply) the delta."""

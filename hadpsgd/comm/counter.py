@@ -29,6 +29,21 @@ class CounterReads:
     slots: int
     crossing_bytes: int = 0
     """Bytes this rank's operations carried to and from slots on another node so far."""
+    crossing: bool = False
+    """Whether the slots are on another node than this rank (rank 0's window)."""
+
+    def crosses(self, slot: int) -> bool:
+        """Whether an operation on ``slot`` crosses nodes (here: all of them or none)."""
+        return self.crossing
+
+    def tally(self, slot: int, values: int, compare: bool = False) -> None:
+        """Count an operation on ``values`` slots from ``slot`` if it crosses nodes.
+
+        Its operands go out and the old values come back, 8 bytes each; a compare-and-swap
+        sends its expected value too. Not the transport's headers.
+        """
+        if self.crosses(slot):
+            self.crossing_bytes += 8 * values * (3 if compare else 2)
 
     def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:
         """Atomically add ``values`` to slots ``first...`` and return the slots' old values."""
@@ -101,15 +116,13 @@ class SharedCounter(CounterReads):
             self.win.Get_accumulate([add, i64], [old, i64], 0,
                                     target=(first, add.size, i64), op=MPI.SUM)
         self.win.Flush(0)
-        if self.crossing:
-            self.crossing_bytes += 2 * add.nbytes  # the operands out, the old values back
+        self.tally(first, add.size)
         return old
 
     def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
         """Atomically set ``slot`` to ``new`` if it holds ``expected``; return its old value."""
         old = _compare_and_swap(self._mpi, self.win, 0, slot, expected, new)
-        if self.crossing:
-            self.crossing_bytes += 24  # new and expected value out, the old one back
+        self.tally(slot, 1, compare=True)
         return old
 
     def reset(self, values: list[int] | np.ndarray) -> None:
@@ -138,14 +151,15 @@ class OwnedSlots(CounterReads):
     hosts carried more bytes than the gossip itself (issue 57). Create it collectively;
     :meth:`free` is collective too, every other method is one-sided.
 
+    Every rank of ``comm`` is a node of its own (the pair channel's super-learners): an
+    operation on another rank's slot counts in :attr:`crossing_bytes`.
+
     Args:
         comm: The communicator (a private duplicate: its window belongs to this object).
         watchdog: Deadline keeper of the collective calls.
-        nodes: The node of each of ``comm``'s ranks (operations on a slot of another node
-            count in :attr:`crossing_bytes`); None: every other rank's is.
     """
 
-    def __init__(self, comm: Any, watchdog: Watchdog, nodes: list[int] | None = None) -> None:
+    def __init__(self, comm: Any, watchdog: Watchdog) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -153,16 +167,15 @@ class OwnedSlots(CounterReads):
         self.watchdog = watchdog
         self.slots = comm.Get_size()
         self.rank = comm.Get_rank()
-        self.nodes = list(nodes) if nodes is not None else list(range(self.slots))
         self.crossing_bytes = 0
         self.win = MPI.Win.Allocate(8, disp_unit=8, comm=comm)
         np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
         self.watchdog.wait(comm.Ibarrier(), "pairing board set-up")
         self.win.Lock_all()
 
-    def _count(self, slot: int, nbytes: int) -> None:
-        if self.nodes[slot] != self.nodes[self.rank]:
-            self.crossing_bytes += nbytes
+    def crosses(self, slot: int) -> bool:
+        """Whether ``slot`` is another rank's (every rank a node of its own)."""
+        return slot != self.rank
 
     def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:
         """Atomically add ``values[0]`` to slot ``first`` (one slot a call); its old value."""
@@ -175,7 +188,7 @@ class OwnedSlots(CounterReads):
         i64 = MPI.INT64_T
         self.win.Fetch_and_op([add, i64], [old, i64], first, 0, MPI.SUM)
         self.win.Flush(first)
-        self._count(first, 16)
+        self.tally(first, 1)
         return old
 
     def read(self) -> np.ndarray:
@@ -185,7 +198,7 @@ class OwnedSlots(CounterReads):
     def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
         """Atomically set ``slot`` to ``new`` if it holds ``expected``; return its old value."""
         old = _compare_and_swap(self._mpi, self.win, slot, 0, expected, new)
-        self._count(slot, 24)
+        self.tally(slot, 1, compare=True)
         return old
 
     def free(self) -> None:

@@ -96,14 +96,12 @@ class ThreadCounter(CounterReads):
         with self._state.lock:
             old = self._state.values[first:first + add.size].copy()
             self._state.values[first:first + add.size] += add
-        if self.crossing:
-            self.crossing_bytes += 2 * add.nbytes  # as SharedCounter counts
+        self.tally(first, add.size)  # as SharedCounter counts
         return old
 
     def compare_and_swap(self, slot: int, expected: int, new: int) -> int:
         """Atomically set ``slot`` to ``new`` if it holds ``expected``; its old value."""
-        if self.crossing:
-            self.crossing_bytes += 24
+        self.tally(slot, 1, compare=True)
         with self._state.lock:
             old = int(self._state.values[slot])
             if old == expected:
@@ -132,18 +130,10 @@ class ThreadSlots(ThreadCounter):
     def __init__(self, group: Group, rank: int, slots: int, own: int) -> None:
         super().__init__(group, rank, slots)
         self.own = own
-        self.crossing_bytes = 0
 
-    def add(self, values: list[int] | np.ndarray, first: int = 0) -> np.ndarray:  # noqa: D102
-        old = super().add(values, first)
-        if first != self.own:
-            self.crossing_bytes += 16 * old.size
-        return old
-
-    def compare_and_swap(self, slot: int, expected: int, new: int) -> int:  # noqa: D102
-        if slot != self.own:
-            self.crossing_bytes += 24
-        return super().compare_and_swap(slot, expected, new)
+    def crosses(self, slot: int) -> bool:
+        """Whether ``slot`` is another member's."""
+        return slot != self.own
 
 
 class _Mailboxes:

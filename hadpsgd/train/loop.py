@@ -152,6 +152,8 @@ class Trainer:
             reference=math.log(classes) if classes > 1 else None,
             what=f"the loss of a uniform guess over the {classes} classes (ln {classes} = "
                  f"{math.log(max(classes, 2)):.3g}, where training starts)")
+        self._plan_bytes = 0
+        """Control bytes of the data plans this run has closed (ADPSGD's pool)."""
         # Asynchronous algorithms (ADPSGD) take batches from one shared pool at their own
         # pace; the synchronous ones keep the deterministic shards (exact resume, equivalence).
         self._use_plan(self._plan(
@@ -453,8 +455,6 @@ class Trainer:
 
     def _use_plan(self, plan: EpochPlan) -> None:
         """Draw batches as ``plan`` hands them out (its sampler under the loader)."""
-        old = getattr(self, "plan", None)
-        self._plan_bytes = getattr(self, "_plan_bytes", 0) + (old.control_bytes() if old else 0)
         self.plan = plan
         self.sampler = plan.sampler
         self.recorder = Recorder(self.sampler)
@@ -470,6 +470,7 @@ class Trainer:
         the pool's order, so that its slots are still each trained once.
         """
         if not self.plan.meets:
+            self._plan_bytes += self.plan.control_bytes()
             self.plan.close()
             self._use_plan(self._plan(True))
 
