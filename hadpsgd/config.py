@@ -162,6 +162,10 @@ class OptimConfig:
     """Adam beta2."""
     warmup_epochs: int = 1
     """Epochs of linear warm-up to the scaled rate (the paper uses 10 of 16); 0 disables."""
+    gradual_warmup: bool = True
+    """Where the first warm-up epoch's scaled rate is above --lr (a global batch above
+    --base-batch), climb to it step by step from --lr through that epoch (Goyal et al.'s
+    gradual warm-up; 16 x 32 chunks at 2.0 from the first step diverged on speechocean762)."""
     anneal: float = 1 / math.sqrt(2)
     """Factor applied to the rate each epoch after warm-up (the paper's 1/sqrt(2))."""
     max_grad_norm: float = 0.0

@@ -93,7 +93,7 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
     # The recipe scales with the batch behind one optimizer update, which the algorithm knows.
     schedule = LRSchedule(cfg.optim.lr, cfg.optim.base_batch,
                           algo.update_batch(cfg.train.batch_size),
-                          cfg.optim.warmup_epochs, cfg.optim.anneal)
+                          cfg.optim.warmup_epochs, cfg.optim.anneal, cfg.optim.gradual_warmup)
     return Trainer(dist, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
                    metrics, config={**to_dict(cfg), resume_data.IDENTITY_KEY: data_identity})
 

@@ -160,7 +160,8 @@ class Trainer:
             self.algo.asynchronous and topo.num_nodes > 1 and topo.equal_nodes))
         self._trace: ChunkTrace | None = None
         self.lr = 0.0
-        """The learning rate of the current epoch (set by :meth:`start_epoch`)."""
+        """The learning rate of the current step (set by :meth:`start_epoch`, and each step of
+        a gradual start)."""
         # A bad HADPSGD_FAULT is a setup error (exit 2), not a failure at the first step.
         self._inject = faults.active()
         self._step_wait = env.emulated_step_s(topo.rank)
@@ -397,8 +398,7 @@ class Trainer:
     def start_epoch(self) -> Progress:
         """Set the epoch's learning rate and data order; the epoch's progress reporter."""
         epoch = self.pos.epoch
-        self.lr = self.schedule.lr(epoch)
-        set_lr(self.algo.optimizer, self.lr)
+        self._climb_to(self.pos.step_in_epoch)
         self.algo.model.train()
         self.recorder.handed.clear()
         return Progress(self.algo, self.metrics,
@@ -406,6 +406,11 @@ class Trainer:
                         len(self.sampler), self.pos.step_in_epoch, f"epoch {epoch}",
                         bar=self.opts.progress and self.topo.rank == 0 and on_terminal(),
                         lines=self.topo.rank == 0)
+
+    def _climb_to(self, step_in_epoch: int) -> None:
+        """Set the rate of the epoch's step ``step_in_epoch`` (the schedule's gradual start)."""
+        self.lr = self.schedule.lr_at(self.pos.epoch, step_in_epoch / max(len(self.sampler), 1))
+        set_lr(self.algo.optimizer, self.lr)
 
     def train_step(self, feats: Any, labels: Any, step: int, trace_step: int) -> float:
         """One forward/backward/algorithm step of this learner; returns its loss."""
@@ -498,10 +503,13 @@ class Trainer:
         plan, opts, pos = self.plan, self.opts, self.pos
         plan.begin(pos)
         progress = self.start_epoch()
+        climbing = pos.epoch == 0 and self.schedule.climbs
         while (batches := plan.segment(pos, self.loader)) is not None:
             trained = 0
             for feats, labels in batches:
                 step, trace_key = plan.locate(pos)
+                if climbing:
+                    self._climb_to(pos.step_in_epoch)
                 loss = self.train_step(feats, labels, step, trace_key)
                 trained += 1
                 count = plan.stepped(pos, loss)

@@ -235,3 +235,30 @@ def test_ranks_started_with_different_options_are_refused(tiny_data, tmp_path):
     assert res.stderr.count("the ranks were started with different options: rank 1 has "
                             "--lr 0.9 (rank 0 has 0.5)") == 1, res.output[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_large_batch_climbs_from_the_base_rate_step_by_step_and_resumes_on_the_climb(
+        tiny_data, tmp_path):
+    # Global batch 16 at --base-batch 4: the scaled rate 4 x 0.05 = 0.2. Goyal et al.'s
+    # gradual warm-up starts at the base batch's 0.05 and reaches 0.2 at the end of the
+    # first epoch; the next epoch anneals from 0.2. A run stopped on the climb and resumed
+    # steps at the same rates as one that never stopped.
+    def run(out, *extra):
+        assert_ok(run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                              str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out),
+                              "--no-progress", "--log-every", "1", "--epochs", "2",
+                              "--batch-size", "8", "--base-batch", "4", "--lr", "0.05",
+                              *extra]))
+        return {m["step"]: (m["epoch"], round(m["lr"], 12))
+                for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "train"}
+
+    whole = run(tmp_path / "whole")
+    first = [lr for epoch, lr in whole.values() if epoch == 0]
+    steps = len(first)
+    assert steps >= 3
+    # step k of n trains at 0.05 + 0.15 k / n (k from 0): rising, below the peak
+    assert first == pytest.approx([0.05 + 0.15 * k / steps for k in range(steps)])
+    assert all(lr == pytest.approx(0.2 / 2**0.5) for epoch, lr in whole.values() if epoch == 1)
+    out = tmp_path / "stopped"
+    run(out, "--max-steps", "2")
+    assert run(out, "--resume", "auto", "--max-steps", "0") == whole
