@@ -559,7 +559,11 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     # The chosen algorithm's recipe fills options the user left out (BMUF: BMUF-Adam).
     algo = getattr(ns, "algo", TrainConfig.algo)
     if algo in algorithms.names():
-        for name, value in algorithms.get(algo).Options.recipe(vars(ns)).items():
+        try:
+            recipe = algorithms.get(algo).Options.recipe(vars(ns))
+        except ConfigError as err:
+            parser.error(str(err))
+        for name, value in recipe.items():
             setattr(ns, name, value)
     try:
         cfg = from_namespace(RunConfig, ns)

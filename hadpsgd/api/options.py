@@ -98,7 +98,7 @@ def build_options(entry: AlgoSpec, values: Mapping[str, Any],
         options = entry.options(**values)
         options.check_read(values)  # a keyword the chosen wire never reads: not ignored
     except ConfigError as err:
-        raise _in_keywords(err, entry) from None
+        raise in_keywords(err, entry) from None
     return options
 
 
@@ -119,13 +119,17 @@ def _check_type(algo: str, name: str, value: Any, hint: Any) -> None:
         raise OptionError(name, f"{algo} option {name} must be {wanted}, got {value!r}")
 
 
-def _in_keywords(err: ConfigError, entry: AlgoSpec) -> OptionError:
-    """The dataclass's message with its flags as the keywords a Python caller wrote."""
+def in_keywords(err: ConfigError, entry: AlgoSpec, prefix: bool = True) -> OptionError:
+    """The dataclass's message with its flags as the keywords a Python caller wrote.
+
+    ``prefix``: start it with ``<algorithm> option`` (a message about one option's value).
+    """
     by_flag = {flag(option_name(f)): f.name for f in dataclasses.fields(entry.options)}
     message = str(err)
     found = [by_flag[m] for m in _FLAG.findall(message) if m in by_flag]
     text = _FLAG.sub(lambda m: by_flag.get(m.group(0), m.group(0)), message)
-    return OptionError(found[0] if found else "options", f"{entry.name} option {text}")
+    return OptionError(found[0] if found else "options",
+                       f"{entry.name} option {text}" if prefix else text)
 
 
 def check_shared(precision: str, max_grad_norm: float, overlap: bool | str,
@@ -189,4 +193,4 @@ def check_optimizer(model: nn.Module, optimizer: Any) -> None:
 
 
 __all__ = ["SHARED_OPTIONS", "OptionError", "algorithm_spec", "build_options", "check_device",
-           "check_layout", "check_optimizer", "check_shared"]
+           "check_layout", "check_optimizer", "check_shared", "in_keywords"]

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from hadpsgd.algorithms.registry import AlgoSpec
-from hadpsgd.cli import option_name
+from hadpsgd.api.options import in_keywords
+from hadpsgd.cli import ConfigError, option_name
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
@@ -60,7 +61,11 @@ def resolve_recipe(entry: AlgoSpec, optimizer: torch.optim.Optimizer,
     clip: Any = 0.0 if max_grad_norm is None else max_grad_norm  # its type: check_shared
     filled: dict[str, Any] = {}
     notes: list[str] = []
-    for key, value in entry.options.recipe(given).items():
+    try:
+        recipe = entry.options.recipe(given)
+    except ConfigError as err:  # in the keywords a Python caller wrote
+        raise in_keywords(err, entry, prefix=False) from None
+    for key, value in recipe.items():
         if key in field_of:
             out[field_of[key]] = value
             filled[field_of[key]] = value

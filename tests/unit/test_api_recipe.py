@@ -87,3 +87,37 @@ def test_optimizer_kind_of_a_subclass_is_its_torch_base():
     p = [nn.Parameter(torch.zeros(1))]
     assert optimizer_kind(MySGD(p, lr=0.1)) == "sgd"
     assert optimizer_kind(torch.optim.AdamW(p)) == "adamw"
+
+
+@pytest.mark.parametrize("wire", ["sign", "int4", "topk"])
+def test_bmuf_adam_on_a_wire_below_8_bits_is_refused_in_each_callers_words(wire, capsys):
+    # Issue 57: a user's CTC model lost 19 WER points to SSGD with Adam on the sign wire;
+    # no measured recipe, so the run stops before any work, naming the ways on.
+    with pytest.raises(SystemExit) as stop:
+        parse_config(["--algo", "bmuf", "--optimizer", "adam", "--wire", wire])
+    assert stop.value.code == 2
+    said = capsys.readouterr().err
+    assert f"BMUF with adam on --wire {wire} has no measured recipe" in said
+    assert "--adam-moments" in said and "--wire int8 or fp32" in said
+    with pytest.raises(hadpsgd.OptionError) as err:
+        _dist("adamw", wire=wire)
+    assert f"on wire {wire} has no measured recipe" in str(err.value)
+    assert "give adam_moments (corrected" in str(err.value)  # the keyword, not the flag
+    assert "--" not in str(err.value).split("SSGD")[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--optimizer", "adam", "--wire", "int8"],  # 8 bits a value: BMUF-Adam's recipe holds
+    ["--optimizer", "adam", "--wire", "sign", "--adam-moments", "local"],  # chosen
+    ["--optimizer", "adam", "--wire", "sign", "--adam-moments", "corrected"],
+    ["--optimizer", "sgd", "--wire", "sign"],  # the SGD slow-link recipe
+])
+def test_what_bmuf_adam_on_a_wire_still_runs(argv):
+    assert parse_config(["--algo", "bmuf", *argv]).algo_options().wire == argv[3]
+    values = {"wire": argv[3]}
+    if "--adam-moments" in argv:
+        values["adam_moments"] = argv[-1]
+    opt = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[argv[1]](
+        nn.Linear(2, 2).parameters(), lr=0.1)
+    out, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt, values, None)
+    assert out["wire"] == argv[3]

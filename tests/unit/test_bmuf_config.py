@@ -118,7 +118,8 @@ def test_int4_wire_takes_its_tested_block_length():
     assert options("--wire", "sign").sync_period == 40  # 1,196x at SSGD's WER on FSDD
     assert options("--wire", "int4", "--sync-period", "8").sync_period == 8  # the user's wins
     assert options("--wire", "topk").sync_period is None  # topk's best tested: the default
-    assert options("--wire", "int4", "--optimizer", "adam").sync_period is None  # SGD only
+    assert options("--wire", "int4", "--optimizer", "adam", "--adam-moments",  # SGD only
+                   "corrected").sync_period is None
     assert "--sync-period 32" in parse_config(["--algo", "bmuf", "--wire", "int4"]).recipe_note()
 
 
