@@ -66,6 +66,10 @@ def reorder(order: list[int] | None, start: int, trained: set[int],
     return new, sum(1 for s in done if s < slots)
 
 
+LOSS_CAP = 1e7
+"""The largest loss a learner posts to the shared mean (see :meth:`_Signals.post`)."""
+
+
 class _Signals:
     """This learner's side of the shared control counters (adds only what is new)."""
 
@@ -88,7 +92,11 @@ class _Signals:
         nonfinite = len(self.control.nonfinite) - self.sent_nonfinite
         self.sent_nonfinite = len(self.control.nonfinite)
         value = float(loss)
-        micro = int(round(value * 1e6)) if log and np.isfinite(value) else 0
+        # In millionths in an int64 counter that adds every learner's posts of the run: a
+        # finite loss of a diverging run (4,946 and climbing, then 1e20) would overflow it
+        # and end the job with a traceback before the divergence guard could say so. Capped
+        # at 1e7, far above any --max-loss-ratio limit, it still trips the guard.
+        micro = int(round(min(value, LOSS_CAP) * 1e6)) if log and np.isfinite(value) else 0
         old = self.pool.add([stop, nonfinite, micro, 1 if micro else 0], first=SLOT_STOP)
         stops = int(old[0]) + stop
         total_nonfinite = int(old[1]) + nonfinite
