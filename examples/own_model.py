@@ -209,6 +209,8 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--save", help="write a checkpoint here at the end")
     parser.add_argument("--resume", help="continue from a checkpoint written by --save")
+    parser.add_argument("--run-dir", help="keep config.json and metrics.jsonl here, as the "
+                        "CLI's --out-dir (python -m hadpsgd.plot RUN_DIR draws them)")
     args = parser.parse_args()
 
     topo = hadpsgd.init()  # HADPSGD_RANKS_PER_NODE emulates nodes on one machine
@@ -223,12 +225,14 @@ def main() -> None:
     options = {"sync_period": args.sync_period} if args.algo == "bmuf" else {}
 
     with hadpsgd.Distributed(model, optimizer, args.algo, topology=topo,
-                             precision=args.precision, **options) as dist:
+                             precision=args.precision, run_dir=args.run_dir,
+                             log_every=args.log_every, **options) as dist:
         sampler = dist.sampler(len(train), args.batch_size, seed=args.seed)
         loader = DataLoader(train, batch_sampler=sampler, collate_fn=as_is)
         if args.resume:
             dist.load_state_dict(torch.load(args.resume, weights_only=True)["hadpsgd"])
         first = heldout_loss(dist, heldout)
+        dist.record_eval(first)  # into --run-dir's metrics.jsonl (nothing without one)
         start = time.perf_counter()
         for epoch in range(sampler.epoch, args.epochs):
             sampler.set_epoch(epoch)  # ADPSGD's learners meet here (they end epochs apart)
@@ -247,6 +251,7 @@ def main() -> None:
                           "nodes", flush=True)
         dist.finish()  # BMUF: the last partial block into the global model
         last = heldout_loss(dist, heldout)
+        dist.record_eval(last)
         if args.save:
             # Collective. A small model: rank 0's dict holds every node's part, one file.
             # A large one: state_dict() (each node's own part), saved by every node leader.

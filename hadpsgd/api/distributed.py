@@ -15,6 +15,7 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -31,7 +32,8 @@ from hadpsgd.api.options import (
     check_optimizer,
     check_shared,
 )
-from hadpsgd.api.recipe import resolve_recipe
+from hadpsgd.api.recipe import optimizer_kind, resolve_recipe
+from hadpsgd.api.rundir import RunDirectory, api_config
 from hadpsgd.api.samplers import Sampler, make_sampler
 from hadpsgd.api.setup import init, install_error_hooks
 from hadpsgd.api.state import collect, node_part, option_changes
@@ -64,6 +66,10 @@ class Distributed:
         grad_wire: ``fp32`` or ``bf16``: what a gradient bucket is on the wire.
         options: The algorithm's options already built (``BMUFOptions(sync_period=8)``, or
             a run configuration's), instead of keywords.
+        run_dir: Where rank 0 keeps the run's ``config.json`` and ``metrics.jsonl``, as the
+            CLI's ``--out-dir`` (:mod:`hadpsgd.api.rundir`): ``python -m hadpsgd.plot
+            run_dir`` draws it. None: nothing is written.
+        log_every: Steps between ``train`` records in ``run_dir``.
         **option_values: The algorithm's own options by name (``sync_period=8`` for BMUF:
             the fields of its ``Options`` dataclass, :class:`hadpsgd.algorithms.BMUFOptions`,
             :class:`hadpsgd.algorithms.ADPSGDOptions`); every algorithm has
@@ -86,7 +92,8 @@ class Distributed:
                  *, topology: World | None = None, precision: str = "fp32",
                  max_grad_norm: float | None = None, overlap: bool | str = "auto",
                  grad_bucket_mb: float = DEFAULT_GRAD_BUCKET_MB, grad_wire: str = "fp32",
-                 options: AlgoOptions | None = None, **option_values: Any) -> None:
+                 options: AlgoOptions | None = None, run_dir: str | Path | None = None,
+                 log_every: int = 10, **option_values: Any) -> None:
         if topology is None:
             # init() below would install them, but a refusal comes before it: said once too.
             install_error_hooks()
@@ -111,6 +118,12 @@ class Distributed:
             grad_wire=grad_wire)
         """The algorithm itself (the same object the CLI's loop drives), for what is not here."""
         self.topology = topo
+        self.run_dir: RunDirectory | None = None if run_dir is None else RunDirectory(
+            run_dir, topo, api_config(
+                algo, opts, optimizer, optimizer_kind(optimizer), topo,
+                {"precision": precision, "max_grad_norm": max_grad_norm, "overlap": overlap,
+                 "grad_bucket_mb": grad_bucket_mb, "grad_wire": grad_wire}), log_every)
+        """The run directory's writer (``run_dir=``), or None."""
         self._sampler: Sampler | None = None
         self._sampler_state: dict[str, Any] | None = None  # loaded before sampler() was made
         self._closed = False
@@ -186,6 +199,10 @@ class Distributed:
             self._check_beta1()
         if self._sampler is not None:
             self._sampler.stepped()
+        if self.run_dir is not None:
+            groups = self.optimizer.param_groups
+            self.run_dir.stepped(self.steps, result.loss,
+                                 float(groups[0]["lr"]) if groups else None, self.metrics)
         if self.topology.size > 1:
             # What this rank answers a peer whose collective times out waiting for it.
             self.topology.now_doing(f"in the training script after step {self.steps} "
@@ -322,6 +339,26 @@ class Distributed:
                 self._sampler.load_state_dict(state["sampler"])
             else:
                 self._sampler_state = state["sampler"]
+        if self.run_dir is not None:
+            self.run_dir.resumed(self.steps)
+
+    def record_eval(self, loss: float, accuracy: float | None = None,
+                    **values: float) -> None:
+        """Add an ``eval`` record to ``run_dir``'s ``metrics.jsonl`` (rank 0; no-op without).
+
+        The CLI's names, so that ``python -m hadpsgd.plot`` draws the held-out curves:
+        ``heldout_loss`` and ``heldout_acc``, at this learner's step count. Call it on every
+        rank or on rank 0 alone (it communicates nothing).
+
+        Args:
+            loss: The held-out loss (e.g. from :meth:`evaluation_model`).
+            accuracy: The held-out accuracy, if the script has one.
+            **values: Any other figures to keep with it (``wer=12.5``).
+        """
+        if self.run_dir is None:
+            return
+        extra = {} if accuracy is None else {"heldout_acc": float(accuracy)}
+        self.run_dir.write("eval", self.steps, heldout_loss=float(loss), **extra, **values)
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
@@ -332,6 +369,8 @@ class Distributed:
         self.algorithm.close()
         if self._sampler is not None:
             self._sampler.close()
+        if self.run_dir is not None:
+            self.run_dir.close()
 
     def __enter__(self) -> Distributed:
         return self

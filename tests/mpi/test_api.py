@@ -6,11 +6,13 @@ Kept to five launches (about a minute on 2 busy cores): one job runs every algor
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
 import pytest
 
+from hadpsgd.train.metrics import read_metrics
 from tests._mpi import ROOT, assert_ok, run_mpi, run_worker
 
 pytestmark = pytest.mark.mpi
@@ -39,12 +41,23 @@ def test_a_learner_that_stops_stepping_is_named_within_the_deadline():
 
 
 @pytest.mark.parametrize("algo", ["ssgd", "bmuf", "adpsgd"])
-def test_the_example_trains_its_own_model(algo, tiny_data):
+def test_the_example_trains_its_own_model(algo, tiny_data, tmp_path):
+    out = tmp_path / "run"
     res = run_mpi(4, [str(ROOT / "examples" / "own_model.py"), "--algo", algo,
                       "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
-                      "--epochs", "2"],
+                      "--epochs", "2", "--run-dir", str(out), "--log-every", "2"],
                   env=TWO_NODES)
     assert_ok(res)
     found = re.search(r"held-out CTC loss ([\d.]+) -> ([\d.]+)", res.stdout)
     assert found, res.output[-4000:]
     assert float(found[2]) < 0.8 * float(found[1]), found[0]
+    # What the API run left behind (issue 60): rank 0's records only, plot's names.
+    config = json.loads((out / "config.json").read_text())
+    assert config["train"]["algo"] == algo and config["world"] == {
+        "size": 4, "nodes": 2, "ranks_per_node": 2}
+    records = read_metrics(out / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    assert train and all(r["step"] % 2 == 0 and "internode_bytes" in r for r in train)
+    assert len({r["step"] for r in train}) == len(train)  # one writer: no step twice
+    heldout = [r["heldout_loss"] for r in records if r["kind"] == "eval"]
+    assert heldout == pytest.approx([float(found[1]), float(found[2])], abs=1e-4)
