@@ -45,8 +45,29 @@ class Curves:
     """The held-out frame accuracy of every evaluation."""
     speech_acc: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
     """The frame accuracy on speech frames, where the held-out file names silence classes."""
+    internode_bytes: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """Bytes rank 0 sent to other nodes so far, at every training record that says them."""
+    seconds: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """Seconds since the first record, at every training record (from its ``time``)."""
     events: list[Event] = field(default_factory=list)
     """Resumes and survived failures, in order."""
+
+    def bytes_at(self, step: int) -> float | None:
+        """The bytes sent across nodes by ``step``: the last count at or before it.
+
+        0 at step 0 (before training nothing was sent); None where no count precedes it.
+        """
+        steps, values = self.internode_bytes
+        known = [v for s, v in zip(steps, values, strict=True) if s <= step]
+        if known:
+            return known[-1]
+        return 0.0 if step == 0 else None
+
+    def loss_against_bytes(self) -> tuple[list[float], list[float]]:
+        """The held-out losses against the bytes sent across nodes by their step."""
+        pairs = [(self.bytes_at(s), v) for s, v in zip(*self.heldout_loss, strict=True)]
+        kept = [(b, v) for b, v in pairs if b is not None]
+        return [b for b, _ in kept], [v for _, v in kept]
 
     @property
     def empty(self) -> bool:
@@ -82,11 +103,16 @@ def curves_of(records: list[dict[str, Any]]) -> Curves:
     """The curves of ``records`` (a ``metrics.jsonl`` read by :func:`read_metrics`)."""
     kept, events = _current(records)
     out = Curves(events=events)
+    start = next((r["time"] for r in kept if _number(r.get("time")) is not None), None)
     for rec in kept:
         step = rec["step"]
         pairs = []
         if rec.get("kind") == "train":
-            pairs = [(out.train_loss, rec.get("loss"))]
+            since = (rec["time"] - start if start is not None
+                     and _number(rec.get("time")) is not None else None)
+            pairs = [(out.train_loss, rec.get("loss")),
+                     (out.internode_bytes, rec.get("internode_bytes")),
+                     (out.seconds, since)]
         elif rec.get("kind") == "eval":
             pairs = [(out.heldout_loss, rec.get("heldout_loss")),
                      (out.heldout_acc, rec.get("heldout_acc")),

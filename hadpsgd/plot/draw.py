@@ -8,7 +8,7 @@ from typing import Any
 
 from hadpsgd.plot.curves import Curves
 
-_EVENT_STYLE = {"resume": ("tab:gray", "--"), "failure": ("tab:red", ":")}
+EVENT_STYLE = {"resume": ("tab:gray", "--"), "failure": ("tab:red", ":")}
 """Colour and line style of the vertical line that marks each kind of event."""
 
 
@@ -40,7 +40,7 @@ def pyplot() -> Any:
 def _mark_events(ax: Any, curves: Curves, labelled: set[str]) -> None:
     """A vertical line at every resume and failure (each kind in the legend once)."""
     for event in curves.events:
-        colour, style = _EVENT_STYLE.get(event.kind, ("black", "--"))
+        colour, style = EVENT_STYLE.get(event.kind, ("black", "--"))
         label = None
         if event.kind not in labelled:
             labelled.add(event.kind)
@@ -57,18 +57,9 @@ def draw(curves: Curves, out: Path, title: str) -> Path:
         FigureNotWritten: If the file cannot be written, naming it.
     """
     plt = pyplot()
-    out = Path(out)
-    if out.is_dir():
-        raise ValueError(f"{out} is a directory; name the image file to write "
-                         f"({out / 'plot.png'})")
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7.0, 6.0))
     try:
-        fmt = out.suffix[1:].lower()
-        if fmt not in fig.canvas.get_supported_filetypes():
-            # matplotlib would add ".png" to a name without a suffix and write another file
-            # than the one named (and printed).
-            raise ValueError(f"{out}: its suffix names no image format matplotlib writes; "
-                             "name a .png file (or .pdf, .svg)")
+        check_out(fig, Path(out))
         steps, values = curves.train_loss
         if steps:
             top.plot(steps, values, color="tab:blue", linewidth=1.0, alpha=0.8,
@@ -100,18 +91,47 @@ def draw(curves: Curves, out: Path, title: str) -> Path:
                         transform=bottom.transAxes, color="gray")
         bottom.grid(alpha=0.3)
         fig.tight_layout()
-        # Under a temporary name, renamed when complete: a viewer (or a plot made while the
-        # run goes on) never finds half a file under the figure's name.
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(tmp, dpi=110, format=fmt)
-            os.replace(tmp, out)
-        except OSError as err:
-            raise FigureNotWritten(f"cannot write {out} ({err.strerror or err}); choose "
-                                   "another --out") from None
-        finally:
-            tmp.unlink(missing_ok=True)
+        return save(fig, Path(out))
     finally:
         plt.close(fig)
+
+
+def check_out(fig: Any, out: Path) -> str:
+    """The image format ``out`` names; refuses a directory or a suffix of no format.
+
+    Raises:
+        ValueError: Naming ``out`` and the fix.
+    """
+    if out.is_dir():
+        raise ValueError(f"{out} is a directory; name the image file to write "
+                         f"({out / 'plot.png'})")
+    fmt = out.suffix[1:].lower()
+    if fmt not in fig.canvas.get_supported_filetypes():
+        # matplotlib would add ".png" to a name without a suffix and write another file than
+        # the one named (and printed).
+        raise ValueError(f"{out}: its suffix names no image format matplotlib writes; name a "
+                         ".png file (or .pdf, .svg)")
+    return fmt
+
+
+def save(fig: Any, out: Path) -> Path:
+    """Write ``fig`` to ``out`` whole (see :func:`check_out`); returns ``out``.
+
+    Raises:
+        ValueError: For a directory or a suffix of no format.
+        FigureNotWritten: If the file cannot be written, naming it.
+    """
+    fmt = check_out(fig, out)
+    # Under a temporary name, renamed when complete: a viewer (or a plot made while the run
+    # goes on) never finds half a file under the figure's name.
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, dpi=110, format=fmt)
+        os.replace(tmp, out)
+    except OSError as err:
+        raise FigureNotWritten(f"cannot write {out} ({err.strerror or err}); choose another "
+                               "--out") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return out

@@ -70,3 +70,40 @@ def test_lab_plots_given_a_run_directory_draws_the_run(tmp_path, capsys):
     seen = capsys.readouterr()
     assert "is a run directory" in seen.err and "python -m hadpsgd.plot" in seen.err
     assert (run / "plot.png").is_file() and not (run / "plots").exists()
+
+
+def test_several_runs_are_compared_by_step_bytes_and_time(tmp_path, capsys):
+    # Issue 60: a slow-link user compares runs by the bytes they sent between nodes.
+    from hadpsgd.plot import plot_runs
+    from hadpsgd.train.metrics import read_metrics
+
+    def run(name: str, per_step: float) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"train": {"algo": name},
+                                                   "world": {"size": 4}}))
+        recs = [{"kind": "eval", "step": 0, "time": 100.0, "heldout_loss": 4.0}]
+        for step in (10, 20, 30, 40):
+            recs.append({"kind": "train", "step": step, "time": 100.0 + step, "loss": 3.0,
+                         "internode_bytes": per_step * step})
+            if step % 20 == 0:
+                recs.append({"kind": "eval", "step": step, "time": 100.5 + step,
+                             "heldout_loss": 4.0 - step / 20})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return d
+
+    ssgd, bmuf = run("ssgd", 1e6), run("bmuf", 1e3)
+    curves = curves_of(read_metrics(bmuf / "metrics.jsonl"))
+    # each held-out loss at the bytes sent by its step; step 0: nothing sent yet
+    assert curves.loss_against_bytes() == ([0.0, 20e3, 40e3], [4.0, 3.0, 2.0])
+    assert curves.seconds == ([10, 20, 30, 40], [10.0, 20.0, 30.0, 40.0])
+    pytest.importorskip("matplotlib")
+    out = plot_runs([ssgd, bmuf], tmp_path / "c.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([str(ssgd), str(bmuf), "--out", str(tmp_path / "d.png")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "d.png")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "metrics.jsonl").write_text("")
+    assert main([str(ssgd), str(empty), "--out", str(tmp_path / "e.png")]) == 2
+    assert "empty/metrics.jsonl has no training or held-out record" in capsys.readouterr().err
