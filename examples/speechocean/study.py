@@ -240,6 +240,10 @@ def load_rows(runs: Path) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+DIVERGED = "train exit 4"
+"""A cell whose run stopped itself on a diverged or non-finite loss (hadpsgd's exit 4)."""
+
+
 def report(rows: list[dict[str, Any]]) -> str:
     """The markdown table: WER by seed, mean ± standard error, paired against SSGD."""
     ok = [r for r in rows if r.get("status") == "ok"]
@@ -248,12 +252,18 @@ def report(rows: list[dict[str, Any]]) -> str:
            "mean ± s.e.) | held-out loss by epoch (seed 0) | MiB between nodes a rank | "
            "frames/s |", "|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in ok:
-        groups.setdefault((r["config"], r["workers"]), []).append(r)
+    for r in rows:  # finished cells and diverged ones (exit 4: the run stopped itself)
+        if r.get("status") in ("ok", DIVERGED):
+            groups.setdefault((r["config"], r["workers"]), []).append(r)
     order = list(CONFIGS)
-    for (config, workers), rs in sorted(groups.items(),
-                                        key=lambda kv: (kv[0][1], order.index(kv[0][0]))):
-        rs.sort(key=lambda r: r["seed"])
+    for (config, workers), every in sorted(groups.items(),
+                                           key=lambda kv: (kv[0][1], order.index(kv[0][0]))):
+        every.sort(key=lambda r: r["seed"])
+        rs = [r for r in every if r["status"] == "ok"]
+        if not rs:
+            out.append(f"| {config} | {workers} | {' / '.join('diverged' for _ in every)} | "
+                       "— | — | — | — | — |")
+            continue
         wers = [r["wer"] for r in rs]
         diffs = [r["wer"] - ssgd[(workers, r["seed"])] for r in rs
                  if (workers, r["seed"]) in ssgd]
@@ -261,7 +271,9 @@ def report(rows: list[dict[str, Any]]) -> str:
         mib = statistics.mean(r["internode_bytes"] for r in rs) / 2**20
         fps = statistics.mean(r["frames_per_s"] or 0 for r in rs)
         vs = "—" if config == "ssgd" or not diffs else f"{_mean_se(diffs, signed=True)}"
-        out.append(f"| {config} | {workers} | {' / '.join(f'{w:.1f}' for w in wers)} | "
+        by_seed = " / ".join(f"{r['wer']:.1f}" if r["status"] == "ok" else "diverged"
+                             for r in every)
+        out.append(f"| {config} | {workers} | {by_seed} | "
                    f"{_mean_se(wers)} | {vs} | {loss} | {mib:,.1f} | {fps:,.0f} |")
     return "\n".join(out)
 

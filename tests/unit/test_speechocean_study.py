@@ -77,6 +77,15 @@ def test_rows_resume_from_the_last_line_of_a_cell_and_the_report_pairs_by_seed(t
     assert f"+2.00 ± {se:.2f}" in bmuf and "57.00 ±" in bmuf and "53.0 / 61.0" in bmuf
     ssgd = next(line for line in table.splitlines() if line.startswith("| ssgd |"))
     assert "| — |" in ssgd and "| 1.0 |" in ssgd
+    # A run that stopped itself (exit 4) is a result, said as such; a crash is not.
+    rows += [row("adpsgd", 0, 0.0, study.DIVERGED), row("adpsgd", 1, 0.0, study.DIVERGED),
+             row("hadpsgd", 0, 0.0, study.DIVERGED), row("hadpsgd", 1, 58.0),
+             row("single", 0, 0.0, "train exit 1")]
+    lines = study.report(rows).splitlines()
+    assert "| adpsgd | 4 | diverged / diverged | — |" in "\n".join(lines)
+    hadpsgd = next(line for line in lines if line.startswith("| hadpsgd |"))
+    assert "| diverged / 58.0 | 58.00 (1 seed) |" in hadpsgd
+    assert not any(line.startswith("| single |") for line in lines)
 
 
 def test_an_unknown_configuration_or_a_missing_build_is_refused(tmp_path, capsys):
