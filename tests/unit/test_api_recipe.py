@@ -43,6 +43,20 @@ def test_sgd_takes_the_measured_sgd_recipe_not_bmuf_adams(capsys):
     assert "worker_lr='global'" in err and "max_grad_norm=1.0" in err
 
 
+def test_bmuf_adams_recipe_line_says_what_a_sync_sends(capsys):
+    # Issue 57: "one model average every tau steps" hid that Adam's syncs carry 3 models.
+    for note in (parse_config(["--algo", "bmuf", "--optimizer", "adam"]).recipe_note(),
+                 _said(capsys, "adam")):
+        assert "sends the model and both of Adam's moment buffers, 3 models every tau" in note
+    assert "moment buffers" not in parse_config(["--algo", "bmuf"]).recipe_note()
+
+
+def _said(capsys, optimizer: str) -> str:
+    capsys.readouterr()
+    _dist(optimizer)
+    return capsys.readouterr().err
+
+
 def test_adam_takes_the_papers_recipe_and_says_beta1(capsys):
     dist = _dist("adam")
     assert dist.options == BMUFOptions() and dist.algorithm.max_grad_norm == 0.0

@@ -9,7 +9,7 @@ gives the flag (``warmup_steps`` is ``--bmuf-warmup-steps``, see :func:`hadpsgd.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +190,20 @@ class BMUFOptions(WireOptions):
             if tau is not None:
                 out["sync_period"] = tau
         return {k: v for k, v in out.items() if k not in given}
+
+    @classmethod
+    def recipe_line(cls, algo: str, optimizer: str, filled: Mapping[str, Any],
+                    spell: Callable[[str, Any], str]) -> str | None:
+        """The recipe's line; with Adam's corrected moments it also says what a sync sends.
+
+        Every block sync of BMUF-Adam carries the model and both moment buffers: 3x
+        SGD-BMUF's bytes, which "one model average every tau steps" would hide (issue 57).
+        """
+        line = super().recipe_line(algo, optimizer, filled, spell)
+        if line is None or filled.get("adam_moments") != "corrected":
+            return line
+        return (f"{line}; each block sync sends the model and both of Adam's moment buffers, "
+                "3 models every tau steps (tau 8 up to 8 workers, fewer above)")
 
     @classmethod
     def refuse_adam_on_a_lossy_wire(cls, given: Mapping[str, Any]) -> None:
