@@ -53,6 +53,36 @@ def optimizer_settings(optimizer: Any) -> dict[str, Any]:
     return {k: _plain(v) for k, v in first.items() if k != "params"}
 
 
+def drop_torn_tail(path: Path) -> None:
+    """Cut a record that a killed run left half-written at the end of ``path``.
+
+    Records are whole lines, each flushed on its own; a last line without its newline is a
+    write the run did not finish. Appending after it would glue the next record onto it.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        # Find the last newline from the end, in blocks (records are short).
+        pos = size
+        while pos > 0:
+            start = max(0, pos - 4096)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                fh.truncate(start + cut + 1)
+                return
+            pos = start
+        fh.truncate(0)
+
+
 class RunDirectory:
     """The run directory of a :class:`hadpsgd.Distributed` (rank 0 writes it).
 
@@ -84,6 +114,7 @@ class RunDirectory:
             return
         self.path.mkdir(parents=True, exist_ok=True)
         metrics = self.path / METRICS_FILE
+        drop_torn_tail(metrics)  # a script killed mid-write: the next record starts clean
         earlier = metrics.is_file() and metrics.stat().st_size > 0
         (self.path / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n",
                                              encoding="utf-8")
@@ -140,4 +171,5 @@ def api_config(algo: str, options: Any, optimizer: Any, kind: str, topo: World,
                       "ranks_per_node": topo.local_size}}
 
 
-__all__ = ["CONFIG_FILE", "METRICS_FILE", "RunDirectory", "api_config", "optimizer_settings"]
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "RunDirectory", "api_config", "drop_torn_tail",
+           "optimizer_settings"]

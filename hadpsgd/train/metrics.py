@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hadpsgd.api.rundir import drop_torn_tail
+
 
 class MetricsWriter:
     """Appends one JSON object per record to ``metrics.jsonl``; mirrors scalars to TensorBoard.
@@ -27,7 +29,7 @@ class MetricsWriter:
         self._fh = None
         if not enabled:
             return
-        _drop_torn_tail(self.path)
+        drop_torn_tail(self.path)
         self._fh = self.path.open("a", encoding="utf-8")
         if tensorboard:
             try:
@@ -73,36 +75,6 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a record that a killed run left half-written at the end of ``path``.
-
-    Records are whole lines, each flushed on its own; a last line without its newline is a
-    write the run did not finish. Appending after it would glue the next record onto it.
-    """
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return
-    if size == 0:
-        return
-    with path.open("rb+") as fh:
-        fh.seek(size - 1)
-        if fh.read(1) == b"\n":
-            return
-        # Find the last newline from the end, in blocks (records are short).
-        pos = size
-        while pos > 0:
-            start = max(0, pos - 4096)
-            fh.seek(start)
-            block = fh.read(pos - start)
-            cut = block.rfind(b"\n")
-            if cut >= 0:
-                fh.truncate(start + cut + 1)
-                return
-            pos = start
-        fh.truncate(0)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -84,3 +84,16 @@ def test_without_run_dir_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _train(None, "ssgd", 6).close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_record_torn_by_a_killed_script_is_cut_before_the_next_start_appends(tmp_path):
+    # As the CLI's writer does: appending after a half-written line would glue the next
+    # record onto it, and the file would read as damaged.
+    out = tmp_path / "run"
+    _train(out, "ssgd", 6).close()
+    with (out / "metrics.jsonl").open("a") as fh:
+        fh.write('{"kind": "train", "step": 7, "lo')  # killed mid-write
+    _train(out, "ssgd", 6).close()
+    assert read_run(out).train_loss[0] == [5]  # read back whole: the new start's records
+    assert all(r["kind"] != "train" or r["step"] != 7
+               for r in read_metrics(out / "metrics.jsonl"))

@@ -268,8 +268,8 @@ class BMUFOptions(WireOptions):
         The wires' block lengths (:data:`WIRE_SYNC_PERIOD`) were tuned at 4 workers. At 16 on
         speechocean762 (8 chunks a worker, docs/results.md) the workers drift apart over
         such a block as they did at tau 8 in fp32, only far more: ``--wire sign`` at tau 40
-        ended at 93.9 / 92.9 % WER and ``int4`` at tau 32 at 77.4 %, where SSGD had 70.9 /
-        67.8. None where the block is at most the fp32 default's for ``num_workers`` or the
+        ended at 93.6 % WER and ``int4`` at tau 32 at 79.2 % (3 seeds each), where SSGD had
+        68.9. None where the block is at most the fp32 default's for ``num_workers`` or the
         workers are at most 4.
         """
         tau = self.tau(num_workers)
@@ -280,8 +280,8 @@ class BMUFOptions(WireOptions):
         return (f"bmuf --wire {self.wire} at {self.flag('sync_period')} {tau} on {num_workers} "
                 f"workers: the wire's recipe block ({recipe}) was measured at 4 workers; at "
                 "16 on speechocean762 the workers drifted apart over it and the model "
-                "stayed far behind SSGD (--wire sign at tau 40: 93 % WER against 69 %; int4 "
-                f"at 32: 77 %). Give a shorter {self.flag('sync_period')} (fp32's default "
+                "stayed far behind SSGD (--wire sign at tau 40: 94 % WER against 69 %; int4 "
+                f"at 32: 79 %). Give a shorter {self.flag('sync_period')} (fp32's default "
                 f"here is {fp32}) at more bytes, or fewer workers")
 
     def warmup_rate(self, num_workers: int) -> str:
