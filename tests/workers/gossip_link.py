@@ -2,9 +2,11 @@
 host group (gloo standing in for NCCL, ``_standin.py``; ``HOST_LINK_HOSTS`` pretend hosts).
 
 Runs ``adpsgd_props.py MODE OUTDIR`` as it is, then prints ``gossip rank r linked k mpi m``:
-the exchanges that took the host group and those that crossed hosts over MPI.
+the exchanges that took the host group and those that crossed hosts over MPI, and
+``partners {node: exchanges}`` (which neighbours it swapped with).
 """
 
+import json
 import os
 import runpy
 import sys
@@ -18,4 +20,5 @@ done = runpy.run_path(sys.argv[0], run_name="__main__")
 thread = done["algo"].thread
 if thread is not None:
     linked = thread.channel.linked
-    print(f"gossip rank {done['r']} linked {linked} mpi {thread.rounds - linked}", flush=True)
+    print(f"gossip rank {done['r']} linked {linked} mpi {thread.rounds - linked} "
+          f"partners {json.dumps(dict(thread.partners))}", flush=True)
