@@ -87,6 +87,13 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # default is (x sqrt(4/N): 20 at 16).
     "bmuf-sign-tau20": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node", "1",
                                "--sync-period", "20"]),
+    # The wires at fp32's own block (issue 57's fix: tau 8 up to 4 workers, 4 at 16).
+    "bmuf-sign-tau4": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node", "1",
+                              "--sync-period", "4"]),
+    "bmuf-int4-tau8": (None, ["--algo", "bmuf", "--wire", "int4", "--ranks-per-node", "1",
+                              "--sync-period", "8"]),
+    "bmuf-int4-tau4": (None, ["--algo", "bmuf", "--wire", "int4", "--ranks-per-node", "1",
+                              "--sync-period", "4"]),
     # BMUF-Adam's gap at 16 workers: its recipe's tau 8 against tau 4 (as SGD's fix).
     "bmuf-adam-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
                               "--bmuf-warmup-steps", "36", "--sync-period", "4"]),
