@@ -169,16 +169,42 @@ class TwoHosts:
         for name in names:
             if name in self.env or name in os.environ:
                 forward += ["-x", f"{name}={self.env.get(name, os.environ.get(name, ''))}"]
-        agent = str(Path(self._dir.name) / "agent.sh")
+        agent = self.agent
         cmd = [find_launcher().path, "-np", str(nprocs), "--host",
                f"{HOSTS[0]}:{per},{HOSTS[1]}:{per}", "--map-by", "slot", "--bind-to", "none",
                "--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1",
                "--prtemca", "oob_tcp_if_include", self.subnet,
                "--mca", "btl", "tcp,self,sm", "--mca", "btl_tcp_if_include", self.subnet,
                *forward, *argv]
-        inner = "hostname " + HOSTS[0] + "; exec " + shlex.join(cmd)
+        return self.on_host_a(cmd)
+
+    @property
+    def agent(self) -> str:
+        """The script that starts a command on host B in place of ssh (``plm_ssh_agent``)."""
+        if self._dir is None:
+            raise RuntimeError("use TwoHosts as a context manager (with TwoHosts() as h: ...)")
+        return str(Path(self._dir.name) / "agent.sh")
+
+    def on_host_a(self, argv: list[str]) -> list[str]:
+        """``argv`` run on host A (its namespace, its host name).
+
+        E.g. ``hadpsgd.launch --hosts hosta:2,hostb:2 --launch-agent`` :attr:`agent`
+        ``--iface`` :attr:`subnet`.
+        """
+        inner = "hostname " + HOSTS[0] + "; exec " + shlex.join(argv)
         return ["ip", "netns", "exec", self.namespaces[0], "unshare", "--uts", "bash", "-c",
                 inner]
+
+    def drop_ports(self, low: int, mask: int) -> None:
+        """Drop every TCP packet to ports ``low`` .. ``low | ~mask`` on both hosts (a firewall).
+
+        ``mask`` selects the port bits that must match ``low`` (0xfff0: 16 ports).
+        """
+        for ns, link in zip(self.namespaces, self.links, strict=True):
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", link, "ingress")
+            _run("ip", "netns", "exec", ns, "tc", "filter", "add", "dev", link, "parent",
+                 "ffff:", "protocol", "ip", "u32", "match", "ip", "protocol", "6", "0xff",
+                 "match", "ip", "dport", str(low), hex(mask), "action", "drop")
 
     def link_bytes(self) -> tuple[int, int]:
         """Bytes that left host A and host B through the link so far (``tc -s``'s count)."""

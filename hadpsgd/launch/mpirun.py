@@ -101,7 +101,7 @@ def launch_env(base: dict[str, str] | None = None, nprocs: int = 1,
 
 def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = None,
                    python: str | None = None, module: str = "hadpsgd.run",
-                   script: str | None = None) -> list[str]:
+                   script: str | None = None, placement: list[str] | None = None) -> list[str]:
     """The full command: ``mpirun -np N [local flags] python (-m <module> | <script>) argv...``.
 
     The local flags come from :func:`local_flags` and depend on the launcher's flavour; the
@@ -116,6 +116,8 @@ def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = Non
         module: Module the ranks run (unless ``script`` is given).
         script: A Python file the ranks run instead of ``module``, as given (a relative
             path is from the current directory, which is the ranks' too).
+        placement: Flags that place the ranks in place of :func:`local_flags` (a job across
+            hosts: :func:`hadpsgd.launch.hosts.host_flags`).
 
     Raises:
         LauncherError: For fewer than one rank, a script that is no file, or no launcher.
@@ -128,7 +130,8 @@ def mpirun_command(nprocs: int, argv: list[str], launcher: Launcher | None = Non
     launcher = launcher or find_launcher()
     target = [script] if script is not None else ["-m", module]
     failure = failure_flags(launcher, argv) if script is None else []
-    return [launcher.path, "-np", str(nprocs), *local_flags(launcher), *failure,
+    where = local_flags(launcher) if placement is None else placement
+    return [launcher.path, "-np", str(nprocs), *where, *failure,
             python or sys.executable, *target, *argv]
 
 

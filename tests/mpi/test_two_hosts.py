@@ -85,3 +85,62 @@ def test_bmuf_benchmark_across_two_hosts(tmp_path):
     topk = rows["bmuf-tau2+topk"]
     assert int8["inter_bytes_per_step"] / topk["inter_bytes_per_step"] >= 10
     assert int8["link_bytes_per_step"] / topk["link_bytes_per_step"] >= 3
+
+
+def launch_across(hosts: TwoHosts, args: list[str], timeout: float = 300):
+    """``python -m hadpsgd.launch --hosts hosta:2,hostb:2 ARGS`` started on host A, as a user
+    starts it on the first host of a job (ssh replaced by the harness's agent)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HADPSGD_TIMEOUT": "60"}
+    cmd = hosts.on_host_a([sys.executable, "-m", "hadpsgd.launch", "--iface", hosts.subnet,
+                           *args])
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"launch across hosts did not finish in {timeout} s\n{err.stdout}\n"
+                    f"{err.stderr}")
+
+
+@needs_two_hosts
+def test_the_launcher_spans_two_hosts_after_checking_they_hear_each_other(tiny_data, tmp_path):
+    # Issue 60 item 1: the main command over two hosts from a host list, MPI's network and
+    # its data ports fixed (what a firewall opens), every host checked first. The check's
+    # one rank a host heard the other over MPI; the job's ranks are in blocks, so each host
+    # is one of hadpsgd's nodes, and its bytes crossed the real link.
+    with TwoHosts(rate="300mbit") as hosts:
+        before = hosts.link_bytes()
+        res = launch_across(hosts, [
+            "--hosts", "hosta:2,hostb:2", "--ports", "29504-29519", "--launch-agent",
+            hosts.agent, "--", "--algo", "bmuf", "--train", str(tiny_data[0]), "--heldout",
+            str(tiny_data[1]), "--preset", "tiny", "--max-steps", "16", "--batch-size", "8",
+            "--out-dir", str(tmp_path / "run"), "--no-progress"])
+        after = hosts.link_bytes()
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "preflight: 2 hosts (hosta, hostb) hear each other over MPI" in out
+    assert "--map-by slot" in out and "btl_tcp_port_min_v4 29504" in out
+    assert "4 learners on 2 nodes [2, 2]" in out
+    assert min(a - b for a, b in zip(after, before, strict=True)) > 0
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+@needs_two_hosts
+def test_a_host_that_does_not_start_is_named_before_any_training(tmp_path):
+    # A misspelt host: ssh (here an agent that fails as ssh does for an unknown name) cannot
+    # start it. The check names it, with what to try, exits 2, and no training starts.
+    with TwoHosts(rate="300mbit") as hosts:
+        agent = tmp_path / "ssh.sh"
+        agent.write_text("#!/bin/bash\n"
+                         'if [ "$1" = hostc ]; then\n'
+                         '  echo "ssh: Could not resolve hostname hostc" >&2; exit 255\n'
+                         "fi\n"
+                         f'exec {hosts.agent} "$@"\n')
+        agent.chmod(0o755)
+        res = launch_across(hosts, ["--hosts", "hosta:2,hostc:2", "--launch-agent",
+                                    str(agent), "--preflight-timeout", "5", "--", "--algo",
+                                    "bmuf", "--preset", "tiny", "--max-steps", "4"],
+                            timeout=200)
+    assert res.returncode == 2, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "preflight: no report from hostc" in res.stderr
+    assert "ssh HOST" in res.stderr
+    assert "learners on" not in res.stdout  # the job itself never started

@@ -170,8 +170,7 @@ def test_a_bad_ft_detector_value_is_the_launchers_user_error(monkeypatch, capsys
     """HADPSGD_FT_DETECTOR=maybe: one line naming it and its values, exit 2, no traceback."""
     import hadpsgd.launch.__main__ as launcher
 
-    monkeypatch.setattr(launcher, "mpirun_command", lambda *a, **kw: mpirun_command(
-        *a, **kw, launcher=Launcher("/x/mpirun", "openmpi")))
+    monkeypatch.setattr(launcher, "find_launcher", lambda: Launcher("/x/mpirun", "openmpi"))
     monkeypatch.delenv("OMPI_MCA_mpi_ft_detector", raising=False)
     monkeypatch.setenv("HADPSGD_FT_DETECTOR", "maybe")
     with pytest.raises(SystemExit) as end:
