@@ -17,6 +17,7 @@ import re
 import textwrap
 import types
 import typing
+import warnings
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 _LAUNCH_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -62,11 +63,20 @@ class RankParser(argparse.ArgumentParser):
     before MPI starts): one copy of the usage and the error is enough, not one per rank.
     """
 
+    USAGE_LINES = 4
+    """Longer usages are not printed with an error: the error would be the last of ~50 lines."""
+
     def error(self, message: str) -> typing.NoReturn:  # noqa: D102
         if launch_rank() != 0:
             leave_it_to_rank_zero()
             self.exit(2)
-        super().error(message + self._suggestions(message))
+        message += self._suggestions(message)
+        usage = self.format_usage()
+        if usage.count("\n") <= self.USAGE_LINES:
+            super().error(message)
+        # The error first, where the eye lands; the options on request (issue 60 item 5).
+        self.exit(2, f"{self.prog}: error: {message}\n(usage: {self.prog} [options]; "
+                     f"{self.prog} --help lists them)\n")
 
     def _suggestions(self, message: str) -> str:
         """``; did you mean --epochs?`` for each unknown flag in ``message`` that is near one.
@@ -86,6 +96,27 @@ class RankParser(argparse.ArgumentParser):
                 hints.append(f"did you mean {near[0]}" + (f" for {name}?" if len(flags) > 1
                                                           else "?"))
         return "; " + "; ".join(hints) if hints else ""
+
+
+_PLAIN_FORMAT = warnings.formatwarning
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, line: str | None = None, **kw: Any) -> str:
+    """Hadpsgd's own runtime warnings as one log line; any other warning as Python says it."""
+    if issubclass(category, RuntimeWarning) and "hadpsgd" in filename:
+        return f"[hadpsgd] warning: {message}\n"
+    return _PLAIN_FORMAT(message, category, filename, lineno, line)
+
+
+def install_warning_format() -> None:
+    """Say hadpsgd's own warnings (a run that is not what it seems) as ``[hadpsgd] warning:``.
+
+    Installed by ``hadpsgd.run`` and by :func:`hadpsgd.init`: a script's user saw a raw
+    ``RuntimeWarning`` with hadpsgd's file and line (issue 60 item 5). Other warnings keep
+    Python's format.
+    """
+    warnings.formatwarning = _format_warning
 
 
 class ConfigError(ValueError):

@@ -9,9 +9,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Sequence
-from typing import Any
 
 from hadpsgd import comm, faults
 from hadpsgd.assembly import build_trainer, check_layout, resume, resumed_config
@@ -34,7 +32,7 @@ from hadpsgd.assembly.footprint import (
 )
 from hadpsgd.assembly.runlock import release_runs
 from hadpsgd.assembly.runlog import CONSOLE
-from hadpsgd.cli import ConfigError
+from hadpsgd.cli import ConfigError, install_warning_format
 from hadpsgd.comm import ulfm
 from hadpsgd.config import RunConfig, parse_config
 from hadpsgd.data import FeatureFileError
@@ -57,17 +55,6 @@ __all__ = ["EXIT_DIVERGED", "EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "EXIT_USER
 # Errors a user causes, found while setting up (before the first step): one line, exit 2.
 USER_ERRORS = (ConfigError, FeatureFileError, FileNotFoundError, comm.TopologyError,
                CheckpointError, ImportError, ValueError)
-
-
-_PLAIN_FORMAT = warnings.formatwarning
-
-
-def _format_warning(message: Warning | str, category: type[Warning], filename: str,
-                    lineno: int, line: str | None = None, **kw: Any) -> str:
-    """Format hadpsgd's own warnings (a run that is not what it seems) as one log line."""
-    if issubclass(category, RuntimeWarning) and "hadpsgd" in filename:
-        return f"[hadpsgd] warning: {message}\n"
-    return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
 def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
@@ -182,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if topo.rank == 0:
         CONSOLE.install()  # kept in memory until the run directory stands (train.log)
     FLAG.install()
-    warnings.formatwarning = _format_warning
+    install_warning_format()
     try:
         try:
             if problem is not None:

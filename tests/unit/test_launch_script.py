@@ -126,3 +126,41 @@ def test_a_mistyped_flag_gets_the_flag_it_resembles(capsys: pytest.CaptureFixtur
         parser.parse_args(["--epoch", "1", "--lrr=2", "--zzz"])
     err = capsys.readouterr().err
     assert "did you mean --epochs for --epoch?; did you mean --lr for --lrr?" in err
+
+
+def test_the_run_says_its_error_first_and_the_options_on_request(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 60 item 5: the error was the 48th line, after 47 of usage. Now it is the first;
+    # a parser whose usage is short keeps argparse's usage-then-error.
+    from hadpsgd.config import parse_config
+
+    monkeypatch.delenv("OMPI_COMM_WORLD_RANK", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        parse_config(["--algo", "foo"])
+    assert ended.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("python -m hadpsgd.run: error: argument --algo: invalid choice")
+    assert len(lines) == 2 and "--help lists them" in lines[1]
+    parser = RankParser(prog="p", allow_abbrev=False)
+    parser.add_argument("--epochs")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--zzz"])
+    assert capsys.readouterr().err.splitlines()[0] == "usage: p [-h] [--epochs EPOCHS]"
+
+
+def test_hadpsgds_own_warnings_are_one_line_under_the_api_too() -> None:
+    # A script's user saw "…/hadpsgd/algorithms/bmuf/algorithm.py:124: RuntimeWarning: …".
+    import warnings
+
+    from hadpsgd.cli import install_warning_format
+
+    before = warnings.formatwarning
+    try:
+        install_warning_format()
+        own = warnings.formatwarning("no nodes to average", RuntimeWarning,
+                                     "/x/hadpsgd/algorithms/bmuf/algorithm.py", 124)
+        other = warnings.formatwarning("old", DeprecationWarning, "/x/user.py", 3)
+    finally:
+        warnings.formatwarning = before
+    assert own == "[hadpsgd] warning: no nodes to average\n"
+    assert other.startswith("/x/user.py:3: DeprecationWarning: old")
