@@ -138,6 +138,9 @@ class GradSync:
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._ready, i))
                            for i, p in enumerate(self.flat.params)]
         self._local: list[torch.Tensor] = []
+        self.accumulating = False
+        """Backward passes add to the gradients without reducing them (``Distributed.no_sync``):
+        the hooks only gather; the first pass outside reduces the sum as it lands."""
         self._deferred = False  # a bucket's mean is in flight on NCCL's stream
         self._unsettled = False  # joined means whose host wait check() makes
         # bf16 on NCCL: (bucket, its bf16 copy in flight), cast back after the join.
@@ -199,7 +202,8 @@ class GradSync:
         # Runs on autograd's thread right after the gradient was accumulated. A gradient
         # that left its view (zero_grad(set_to_none=True), an assigned .grad) goes back in.
         self.flat.gather_grad(index)
-        self.reducer.param_ready(index)
+        if not self.accumulating:
+            self.reducer.param_ready(index)
 
     def finish(self) -> None:
         """After backward: reduce what is left and wait for every bucket of this step."""

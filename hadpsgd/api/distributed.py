@@ -222,6 +222,23 @@ class Distributed:
                           RuntimeWarning, stacklevel=3)
         self._beta1 = []  # said: not checked again
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients over several backward passes, reduced once (DDP's ``no_sync``).
+
+        Backward passes inside the block add to the gradients and start no reduction (with
+        ``overlap`` a bucket's mean would otherwise start in the first pass, on its gradient
+        alone); the pass after the block, then :meth:`step`, reduces the sum. Local: no
+        peer waits on it. Divide each micro-batch's loss by their number for a mean. Without
+        ``overlap`` every pass already only adds, and the block changes nothing.
+        """
+        sync = self.algorithm.gradsync
+        sync.accumulating = True
+        try:
+            yield
+        finally:
+            sync.accumulating = False
+
     def zero_grad(self) -> None:
         """Zero the gradients in place (``optimizer.zero_grad()`` works too, at a copy's cost)."""
         self.algorithm.zero_grad()

@@ -128,6 +128,7 @@ class BucketReducer:
         self.timeout = timeout
         self._cond = threading.Condition()
         self._pending = [len(b.params) for b in plan.buckets]  # parameters not yet ready
+        self._seen: set[int] = set()  # parameters ready this step
         self._ready = [False] * len(plan)
         self._next = 0  # the next bucket to reduce (index order on every rank)
         self._scope: GradScope = None
@@ -156,9 +157,23 @@ class BucketReducer:
 
     # ------------------------------------------------------------------ producer side
     def param_ready(self, index: int) -> None:
-        """The gradient of parameter ``index`` is complete for this step."""
+        """The gradient of parameter ``index`` is complete for this step.
+
+        Raises:
+            RuntimeError: For a second gradient of the same parameter before the step ends
+                (a second backward pass): its bucket's mean may have started without it, so
+                each learner would add its own part after the mean, and the replicas part.
+        """
         b = self.plan.of_param[index]
         with self._cond:
+            if index in self._seen:
+                raise RuntimeError(
+                    "a second backward pass before the step: with the overlapped gradient "
+                    "reduction each bucket's mean starts as its gradients land, so this "
+                    "pass's gradients would miss it. Accumulate micro-batches inside `with "
+                    "dist.no_sync():` (the last backward outside it), or step after every "
+                    "backward")
+            self._seen.add(index)
             self._pending[b] -= 1
             complete = self._pending[b] == 0
             if self._events is not None:  # on the stream this gradient was accumulated on
@@ -212,6 +227,7 @@ class BucketReducer:
             self._events.join(sums)  # the optimizer's stream waits for the reductions once
         with self._cond:
             self._pending = [len(b.params) for b in self.plan.buckets]
+            self._seen.clear()
             self._ready = [False] * len(self.plan)
             self._local = [None] * len(self.plan)
             self._scope = None
