@@ -70,8 +70,9 @@ class WireFormat:
     """One wire format: what it is, what its exchanges do with it, and its codec.
 
     The one record of a format's facts: the codec below, ADPSGD's gossip (which formats it
-    sends as CHOCO-SGD's differences) and BMUF's recipe (the block length a format takes)
-    read them here, so a new wire touches this table, its codec and its tests.
+    sends as CHOCO-SGD's differences) and BMUF's options (a coarse format's ``bits``) read
+    them here, so a new wire touches this table, its codec and its tests. No format has a
+    block length of its own: BMUF's recipe keeps fp32's for every wire (issue 57).
     """
 
     name: str
@@ -85,9 +86,6 @@ class WireFormat:
     this coarse of a whole model is useless); the others gossip the model itself."""
     feedback: bool
     """Rounds, so its callers keep the error-feedback residual."""
-    bmuf_tau: int | None
-    """The block length BMUF's SGD recipe takes with it where no --sync-period is given
-    (None: the recipe's own; algorithms/bmuf/options.py says what it was measured on)."""
     payload: Callable[[int, Wire, int], int]
     """``(numel, wire, elem_size) -> bytes`` of a payload of ``numel`` values."""
     encode: Callable[[torch.Tensor, Wire], torch.Tensor]
@@ -97,28 +95,28 @@ class WireFormat:
 
 
 FORMATS: dict[str, WireFormat] = {f.name: f for f in (
-    WireFormat("fp32", 32.0, sparse=False, differences=False, feedback=False, bmuf_tau=None,
+    WireFormat("fp32", 32.0, sparse=False, differences=False, feedback=False,
                payload=lambda n, w, e: n * e,
                encode=lambda x, w: x.contiguous().view(torch.uint8),
                decode=lambda p, m, w, d: reinterpret(p, d)),
-    WireFormat("bf16", 16.0, sparse=False, differences=False, feedback=True, bmuf_tau=None,
+    WireFormat("bf16", 16.0, sparse=False, differences=False, feedback=True,
                payload=lambda n, w, e: 2 * n,
                encode=lambda x, w: x.to(torch.bfloat16).view(torch.uint8),
                decode=lambda p, m, w, d: reinterpret(p, torch.bfloat16).to(d)),
-    WireFormat("int8", 8.03, sparse=False, differences=False, feedback=True, bmuf_tau=None,
+    WireFormat("int8", 8.03, sparse=False, differences=False, feedback=True,
                payload=lambda n, w, e: n + 4 * -(-n // INT8_CHUNK),
                encode=_int8_rows,
                decode=lambda p, m, w, d: unframed(p, m, INT8_CHUNK, d,
                                                   lambda b: reinterpret(b, torch.int8))),
-    WireFormat("int4", 4.03, sparse=False, differences=False, feedback=True, bmuf_tau=32,
+    WireFormat("int4", 4.03, sparse=False, differences=False, feedback=True,
                payload=lambda n, w, e: int4_bytes(n),
                encode=lambda x, w: encode_int4_rows(x),
                decode=lambda p, m, w, d: decode_int4_rows(p, m, d)),
-    WireFormat("sign", 1.01, sparse=False, differences=True, feedback=True, bmuf_tau=40,
+    WireFormat("sign", 1.01, sparse=False, differences=True, feedback=True,
                payload=lambda n, w, e: sign_bytes(n),
                encode=lambda x, w: encode_sign_rows(x),
                decode=lambda p, m, w, d: decode_sign_rows(p, m, d)),
-    WireFormat("topk", 0.23, sparse=True, differences=True, feedback=True, bmuf_tau=None,
+    WireFormat("topk", 0.23, sparse=True, differences=True, feedback=True,
                payload=lambda n, w, e: topk_bytes(n, w.fraction),
                encode=lambda x, w: encode_topk_rows(x, w.fraction),
                decode=lambda p, m, w, d: decode_topk_rows(p, m, w.fraction, d)),

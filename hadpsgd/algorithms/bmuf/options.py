@@ -21,19 +21,10 @@ from hadpsgd.comm.codec import FORMATS
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
 WARMUP_LRS: tuple[str, ...] = ("worker", "world")
-WIRE_SYNC_PERIOD: dict[str, int] = {name: f.bmuf_tau for name, f in FORMATS.items()
-                                     if f.bmuf_tau is not None}
-"""--sync-period that BMUF's SGD recipe takes with a --wire, where none is given (the wire
-table's ``bmuf_tau``, :data:`hadpsgd.comm.codec.FORMATS`), from the bytes-against-WER
-studies (docs/results.md): on unseen human voices (FSDD, 4 workers, 9 runs) sign deltas
-every 40 steps sent 1,196x fewer bytes than SSGD fp32 at 0.8 point below its WER, int4
-every 32 steps 239x fewer at 2.0 below. topk keeps tau 8, its best tested (4.4 points above
-SSGD there)."""
-
-
-ADAM_LOSSY_BELOW_BITS = 8.0
-"""Wires of fewer bits a value (int4, sign, topk) have no measured BMUF-Adam recipe: refused
-unless ``--adam-moments`` is given (:meth:`BmufOptions.recipe`)."""
+LOSSY_BELOW_BITS = 8.0
+"""Wires of fewer bits a value (int4, sign, topk): a block longer than fp32's default costs
+them far more than it costs fp32 at more than 4 workers (said at start,
+:meth:`BmufOptions.long_block_warning`), and BMUF-Adam on them has no measured recipe."""
 
 
 DEFAULT_SYNC_PERIOD = 8
@@ -150,15 +141,16 @@ class BMUFOptions(WireOptions):
                    "--bmuf-worker-lr global --adam-moments local --max-grad-norm 1, block "
                    "momentum 0), tau 8 up to 4 workers and round(8 sqrt(4/N)) above (4 at "
                    "16): SSGD's word error rate on unseen speakers at 1/tau of its "
-                   "traffic; with --wire sign, tau 40 (1,196x fewer bytes than SSGD fp32 at "
-                   "its word error rate on unseen voices), with --wire int4, tau 32 (239x). "
+                   "traffic; every --wire keeps that tau (--wire sign: ~250x fewer bytes "
+                   "than SSGD fp32 at 4 workers, ~125x at 16, at its word error rate on "
+                   "speechocean762; the longer blocks tuned on FSDD trailed there). "
                    "--optimizer adam gives the "
                    "BMUF-Adam paper's recipe (--beta1 0.5 --adam-moments corrected "
                    "--bmuf-worker-lr single, block momentum 1 - 1/N), tau 8 up to 8 "
                    "workers and round(8 sqrt(4/N)) above (4 at 16); each of its block "
-                   "syncs also sends both moment buffers, 3x SGD's bytes at the same tau, "
-                   "and its --wire sign and int4 keep that tau: their slow-link recipes were "
-                   "measured with SGD only.")
+                   "syncs also sends both moment buffers, 3x SGD's bytes at the same tau; "
+                   "on wires below 8 bits it is refused unless --adam-moments is given (no "
+                   "measured recipe).")
 
     @classmethod
     def recipe(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,8 +164,10 @@ class BMUFOptions(WireOptions):
         batch, which diverged at 16 workers unclipped (Kaldi's parallel training, which
         also multiplies the rate by the number of jobs, bounds each step with its
         max-change). Measured: docs/results.md, *BMUF on unseen human voices*.
-        With SGD, ``--wire sign`` or ``int4`` and no ``--sync-period``: tau 40 or 32
-        (:data:`WIRE_SYNC_PERIOD`). Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5,
+        Every wire keeps the block of :func:`default_sync_period` (issue 57): on
+        speechocean762 ``--wire sign`` at tau 40 (its recipe before, tuned on FSDD) trailed
+        SSGD by 3.46 WER points at 4 workers and 24.8 at 16, at tau 8 it matched SSGD at 4.
+        Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5,
         corrected moments, the single learner's rate, block momentum 1 - 1/N).
         """
         optimizer = given.get("optimizer", "sgd")
@@ -185,10 +179,6 @@ class BMUFOptions(WireOptions):
                        beta1=0.5)  # the paper's choice for BMUF-Adam (section 2.2)
         else:
             out.update(adam_moments="local", bmuf_worker_lr="global", max_grad_norm=1.0)
-            # A codec's tested block length (WIRE_SYNC_PERIOD; measured with SGD only).
-            tau = WIRE_SYNC_PERIOD.get(given.get("wire", "fp32"))
-            if tau is not None:
-                out["sync_period"] = tau
         return {k: v for k, v in out.items() if k not in given}
 
     @classmethod
@@ -222,7 +212,7 @@ class BMUFOptions(WireOptions):
         """
         wire = str(given.get("wire", "fp32"))
         bits = FORMATS[wire].bits if wire in FORMATS else 32.0
-        if bits >= ADAM_LOSSY_BELOW_BITS or "adam_moments" in given:
+        if bits >= LOSSY_BELOW_BITS or "adam_moments" in given:
             return
         raise ConfigError(
             f"BMUF with {given.get('optimizer')} on --wire {wire} has no measured recipe: each "
@@ -230,7 +220,7 @@ class BMUFOptions(WireOptions):
             "wire (3x SGD-BMUF's bytes), and with --wire sign a user's CTC model lost 19 WER "
             "points to SSGD (73.1 % against 54.3 %; 63.3 % at --sync-period 40). Ways on: "
             "--wire int8 or fp32 (BMUF-Adam's recipe, 3/tau of the model's bytes a step); "
-            "SGD with --wire sign (the SGD slow-link recipe, tau 40); ADPSGD with --wire "
+            "SGD with --wire sign (the SGD slow-link recipe); ADPSGD with --wire "
             "topk (56.6 % on that model); or give --adam-moments (corrected: send the "
             "moments on this wire anyway; local: keep them and send only the parameters) to "
             "run it unmeasured")
@@ -263,26 +253,26 @@ class BMUFOptions(WireOptions):
                               "period")
 
     def long_block_warning(self, num_workers: int) -> str | None:
-        """What to say when a wire's long recipe block runs on more workers than measured.
+        """What to say when a coarse wire runs a block longer than fp32's on many workers.
 
-        The wires' block lengths (:data:`WIRE_SYNC_PERIOD`) were tuned at 4 workers. At 16 on
-        speechocean762 (8 chunks a worker, docs/results.md) the workers drift apart over
-        such a block as they did at tau 8 in fp32, only far more: ``--wire sign`` at tau 40
-        ended at 93.6 % WER and ``int4`` at tau 32 at 79.2 % (3 seeds each), where SSGD had
-        68.9. None where the block is at most the fp32 default's for ``num_workers`` or the
-        workers are at most 4.
+        On speechocean762 at 16 workers (8 chunks a worker, docs/results.md) the workers
+        drift apart over a long block, and a wire below 8 bits a value cannot carry the
+        drift back: ``--wire sign`` at tau 40 ended at 93.6 % WER (3 seeds) and at tau 20 at
+        91.8 % (seed 0), ``int4`` at tau 32 at 79.2 %, where SSGD had 68.9 and sign at tau
+        8 72.4. None where the block is at most fp32's default for ``num_workers``, the
+        workers are at most 4 (there sign held at tau 8) or the wire is int8 or finer.
         """
         tau = self.tau(num_workers)
-        recipe = WIRE_SYNC_PERIOD.get(self.wire)
         fp32 = default_sync_period(self.worker_lr, num_workers)
-        if recipe is None or num_workers <= 4 or tau <= fp32:
+        coarse = FORMATS[self.wire].bits < LOSSY_BELOW_BITS if self.wire in FORMATS else False
+        if not coarse or num_workers <= 4 or tau <= fp32:
             return None
         return (f"bmuf --wire {self.wire} at {self.flag('sync_period')} {tau} on {num_workers} "
-                f"workers: the wire's recipe block ({recipe}) was measured at 4 workers; at "
-                "16 on speechocean762 the workers drifted apart over it and the model "
-                "stayed far behind SSGD (--wire sign at tau 40: 94 % WER against 69 %; int4 "
-                f"at 32: 79 %). Give a shorter {self.flag('sync_period')} (fp32's default "
-                f"here is {fp32}) at more bytes, or fewer workers")
+                f"workers, longer than fp32's block here ({fp32}): on speechocean762 at 16 "
+                "workers the workers drifted apart over such blocks and the model stayed far "
+                "behind SSGD (--wire sign at tau 20: 92 % WER, at 40: 94 %, against 69 %; "
+                f"int4 at 32: 79 %). Leave {self.flag('sync_period')} out (fp32's block) or use "
+                "fewer workers")
 
     def warmup_rate(self, num_workers: int) -> str:
         """The warm-up's rate in use: ``warmup_lr``, or its default for ``num_workers``."""
