@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -47,6 +48,10 @@ STATE = EndingState()
 """This process's :class:`EndingState`."""
 
 
+AGREED_GRACE_S = 5.0
+"""Seconds a rank other than 0 waits for rank 0 to say an error all ranks agree on."""
+
+
 def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool) -> int:
     """Report ``err`` from this rank and end the job with ``code`` (all ranks, if several)."""
     FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
@@ -56,7 +61,16 @@ def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool
     prefix = (f"hadpsgd: rank {topo.rank}: error: "
               if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
               else "hadpsgd: error: ")
-    print(f"{prefix}{str(err) or type(err).__name__}", file=sys.stderr, flush=True)
+    if topo.size > 1 and getattr(err, "agreed", False):
+        # The same verdict on every rank (past --max-nonfinite, diverged): rank 0 says it
+        # once and ends the job; the others wait for that, bounded, then end it themselves
+        # (an abort of theirs first could cut rank 0 off before its line).
+        if topo.rank != 0:
+            time.sleep(AGREED_GRACE_S)
+        else:
+            print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+    else:
+        print(f"{prefix}{str(err) or type(err).__name__}", file=sys.stderr, flush=True)
     # A peer's deadline is no error of this learner's own: the hung peer would never join
     # the shrink that telling the others takes, so that ends the job as before.
     own = not isinstance(err, comm.CommTimeoutError)

@@ -20,6 +20,9 @@ from hadpsgd.train.stop import StopFlag
 class NonFiniteError(RuntimeError):
     """Too many steps with a non-finite loss or gradient; raised on every rank alike."""
 
+    agreed = True
+    """Raised on every rank alike, with the same message: rank 0 alone says it."""
+
 
 class DivergedError(NonFiniteError):
     """The loss exploded relative to its start (it stays finite); raised on every rank alike."""

@@ -38,7 +38,8 @@ def test_too_many_nonfinite_stops_every_rank(algo, tiny_data, tmp_path):
     from hadpsgd.run import EXIT_DIVERGED
 
     assert res.returncode == EXIT_DIVERGED, res.output[-3000:]
-    assert "more than --max-nonfinite 2" in res.stderr
+    assert res.stderr.count("more than --max-nonfinite 2") == 1  # rank 0 says it, once
+    assert "hadpsgd: error: " in res.stderr and "rank 1: error" not in res.stderr
     assert "step 3 on rank 1 (loss)" in res.stderr
     assert "Traceback" not in res.stderr
     assert "[hadpsgd] done in" not in res.stdout
@@ -58,6 +59,7 @@ def test_finite_divergence_stops_every_rank(algo, extra, tiny_data, tmp_path):
 
     assert res.returncode == EXIT_DIVERGED, res.output[-3000:]
     assert "the run diverged" in res.stderr and "--max-loss-ratio 2" in res.stderr
+    assert res.stderr.count("the run diverged") == 1, res.stderr[-3000:]
     assert "Lower --lr" in res.stderr
     assert "Traceback" not in res.stderr
     assert "[hadpsgd] done in" not in res.stdout
