@@ -72,6 +72,10 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # CHOCO's consensus step a quarter of its default (diverged at 0.2 on 16 workers).
     "adpsgd-topk-g005": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1",
                                 "--gossip-step", "0.05"]),
+    # ... and with the worker's gradient clipped to norm 1 (as BMUF's SGD recipe is: a
+    # learner steps alone at the world's rate on 1/N of its batch between weak exchanges).
+    "adpsgd-topk-clip1": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node",
+                                 "1", "--max-grad-norm", "1"]),
     # What the 16-worker gap was measured with: the paper's ring (ADPSGD's default before),
     # BMUF's tau 8 at every worker count (its default before), the worker's clip halved and
     # doubled (not the cause), tau 4 (the default at 16 now, given by hand).
