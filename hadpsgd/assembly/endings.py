@@ -57,10 +57,6 @@ def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool
     FLAG.ending()  # the launcher's SIGTERM that follows is no request to checkpoint
     if traceback_too or env.debug():
         traceback.print_exception(err)
-    # A deadline's message names its rank already: printed as the watchdog prints it.
-    prefix = (f"hadpsgd: rank {topo.rank}: error: "
-              if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
-              else "hadpsgd: error: ")
     if topo.size > 1 and getattr(err, "agreed", False):
         # The same verdict on every rank (past --max-nonfinite, diverged): rank 0 says it
         # once and ends the job; the others wait for that, bounded, then end it themselves
@@ -70,6 +66,10 @@ def fail(err: BaseException, topo: comm.Topology, code: int, traceback_too: bool
         else:
             print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
     else:
+        # A deadline's message names its rank already: printed as the watchdog prints it.
+        prefix = (f"hadpsgd: rank {topo.rank}: error: "
+                  if topo.size > 1 and not isinstance(err, comm.CommTimeoutError)
+                  else "hadpsgd: error: ")
         print(f"{prefix}{str(err) or type(err).__name__}", file=sys.stderr, flush=True)
     # A peer's deadline is no error of this learner's own: the hung peer would never join
     # the shrink that telling the others takes, so that ends the job as before.

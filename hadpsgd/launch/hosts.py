@@ -42,12 +42,8 @@ def parse_hosts(spec: str) -> list[Host]:
     Raises:
         LauncherError: For an empty list, a repeated host or a bad slot count, naming it.
     """
-    hosts = []
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        name, sep, slots = item.rpartition(":") if item.count(":") == 1 else (item, "", "")
-        hosts.append(_host(name if sep else item, slots if sep else "1", f"--hosts {item}"))
+    hosts = [_host(*_name_and_slots(item), f"--hosts {item}")
+             for item in (s.strip() for s in spec.split(",")) if item]
     return _checked(hosts, "--hosts")
 
 
@@ -82,10 +78,18 @@ def read_hostfile(path: str | Path) -> list[Host]:
                 raise LauncherError(f"{where}: expected 'HOST slots=N' or 'HOST:N', got "
                                     f"{word!r}")
         name = words[0]
-        if len(words) == 1 and words[0].count(":") == 1:
-            name, _, slots = words[0].partition(":")
+        if len(words) == 1:
+            name, slots = _name_and_slots(name)
         hosts.append(_host(name, slots, where))
     return _checked(hosts, f"--hostfile {file}")
+
+
+def _name_and_slots(token: str) -> tuple[str, str]:
+    """``"a:4"`` as ``("a", "4")``; a bare name (or an IPv6 address) takes ``"1"``."""
+    if token.count(":") != 1:
+        return token, "1"
+    name, _, slots = token.partition(":")
+    return name, slots
 
 
 def _host(name: str, slots: str, where: str) -> Host:
@@ -176,8 +180,8 @@ def host_flags(launcher: Launcher, hosts: list[Host], env: dict[str, str],
     Raises:
         LauncherError: For a launcher of unknown flavour (it may take none of these).
     """
+    placed = ",".join(f"{h.name}:{1 if one_per_host else h.slots}" for h in hosts)
     if launcher.flavour == "openmpi":
-        placed = ",".join(f"{h.name}:{1 if one_per_host else h.slots}" for h in hosts)
         flags = ["--host", placed, "--map-by", "ppr:1:node" if one_per_host else "slot",
                  "--bind-to", "none"]
         for name in forwarded_env(env):
@@ -192,7 +196,6 @@ def host_flags(launcher: Launcher, hosts: list[Host], env: dict[str, str],
             flags += ["--prtemca", "plm_ssh_agent", agent]
         return flags
     if launcher.flavour == "mpich":
-        placed = ",".join(f"{h.name}:{1 if one_per_host else h.slots}" for h in hosts)
         flags = ["-hosts", placed, "-bind-to", "none"]
         if iface:
             if "/" in iface:

@@ -141,3 +141,12 @@ def test_the_preflight_names_the_host_whose_daemon_did_not_start() -> None:
     out = "ORTE was unable to start\n  Local host:    a\n  Remote host:   c\n"
     with pytest.raises(LauncherError, match=r"no report from c: .*ssh HOST"):
         judge(parse(out), ["a", "c"], 1, out, 2.0, None)
+
+
+def test_the_launcher_reads_the_line_the_probe_prints() -> None:
+    # The launch layer imports no comm (docs/design.md's layers), so the report line's
+    # start is written in both modules: held equal here.
+    from hadpsgd.comm import reach
+    from hadpsgd.launch import preflight
+
+    assert preflight.PREFIX == reach.PREFIX
