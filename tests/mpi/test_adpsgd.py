@@ -248,9 +248,14 @@ def test_frozen_neighbour_is_named(tmp_path):
     assert res.returncode != 0
     # Each rank's report, wherever it begins: the launcher may join two ranks' prints on one
     # line (seen under MPICH's Hydra), so reports are split at "FAILED rank", not at newlines.
-    failed = re.findall(r"FAILED rank (\d+): (.*?)(?=FAILED rank |\n|$)", res.stdout)
-    assert {rank for rank, _ in failed} == {"0", "1", "3"}, res.output
-    assert all("rank(s) 2 never arrived" in text for _, text in failed)
+    failed = dict(re.findall(r"FAILED rank (\d+): (.*?)(?=FAILED rank |\n|$)", res.stdout))
+    # Ending the job, the launcher continues the frozen rank before it terminates it (Open
+    # MPI's SIGCONT, SIGTERM): rank 2 may then time out itself before the SIGTERM lands. Its
+    # line, if any, must say that it was the one stopped, not name another rank.
+    frozen = failed.pop("2", None)
+    assert frozen is None or "this rank was itself stopped" in frozen, res.output
+    assert set(failed) == {"0", "1", "3"}, res.output
+    assert all("rank(s) 2 never arrived" in text for text in failed.values())
 
 
 def test_adpsgd_trains_end_to_end(tiny_data, tmp_path):
