@@ -7,12 +7,13 @@ docs/api.md.
 
 from hadpsgd.algorithms import StepResult
 from hadpsgd.api.distributed import Distributed
+from hadpsgd.api.frames import FrameSampler
 from hadpsgd.api.options import SHARED_OPTIONS, OptionError
 from hadpsgd.api.samplers import PoolSampler, Sampler, ShardSampler
 from hadpsgd.api.setup import init
 from hadpsgd.api.state import STATE_FORMAT
 from hadpsgd.comm import CommTimeoutError, Topology, TopologyError
 
-__all__ = ["SHARED_OPTIONS", "STATE_FORMAT", "CommTimeoutError", "Distributed", "OptionError",
-           "PoolSampler", "Sampler", "ShardSampler", "StepResult", "Topology", "TopologyError",
-           "init"]
+__all__ = ["SHARED_OPTIONS", "STATE_FORMAT", "CommTimeoutError", "Distributed", "FrameSampler",
+           "OptionError", "PoolSampler", "Sampler", "ShardSampler", "StepResult", "Topology",
+           "TopologyError", "init"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,7 +24,9 @@ from torch import nn
 
 from hadpsgd.algorithms import AlgoOptions, Algorithm, StepResult
 from hadpsgd.algorithms.gradsync import DEFAULT_GRAD_BUCKET_MB
+from hadpsgd.api.frames import FrameSampler
 from hadpsgd.api.options import (
+    OptionError,
     algorithm_spec,
     build_options,
     check_device,
@@ -39,6 +41,9 @@ from hadpsgd.api.setup import init, install_error_hooks
 from hadpsgd.api.state import collect, node_part, option_changes
 from hadpsgd.comm import World
 from hadpsgd.precision import autocast
+
+AnySampler = Sampler | FrameSampler
+"""Either sampler :meth:`Distributed.step` counts."""
 
 
 class Distributed:
@@ -124,7 +129,7 @@ class Distributed:
                 {"precision": precision, "max_grad_norm": max_grad_norm, "overlap": overlap,
                  "grad_bucket_mb": grad_bucket_mb, "grad_wire": grad_wire}), log_every)
         """The run directory's writer (``run_dir=``), or None."""
-        self._sampler: Sampler | None = None
+        self._sampler: AnySampler | None = None
         self._sampler_state: dict[str, Any] | None = None  # loaded before sampler() was made
         self._closed = False
         # Adam's beta1 as given: a scheduler that cycles it (OneCycleLR's cycle_momentum)
@@ -258,12 +263,50 @@ class Distributed:
             batch_size: Samples per learner per step.
             seed: Shuffling seed (the same on every learner).
         """
-        if self._sampler is not None:
-            self._sampler.close()
         # As the CLI's loop: the pool needs super-learners of one size (a slot is a batch
         # for each member); ADPSGD over unequal nodes keeps the shards.
         pooled = self.asynchronous and self.topology.equal_nodes
-        self._sampler = make_sampler(self.topology, pooled, num_samples, batch_size, seed)
+        return self._install(lambda: make_sampler(self.topology, pooled, num_samples,
+                                                  batch_size, seed))
+
+    def frame_sampler(self, lengths: Sequence[int], max_frames: int, seed: int = 0,
+                      buckets: int = 8) -> FrameSampler:
+        """Batches by frames: samples of similar length, each batch within ``max_frames``.
+
+        For variable-length data (what lhotse's bucketing samplers give icefall): the
+        samples are cut into ``buckets`` length buckets and batched so that a batch's padded
+        size (count x longest member) stays within ``max_frames``; each step every learner
+        takes one batch, the same number of steps on every learner and in every epoch
+        (:class:`hadpsgd.api.FrameSampler`). :meth:`step` counts them and :meth:`state_dict`
+        saves where the epoch is, as for :meth:`sampler`. Learners' batches of a step hold
+        different frame counts: a loss summed over frames and divided by ``max_frames``
+        weighs every frame alike under the mean of gradients.
+
+        Args:
+            lengths: Frames of each sample, ``len(dataset)`` of them.
+            max_frames: Padded frames a batch may hold.
+            seed: Shuffling seed (the same on every learner).
+            buckets: Length buckets.
+
+        Raises:
+            OptionError: Under ADPSGD's shared pool (across super-learners of one size),
+                which hands out batches of a fixed count of samples.
+            ValueError: A sample longer than ``max_frames``, fewer batches than learners.
+        """
+        if self.asynchronous and self.topology.equal_nodes:
+            raise OptionError(
+                "algo", "frame_sampler: ADPSGD across super-learners draws batches of a fixed "
+                "count of samples from its shared pool (Distributed.sampler); batches by frames "
+                "are for SSGD, BMUF or ADPSGD on one super-learner. Use sampler(num_samples, "
+                "batch_size) with samples cut to similar lengths, or another algorithm")
+        return self._install(lambda: FrameSampler(lengths, max_frames, self.topology.rank,
+                                                  self.topology.size, seed, buckets))
+
+    def _install(self, make: Callable[[], AnySampler]) -> Any:
+        """Replace the sampler :meth:`step` counts with ``make()``'s, at a loaded state."""
+        if self._sampler is not None:
+            self._sampler.close()
+        self._sampler = make()
         if self._sampler_state is not None:
             self._sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None

@@ -88,41 +88,26 @@ def step_scheduler(scheduler: Any, position: float) -> int:
     return taken
 
 
-class ShardSampler(ChunkBatchSampler):
-    """This learner's shard of every step's global batch (see the module docstring).
+class CountedSteps:
+    """The steps trained since ``set_epoch``: a position, a scheduler's and a state.
 
-    Args:
-        num_samples: Samples in the dataset (indices ``0 .. num_samples - 1``).
-        batch_size: Samples per learner per step.
-        rank: This learner's rank.
-        world_size: Number of learners.
-        seed: Shuffling seed, the same on every learner.
-
-    Raises:
-        ValueError: If the data do not fill one global batch.
+    What the samplers of fixed epochs share (:class:`ShardSampler`,
+    :class:`hadpsgd.api.FrameSampler`): :meth:`hadpsgd.Distributed.step` counts. The
+    sampler sets :attr:`epoch`, :attr:`start_step` and :attr:`trained` at each
+    ``set_epoch`` and has ``len()`` steps an epoch (its own ``__len__``).
     """
 
-    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int,
-                 seed: int) -> None:
-        super().__init__(num_samples, batch_size, rank, world_size, seed, shuffle=True,
-                         drop_last=True)
-        self.trained = 0
-        """Steps taken in this epoch since :meth:`set_epoch` (or since the resumed point)."""
-        self._resume: tuple[int, int] | None = None
+    epoch: int
+    start_step: int
+    trained: int
+    _resume: tuple[int, int] | None = None
 
-    def set_epoch(self, epoch: int, start_step: int | None = None) -> None:
-        """Start ``epoch``'s order; after :meth:`load_state_dict`, at the saved step.
-
-        Args:
-            epoch: The epoch (>= 0), mixed into the shuffling seed.
-            start_step: Batches of the epoch to skip; by default 0, or the saved step when
-                ``epoch`` is the epoch a loaded state stopped in.
-        """
+    def _start(self, epoch: int, start_step: int | None) -> int:
+        """The first step of ``epoch``: ``start_step``, else a loaded state's, else 0."""
         if start_step is None:
             start_step = self._resume[1] if self._resume and self._resume[0] == epoch else 0
         self._resume = None
-        super().set_epoch(epoch, start_step=start_step)
-        self.trained = 0
+        return start_step
 
     def stepped(self) -> None:
         """One batch was trained (called by :meth:`hadpsgd.Distributed.step`)."""
@@ -151,15 +136,48 @@ class ShardSampler(ChunkBatchSampler):
             return {"epoch": self.epoch + 1, "step": 0}
         return {"epoch": self.epoch, "step": step}
 
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class ShardSampler(CountedSteps, ChunkBatchSampler):
+    """This learner's shard of every step's global batch (see the module docstring).
+
+    Args:
+        num_samples: Samples in the dataset (indices ``0 .. num_samples - 1``).
+        batch_size: Samples per learner per step.
+        rank: This learner's rank.
+        world_size: Number of learners.
+        seed: Shuffling seed, the same on every learner.
+
+    Raises:
+        ValueError: If the data do not fill one global batch.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int,
+                 seed: int) -> None:
+        super().__init__(num_samples, batch_size, rank, world_size, seed, shuffle=True,
+                         drop_last=True)
+        self.trained = 0
+        """Steps taken in this epoch since :meth:`set_epoch` (or since the resumed point)."""
+
+    def set_epoch(self, epoch: int, start_step: int | None = None) -> None:
+        """Start ``epoch``'s order; after :meth:`load_state_dict`, at the saved step.
+
+        Args:
+            epoch: The epoch (>= 0), mixed into the shuffling seed.
+            start_step: Batches of the epoch to skip; by default 0, or the saved step when
+                ``epoch`` is the epoch a loaded state stopped in.
+        """
+        super().set_epoch(epoch, start_step=self._start(epoch, start_step))
+        self.trained = 0
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at :meth:`state_dict`'s point: :attr:`epoch` is the epoch to go on with."""
         epoch, step = int(state["epoch"]), int(state["step"])
-        super().set_epoch(epoch, start_step=step)
+        ChunkBatchSampler.set_epoch(self, epoch, start_step=step)
         self.trained = 0
         self._resume = (epoch, step)
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 class PoolSampler(PooledBatchSampler):
@@ -291,4 +309,5 @@ def make_sampler(topo: World, pooled: bool, num_samples: int, batch_size: int,
     return ShardSampler(num_samples, batch_size, topo.rank, topo.size, seed)
 
 
-__all__ = ["PoolSampler", "Sampler", "ShardSampler", "make_sampler", "step_scheduler"]
+__all__ = ["CountedSteps", "PoolSampler", "Sampler", "ShardSampler", "make_sampler",
+           "step_scheduler"]
