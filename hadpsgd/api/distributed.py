@@ -263,10 +263,7 @@ class Distributed:
             batch_size: Samples per learner per step.
             seed: Shuffling seed (the same on every learner).
         """
-        # As the CLI's loop: the pool needs super-learners of one size (a slot is a batch
-        # for each member); ADPSGD over unequal nodes keeps the shards.
-        pooled = self.asynchronous and self.topology.equal_nodes
-        return self._install(lambda: make_sampler(self.topology, pooled, num_samples,
+        return self._install(lambda: make_sampler(self.topology, self._pooled, num_samples,
                                                   batch_size, seed))
 
     def frame_sampler(self, lengths: Sequence[int], max_frames: int, seed: int = 0,
@@ -293,7 +290,7 @@ class Distributed:
                 which hands out batches of a fixed count of samples.
             ValueError: A sample longer than ``max_frames``, fewer batches than learners.
         """
-        if self.asynchronous and self.topology.equal_nodes:
+        if self._pooled:
             raise OptionError(
                 "algo", "frame_sampler: ADPSGD across super-learners draws batches of a fixed "
                 "count of samples from its shared pool (Distributed.sampler); batches by frames "
@@ -301,6 +298,15 @@ class Distributed:
                 "batch_size) with samples cut to similar lengths, or another algorithm")
         return self._install(lambda: FrameSampler(lengths, max_frames, self.topology.rank,
                                                   self.topology.size, seed, buckets))
+
+    @property
+    def _pooled(self) -> bool:
+        """Whether batches come from ADPSGD's shared pool.
+
+        As the CLI's loop: the pool needs super-learners of one size (a slot is a batch for
+        each member); ADPSGD over unequal nodes keeps the shards.
+        """
+        return self.asynchronous and self.topology.equal_nodes
 
     def _install(self, make: Callable[[], AnySampler]) -> Any:
         """Replace the sampler :meth:`step` counts with ``make()``'s, at a loaded state."""

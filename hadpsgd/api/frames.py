@@ -12,7 +12,6 @@ steps and a resume goes on at the saved step exactly.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from hadpsgd.api.samplers import CountedSteps
 from hadpsgd.data.buckets import FrameBatches
@@ -67,12 +66,6 @@ class FrameSampler(CountedSteps):
             raise ValueError(f"frame sampler: epoch {epoch} and start step {start_step} must "
                              f"be >= 0 and within the epoch's {len(self)} steps")
         self.epoch, self.start_step, self.trained = epoch, start_step, 0
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at :meth:`state_dict`'s point: :attr:`epoch` is the epoch to go on with."""
-        epoch, step = int(state["epoch"]), int(state["step"])
-        self.set_epoch(epoch, start_step=step)
-        self._resume = (epoch, step)
 
 
 __all__ = ["FrameSampler"]

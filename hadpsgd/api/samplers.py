@@ -94,7 +94,7 @@ class CountedSteps:
     What the samplers of fixed epochs share (:class:`ShardSampler`,
     :class:`hadpsgd.api.FrameSampler`): :meth:`hadpsgd.Distributed.step` counts. The
     sampler sets :attr:`epoch`, :attr:`start_step` and :attr:`trained` at each
-    ``set_epoch`` and has ``len()`` steps an epoch (its own ``__len__``).
+    ``set_epoch`` (its own) and has ``len()`` steps an epoch (its own ``__len__``).
     """
 
     epoch: int
@@ -136,6 +136,12 @@ class CountedSteps:
             return {"epoch": self.epoch + 1, "step": 0}
         return {"epoch": self.epoch, "step": step}
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at :meth:`state_dict`'s point: :attr:`epoch` is the epoch to go on with."""
+        epoch, step = int(state["epoch"]), int(state["step"])
+        self.set_epoch(epoch, start_step=step)  # type: ignore[attr-defined]
+        self._resume = (epoch, step)
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -171,13 +177,6 @@ class ShardSampler(CountedSteps, ChunkBatchSampler):
         """
         super().set_epoch(epoch, start_step=self._start(epoch, start_step))
         self.trained = 0
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at :meth:`state_dict`'s point: :attr:`epoch` is the epoch to go on with."""
-        epoch, step = int(state["epoch"]), int(state["step"])
-        ChunkBatchSampler.set_epoch(self, epoch, start_step=step)
-        self.trained = 0
-        self._resume = (epoch, step)
 
 
 class PoolSampler(PooledBatchSampler):

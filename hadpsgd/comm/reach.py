@@ -29,6 +29,7 @@ from hadpsgd.comm.mpi import library_version, mpi
 PREFIX = "HADPSGD_REACH "
 """Start of each rank's report line (the launcher parses what follows as JSON)."""
 
+
 def _version(name: str) -> str:
     try:
         return metadata.version(name)

@@ -63,7 +63,6 @@ class FrameBatches:
                 f"frame batches: sample {longest} has {int(sizes[longest])} frames, more than "
                 f"max_frames={max_frames}; raise max_frames to at least {int(sizes[longest])} "
                 "or cut long samples before batching")
-        self.lengths = sizes
         self.max_frames = max_frames
         self.world_size = world_size
         self.seed = seed
