@@ -17,9 +17,10 @@ Objects cross by pickle, as MPI sends them, so no learner holds another's object
 
 The gossip's pair channel is a mailbox per ordered pair and tag, the pairing board and
 ADPSGD's pool lock-guarded slots (:mod:`hadpsgd.comm.meetings`), so ADPSGD's gossip thread
-runs here as it does under MPI. Not here yet (each raises ``NotImplementedError`` naming
-the way out): the side channel of background or compressed means, bf16 on the wire
-(``half_mean_``). Deferred means do not defer (they are for NCCL streams).
+runs here as it does under MPI. BMUF's side channel (overlapped and compressed block syncs)
+and bf16 on the wire (``half_mean_``) run the MPI world's own code over meetings
+(:mod:`hadpsgd.comm.thread_links`): the same bytes, sums and residuals. Deferred means do
+not defer (they are for NCCL streams).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from hadpsgd.comm.compressed import CompressedMean, HierarchicalHalfMean
 from hadpsgd.comm.deadline import CommTimeoutError
-from hadpsgd.comm.meetings import Group, ThreadCounter, ThreadPairChannel
+from hadpsgd.comm.meetings import Group, ThreadCounter, ThreadPairChannel, _made_together
+from hadpsgd.comm.thread_links import ThreadComm, ThreadIntra, ThreadSideChannel, ThreadWatchdog
 from hadpsgd.comm.world import ReduceOp
 
 T = TypeVar("T")
@@ -58,6 +61,9 @@ class ThreadWorld:
         self.intra_backend = "threads"
         self.emulated = job.ranks_per_node < job.size  # nodes without hosts, as HADPSGD's
         self._what = "start-up"
+        self._watchdog = ThreadWatchdog(job.timeout)
+        self._hier_half: HierarchicalHalfMean | None = None
+        self._half_means: dict[tuple[str, int, str], CompressedMean] = {}
 
     # -- the layout
     @property
@@ -138,9 +144,35 @@ class ThreadWorld:
                                f"node broadcast ({self._what})")
 
     def half_mean_(self, tensor: torch.Tensor, scope: str) -> int:
-        """Not in a thread world yet: run ``--grad-wire bf16`` under mpirun."""
-        raise NotImplementedError("the thread world has no bf16 wire yet (half_mean_): "
-                                  "test --grad-wire bf16 under mpirun")
+        """The mean over ``scope`` (``world`` or ``node``) with bf16 on the wire.
+
+        As the MPI world's (:meth:`Topology.half_mean_`, the same code): across several
+        nodes fp32 inside the node and bf16 between (each local rank its slice); inside one
+        node bf16 shards. Returns the payload bytes this learner sent.
+        """
+        if scope not in ("world", "node"):
+            raise ValueError(f"scope must be 'world' or 'node', got {scope!r}")
+        job = self._job
+        if scope == "world" and self.num_nodes > 1:
+            if self._hier_half is None:
+                self._hier_half = HierarchicalHalfMean(
+                    ThreadComm(job.across[self.local_rank], self.rank), self._watchdog,
+                    job.across[self.local_rank].members, size=self.size,
+                    num_nodes=self.num_nodes, shard=True)
+            intra = ThreadIntra(ThreadComm(job.nodes[self.node], self.rank), self._watchdog)
+            return self._hier_half.mean_(tensor, intra)
+        group = job.world if scope == "world" else job.nodes[self.node]
+        if len(group.members) == 1:
+            return 0
+        key = (scope, tensor.numel(), str(tensor.device))
+        mean = self._half_means.get(key)
+        if mean is None:
+            mean = self._half_means[key] = CompressedMean(
+                ThreadComm(group, self.rank), self._watchdog, group.members, tensor.numel(),
+                tensor.dtype, tensor.device, "bf16", feedback=False)
+        before = mean.bytes_sent
+        mean.mean_(tensor)
+        return mean.bytes_sent - before
 
     def mean_deferred_(self, tensor: torch.Tensor, scope: str) -> bool:
         """Nothing deferred (that is for NCCL streams): False, the caller averages now."""
@@ -168,10 +200,20 @@ class ThreadWorld:
         self._job.world.meet(self.rank, None, "pair channel")  # every learner, in one order
         return channel
 
-    def side_channel(self, wire: str = "fp32", background: bool = True) -> Any:
-        """Not in a thread world yet: BMUF's overlapped or compressed syncs run under mpirun."""
-        raise NotImplementedError("the thread world has no side channel yet: test BMUF with "
-                                  "--bmuf-overlap or a compressed --wire under mpirun")
+    def side_channel(self, wire: str = "fp32", background: bool = True) -> ThreadSideChannel:
+        """A private cross-node channel (collective: every learner makes it).
+
+        Its groups are its own (as MPI's duplicates), so ``background`` jobs run in a thread
+        of this learner beside its own collectives.
+        """
+        job = self._job
+        across, nodes = _made_together(job.world, self.rank, job.duplicate,
+                                       "side channel set-up")
+        inter = ThreadComm(across[self.local_rank], self.rank)
+        intra = ThreadComm(nodes[self.node], self.rank) if self.local_size > 1 else None
+        return ThreadSideChannel(inter, ThreadWatchdog(self.timeout),  # type: ignore[arg-type]
+                                 inter.members, wire, background, intra=intra,
+                                 node_ranks=nodes[self.node].members)
 
     def grad_pipeline(self) -> None:
         """No pipeline applies here."""
@@ -236,14 +278,26 @@ class ThreadJob:
         self.size, self.ranks_per_node, self.timeout = size, ranks_per_node, timeout
         self.num_nodes = size // ranks_per_node
         self.world = Group(list(range(size)), timeout)
-        self.nodes = [Group(list(range(k * ranks_per_node, (k + 1) * ranks_per_node)),
-                             timeout) for k in range(self.num_nodes)]
-        self.across = [Group(list(range(j, size, ranks_per_node)), timeout)
-                       for j in range(ranks_per_node)]
+        self.across, self.nodes = self._layout()
+        self._duplicates: list[Group] = []
+
+    def _layout(self) -> tuple[list[Group], list[Group]]:
+        """New groups of the learners of each local rank across nodes, and of each node."""
+        per, timeout = self.ranks_per_node, self.timeout
+        across = [Group(list(range(j, self.size, per)), timeout) for j in range(per)]
+        nodes = [Group(list(range(k * per, (k + 1) * per)), timeout)
+                 for k in range(self.num_nodes)]
+        return across, nodes
+
+    def duplicate(self) -> tuple[list[Group], list[Group]]:
+        """Groups of their own for a channel (MPI duplicates its communicators for one)."""
+        across, nodes = self._layout()
+        self._duplicates += across + nodes
+        return across, nodes
 
     def break_all(self) -> None:
         """Break every group's barrier: whoever waits there raises at once."""
-        for group in [self.world, *self.nodes, *self.across]:
+        for group in [self.world, *self.nodes, *self.across, *self._duplicates]:
             group.barrier.abort()
 
     def run(self, fn: Callable[[ThreadWorld], T]) -> list[T]:

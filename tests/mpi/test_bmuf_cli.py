@@ -104,16 +104,16 @@ def test_default_recipe_and_one_node_is_reported(tiny_data, tmp_path):
                                                                   1.0)
 
 
-@pytest.mark.parametrize("wire", [("int8",), ("int4",), ("sign",),
-                                  ("topk", "--topk-fraction", "0.03")],
-                         ids=["int8", "int4", "sign", "topk"])
+@pytest.mark.parametrize("wire", [("int8",)], ids=["int8"])
 def test_overlapped_streaming_compressed_resume_is_bit_exact(tiny_data, tmp_path, wire):
     # The issue-18 syncs through the main command: two fragments (blocks of 3 steps,
     # staggered: fragment 0 ends its first block after 1 step), each average applied one
-    # block late, compressed deltas with error feedback (issue 45: int4, and top-k, whose
-    # residuals hold most of every delta). The checkpoint at step 10 holds a mean in flight
-    # and the wire's residuals (per worker); killed at 13 and resumed, the run must end bit
-    # for bit as the uninterrupted one.
+    # block late, compressed deltas with error feedback. The checkpoint at step 10 holds a
+    # mean in flight and the wire's residuals (per worker); killed at 13 and resumed, the
+    # run must end bit for bit as the uninterrupted one. Under mpirun for int8 (MPI's side
+    # channel in its background thread, a real kill); int4, sign and top-k (issue 45, whose
+    # residuals hold most of every delta) run the same check on learners as threads:
+    # tests/unit/test_bmuf_wire_resume_threads.py.
     import json
 
     from tests.mpi._resume import assert_same_run

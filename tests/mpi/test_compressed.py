@@ -2,16 +2,14 @@
 
 ``tests/workers/compressed.py`` checks the mean (bit-identical everywhere, within the
 rounding bounds, error feedback telescoping, exact resume, bytes);
-``tests/workers/half_mean_nodes.py`` checks ``--grad-wire bf16`` across nodes.
+``tests/workers/half_mean_nodes.py`` checks ``--grad-wire bf16`` across nodes (through the
+main command's trainer: ``tests/unit/test_precision_threads.py``, on learners as threads).
 """
 
-import json
 
 import pytest
 
-from hadpsgd.models import build_model
 from tests._mpi import assert_ok, run_worker
-from tests.mpi._resume import run_args
 
 pytestmark = pytest.mark.mpi
 
@@ -45,25 +43,3 @@ def test_grad_wire_bf16_across_nodes_is_fp32_inside_and_bf16_between(nprocs, per
     assert res.stdout.count("OK rank") == nprocs
     if nprocs == 5:
         assert "local 0 sent 0" not in res.stdout  # every node's leader sent its share
-
-
-def test_ssgd_grad_wire_bf16_across_nodes_through_the_main_command(tiny_data, tmp_path):
-    """SSGD over 2 emulated nodes x 2 with ``--grad-wire bf16``, assembled as
-    ``python -m hadpsgd.run`` assembles it: every replica ends with the same bits, and
-    ``grad_wire_bytes`` is what each rank sent between nodes: per step (one bucket of the
-    tiny model's P parameters) a ring's share of its slice, 2 (N - 1) / N x 2 bytes x P / 2,
-    padded to the shards."""
-    steps = 6
-    res = run_worker(4, "precision_run",
-                     *run_args(tiny_data, tmp_path, "--algo", "ssgd", "--ranks-per-node", "2",
-                               "--batch-size", "4", "--max-steps", str(steps),
-                               "--grad-wire", "bf16")[2:])
-    assert_ok(res)
-    every = json.loads(next(x for x in res.stdout.splitlines()
-                            if x.startswith("STATE ")).removeprefix("STATE "))
-    assert len({s["local"] for s in every}) == 1, every
-    params = sum(p.numel() for p in build_model("tiny", 260, 12).parameters())
-    piece = -(-params // 2)  # a local rank's slice of the node's sum
-    shard = -(-piece // 2)  # cut in one shard per node
-    assert all(s["skipped_steps"] == 0 for s in every), every
-    assert {s["grad_wire_bytes"] for s in every} == {steps * 2 * (2 - 1) * shard * 2}, every

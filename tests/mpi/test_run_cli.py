@@ -1,4 +1,7 @@
-"""``python -m hadpsgd.run`` end to end under mpirun: outputs, learning, user errors."""
+"""``python -m hadpsgd.run`` end to end under mpirun: outputs, learning, user errors.
+
+(The learning-rate climb of a large batch and the accuracy on speech frames are the
+trainer's numbers: tests/unit/test_run_threads.py, on learners as threads.)"""
 
 import json
 
@@ -188,40 +191,6 @@ def test_overlapped_reduction_through_the_main_command(tiny_data, tmp_path):
     assert run("on") == run("off")
 
 
-def test_speech_frame_accuracy_where_the_data_names_silence(tiny_data, tmp_path):
-    # The held-out file names classes 0 and 1 silence: every evaluation reports the accuracy
-    # over the other frames too, counted once over all ranks' shards.
-    import shutil
-
-    import numpy as np
-
-    from hadpsgd.data import mark_silence
-
-    heldout = tmp_path / "heldout.h5"
-    shutil.copy(tiny_data[1], heldout)
-    mark_silence(heldout, [0, 1])
-    with h5py.File(heldout, "r") as h5:
-        speech = int(np.isin(h5["labels"][()], [0, 1], invert=True).sum())
-    out = tmp_path / "run"
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
-                      str(heldout), "--preset", "tiny", "--max-steps", "4", "--batch-size", "8",
-                      "--out-dir", str(out), "--no-progress"])
-    assert_ok(res)
-    evals = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
-    assert evals and all(e["speech_frames"] == speech for e in evals)
-    assert all(0.0 <= e["heldout_speech_acc"] <= 1.0 for e in evals)
-    assert f"on speech frames {evals[-1]['heldout_speech_acc']:.4f}" in res.stdout
-    # Without the attribute (the training file): no speech figure, nothing else changes.
-    plain = tmp_path / "plain"
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
-                      str(tiny_data[1]), "--preset", "tiny", "--max-steps", "4", "--batch-size",
-                      "8", "--out-dir", str(plain), "--no-progress"])
-    assert_ok(res)
-    again = [m for m in read_metrics(plain / "metrics.jsonl") if m["kind"] == "eval"]
-    assert "heldout_speech_acc" not in again[-1] and "on speech frames" not in res.stdout
-    assert again[-1]["heldout_acc"] == evals[-1]["heldout_acc"]
-
-
 def test_ranks_started_with_different_options_are_refused(tiny_data, tmp_path):
     """An MPMD command line gives rank 1 another --lr: refused on every rank before anything
     is written (it trained silently at its own rate before), the option named once."""
@@ -235,30 +204,3 @@ def test_ranks_started_with_different_options_are_refused(tiny_data, tmp_path):
     assert res.stderr.count("the ranks were started with different options: rank 1 has "
                             "--lr 0.9 (rank 0 has 0.5)") == 1, res.output[-3000:]
     assert not (tmp_path / "run").exists()
-
-
-def test_a_large_batch_climbs_from_the_base_rate_step_by_step_and_resumes_on_the_climb(
-        tiny_data, tmp_path):
-    # Global batch 16 at --base-batch 4: the scaled rate 4 x 0.05 = 0.2. Goyal et al.'s
-    # gradual warm-up starts at the base batch's 0.05 and reaches 0.2 at the end of the
-    # first epoch; the next epoch anneals from 0.2. A run stopped on the climb and resumed
-    # steps at the same rates as one that never stopped.
-    def run(out, *extra):
-        assert_ok(run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
-                              str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out),
-                              "--no-progress", "--log-every", "1", "--epochs", "2",
-                              "--batch-size", "8", "--base-batch", "4", "--lr", "0.05",
-                              *extra]))
-        return {m["step"]: (m["epoch"], round(m["lr"], 12))
-                for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "train"}
-
-    whole = run(tmp_path / "whole")
-    first = [lr for epoch, lr in whole.values() if epoch == 0]
-    steps = len(first)
-    assert steps >= 3
-    # step k of n trains at 0.05 + 0.15 k / n (k from 0): rising, below the peak
-    assert first == pytest.approx([0.05 + 0.15 * k / steps for k in range(steps)])
-    assert all(lr == pytest.approx(0.2 / 2**0.5) for epoch, lr in whole.values() if epoch == 1)
-    out = tmp_path / "stopped"
-    run(out, "--max-steps", "2")
-    assert run(out, "--resume", "auto", "--max-steps", "0") == whole

@@ -82,12 +82,56 @@ def test_a_collective_one_learner_skips_is_named_at_the_deadline() -> None:
         ThreadJob(3, timeout=0.5).run(learner)
 
 
-def test_what_the_thread_world_lacks_is_refused_by_name() -> None:
-    world = ThreadWorld(ThreadJob(2), 0)
-    for call in (world.side_channel, lambda: world.half_mean_(torch.ones(2), "world")):
-        with pytest.raises(NotImplementedError, match="mpirun"):
-            call()
-    assert world.grad_pipeline() is None and not world.deferrable("world")
+def test_the_side_channel_runs_beside_the_learners_own_collectives() -> None:
+    """BMUF's side channel on threads (the MPI world's ``SideChannel`` and ``CompressedMean``
+    over meetings of groups of its own): a background mean of each node's tensor crosses
+    the nodes while every learner makes its own world allreduce, the fp32 mean exact, the
+    int8 one within its rounding, each the same bits on every learner; a learner that never
+    submits is named at the deadline instead of hanging the others."""
+    def learner(w: World) -> tuple[list[float], list[float], bool]:
+        got = []
+        for wire in ("fp32", "int8"):
+            side = w.side_channel(wire, background=True)
+            t = torch.linspace(-1.0, 1.0, 37) * (w.node + 1)  # the same inside a node
+            job = side.submit(lambda side=side, t=t: side.mean_("x", t), "test mean")
+            mine = torch.full((3,), float(w.rank))
+            w.allreduce_(mine)  # the learner's own collective while the mean is in flight
+            side.wait(job)
+            background = side.background
+            side.close()
+            assert mine.tolist() == [1.5] * 3
+            got.append(t.tolist())
+        return got[0], got[1], background
+
+    every = ThreadJob(4, 2, timeout=30).run(learner)
+    exact = (torch.linspace(-1.0, 1.0, 37) * 1.5).tolist()
+    assert all(e[0] == exact and e[1] == every[0][1] and e[2] for e in every)
+    assert max(abs(a - b) for a, b in zip(every[0][1], exact, strict=True)) < 1.5 / 127
+
+    def one_never_submits(w: World) -> None:
+        side = w.side_channel("int8", background=False)
+        if w.rank != 1:
+            side.mean_("x", torch.ones(8))
+
+    with pytest.raises(CommTimeoutError, match="never arrived"):
+        ThreadJob(2, timeout=0.5).run(one_never_submits)
+
+
+def test_the_bf16_wire_and_what_needs_no_pipeline() -> None:
+    """``half_mean_`` across 2 nodes of 2: the world's mean within one bf16 rounding, the
+    same bits everywhere, and only the inter-node leg's bytes counted (each local rank sends
+    half its slice, 2 bytes a value); no gradient pipeline, nothing deferred."""
+    def learner(w: World) -> tuple[list[float], int]:
+        t = torch.arange(8, dtype=torch.float32) * (w.rank + 1)
+        sent = w.half_mean_(t, "world")
+        assert w.grad_pipeline() is None and not w.deferrable("world")
+        return t.tolist(), sent
+
+    every = ThreadJob(4, 2, timeout=30).run(learner)
+    want = torch.arange(8, dtype=torch.float64) * 2.5
+    assert all(e == every[0] for e in every)
+    assert torch.allclose(torch.tensor(every[0][0], dtype=torch.float64), want, rtol=2**-8)
+    assert every[0][1] == 2 * (2 - 1) * 2 * 2  # slice of 4 values, a shard of 2 per node
 
 
 def test_shared_counters_hand_out_each_ticket_once() -> None:

@@ -1,137 +1,15 @@
-"""Worker: BMUF with overlapped, fragmented and compressed block syncs; dump the results.
+"""Worker: ``tests/bmuf_stream_suite.py``'s run under mpirun.
 
-Usage: ``bmuf_stream.py OUT_DIR``. For every configuration of ``bmuf_common.STREAM`` rank 0
-writes ``OUT_DIR/<name>.npz``: every rank's local parameters, moments and Adam's ``k`` per
-element, the global model, before and after ``finish()``; the fragments' element ranges; the
-in-run checks (node members identical after every step, every replica identical after
-``finish()``, ``sync()`` a no-op, a mid-run resume through ``state_dict``/``node_state`` bit
-exact); whether the means ran in a background thread; and the bytes sent across nodes.
+Usage: ``bmuf_stream.py OUT_DIR`` (see :func:`tests.bmuf_stream_suite.run_stream`).
 """
 
-import io
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-from bmuf_common import STREAM, group_batch, init_params, unflatten
-
 from hadpsgd import comm
-from hadpsgd.algorithms import BMUF
+from tests.bmuf_stream_suite import run_stream
 
-torch.set_default_dtype(torch.float64)
 topo = comm.init()
-out_dir = Path(sys.argv[1])
-KEYS = {"sgd": {"m": "momentum_buffer"}, "adam": {"m": "exp_avg", "v": "exp_avg_sq"},
-        "adamw": {"m": "exp_avg", "v": "exp_avg_sq"}}
-"""The moment buffers, by the reference's names (``tests/bmuf_reference.py``)."""
-
-
-def make(c: dict, theta: np.ndarray) -> tuple[torch.nn.Module, torch.optim.Optimizer, BMUF]:
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), unflatten(theta), strict=True):
-            p.copy_(torch.from_numpy(v))
-    if c["opt"] == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=c["lr"], momentum=c["momentum"],
-                              weight_decay=c["wd"])
-    else:
-        cls = torch.optim.Adam if c["opt"] == "adam" else torch.optim.AdamW
-        opt = cls(model.parameters(), lr=c["lr"], betas=(c["b1"], c["b2"]),
-                  weight_decay=c["wd"])
-    algo = BMUF(model, opt, topo, sync_period=c["tau"], block_momentum=c["eta"],
-                block_lr=c["zeta"], nesterov=c["nesterov"], adam_moments=c["moments"],
-                warmup_steps=c["warmup"], warmup_moments=c["warmup_moments"],
-                warmup_lr=c["warmup_lr"],
-                block_overlap=c["overlap"], fragments=c["fragments"], wire=c["wire"])
-    return model, opt, algo
-
-
-def train_step(model: torch.nn.Module, algo: BMUF, t: int) -> None:
-    x, y = group_batch(topo.rank, 1, t)
-    torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-    algo.step()
-    algo.zero_grad()
-
-
-def flat(model: torch.nn.Module) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
-
-
-def state(c: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, key: str) -> np.ndarray:
-    parts = []
-    for p in model.parameters():
-        s = opt.state[p].get(key)
-        if key == "step":
-            parts.append(torch.full((p.numel(),), float(s) if s is not None else 0.0))
-        else:
-            parts.append(s.reshape(-1) if s is not None else torch.zeros(p.numel()))
-    return torch.cat(parts).numpy().copy()
-
-
-def snapshot(c: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, algo: BMUF) -> dict:
-    snap = {"local": flat(model)}
-    for name, key in KEYS[c["opt"]].items():
-        snap[name] = state(c, model, opt, key)
-    if c["opt"] != "sgd":
-        snap["k"] = state(c, model, opt, "step")
-    with algo.evaluation_parameters() as m:
-        snap["global"] = flat(m)
-    gathered = topo.allgather_object(snap)
-    return {k: np.stack([g[k] for g in gathered]) for k in snap}
-
-
-def run(c: dict) -> dict[str, np.ndarray]:
-    model, opt, algo = make(c, init_params())
-    res: dict[str, np.ndarray] = {}
-    digests = []
-    stop = c["steps"] if c["kind"] != "resume" else c["warmup"] + 2 * c["tau"] + 1
-    for t in range(1, stop + 1):
-        train_step(model, algo, t)
-        digests.append(flat(model).tobytes())
-    if c["kind"] == "resume":
-        # Mid-run, with a mean in flight: through torch.save into a fresh model, optimizer and
-        # BMUF (other initial values); both go on to the end and must agree bit for bit.
-        buf = io.BytesIO()
-        torch.save({"model": model.state_dict(), "algo": algo.state_dict(),
-                    "node": algo.node_state()}, buf)
-        saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
-        model2, opt2, algo2 = make(c, init_params() + 1.0)
-        model2.load_state_dict(saved["model"])
-        algo2.load_state_dict(saved["algo"])
-        if saved["node"] is not None:
-            algo2.load_node_state(saved["node"])
-        for t in range(stop + 1, c["steps"] + 1):
-            train_step(model, algo, t)
-            train_step(model2, algo2, t)
-        for tag, (m_, o_, a_) in {"a": (model, opt, algo), "b": (model2, opt2, algo2)}.items():
-            a_.finish()
-            for k, v in snapshot(c, m_, o_, a_).items():
-                res[f"resume_{tag}_{k}"] = v
-        algo2.close()
-        algo.close()
-        return res
-    res.update({f"before_{k}": v for k, v in snapshot(c, model, opt, algo).items()})
-    algo.sync()
-    res["sync_noop"] = np.array(all(
-        np.array_equal(v, res[f"before_{k}"]) for k, v in snapshot(c, model, opt, algo).items()))
-    algo.finish()
-    res.update({f"after_{k}": v for k, v in snapshot(c, model, opt, algo).items()})
-    gathered = topo.allgather_object((topo.node, digests))
-    res["node_ok"] = np.array(all(g[1] == h[1] for g in gathered for h in gathered
-                                  if g[0] == h[0]))
-    res["frag_bounds"] = np.array([f.spans[torch.float64] for f in algo.fragments])
-    res["background"] = np.array(algo.exchange.side is not None and algo.exchange.side.background)
-    res["wire_bytes"] = np.array(algo.metrics()["wire_bytes"])
-    res["num_syncs"] = np.array(algo.num_syncs)
-    algo.close()
-    return res
-
-
-for c in STREAM:
-    result = run(c)
-    if topo.rank == 0:
-        np.savez(out_dir / f"{c['name']}.npz", **result)
-topo.barrier()
+run_stream(topo, Path(sys.argv[1]))
 topo.close()
 print(f"OK rank {topo.rank} {topo.describe()}", flush=True)
