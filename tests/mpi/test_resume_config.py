@@ -1,4 +1,7 @@
-"""A resume runs the run it resumes: its own configuration, differences refused by name."""
+"""A resume runs the run it resumes: its own configuration, differences refused by name.
+
+The runs go to a warm world (``tests/_commands.py``: ``hadpsgd.run.main`` under mpirun, the
+ranks' imports paid once), except where a test rewrites a data file between runs."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import json
 
 import pytest
 
+from tests._commands import run_command
 from tests._mpi import assert_ok, run_mpi
 from tests.mpi._resume import run_args
 
@@ -22,10 +26,10 @@ def test_a_resume_takes_the_runs_configuration_and_refuses_other_values(tiny_dat
     naming both and writing nothing; --max-steps may change; --allow-resume-change optimizer
     carries the model over to Adam (no KeyError)."""
     out = tmp_path / "hp"
-    assert_ok(run_mpi(1, run_args(tiny_data, out, "--lr", "0.1", "--momentum", "0.5",
+    assert_ok(run_command(1, run_args(tiny_data, out, "--lr", "0.1", "--momentum", "0.5",
                                   "--batch-size", "8", "--max-steps", "4")))
     before = (out / "config.json").read_text()
-    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--batch-size", "16",
+    res = run_command(1, run_args(tiny_data, out, "--resume", "auto", "--batch-size", "16",
                               "--seed", "7", "--max-steps", "8"))
     assert res.returncode == 2, res.output[-3000:]
     assert "--batch-size 16 (the run has 8)" in res.stderr
@@ -33,13 +37,13 @@ def test_a_resume_takes_the_runs_configuration_and_refuses_other_values(tiny_dat
     assert "--allow-resume-change batch-size,seed" in res.stderr
     assert "Traceback" not in res.output
     assert (out / "config.json").read_text() == before  # nothing written
-    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "8"))
+    res = run_command(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "8"))
     assert_ok(res)
     assert "resumed from" in res.stdout and "at step 4" in res.stdout
     cfg = _config(out)
     assert cfg["optim"]["lr"] == 0.1 and cfg["optim"]["momentum"] == 0.5
     assert cfg["train"]["batch_size"] == 8 and cfg["train"]["max_steps"] == 8
-    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "10",
+    res = run_command(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "10",
                               "--optimizer", "adam", "--lr", "0.001",
                               "--allow-resume-change", "optimizer,lr"))
     assert_ok(res)
@@ -50,7 +54,8 @@ def test_a_resume_takes_the_runs_configuration_and_refuses_other_values(tiny_dat
 def test_a_resume_refuses_other_data_under_the_same_path(tiny_data, tmp_path):
     """The training file is regenerated under its old name (same dimensions, other
     utterances): the resume is refused with exit 2, naming the file and what differs, before
-    anything is written; --allow-resume-change train carries the model over to it."""
+    anything is written; --allow-resume-change train carries the model over to it. Each run
+    its own launch: a warm world (tests/_commands.py) would still hold the old file open."""
     import shutil
 
     from hadpsgd.data.synth import SynthSpec, generate
@@ -88,17 +93,17 @@ def test_resume_auto_where_every_checkpoint_is_damaged_is_refused(tiny_data, tmp
     from hadpsgd.train.metrics import read_metrics
 
     out = tmp_path / "run"
-    assert_ok(run_mpi(1, run_args(tiny_data, out, "--batch-size", "8", "--max-steps", "4",
+    assert_ok(run_command(1, run_args(tiny_data, out, "--batch-size", "8", "--max-steps", "4",
                                   "--checkpoint-every", "2")))
     for ckpt in (out / "checkpoints").glob("step-*"):
         (ckpt / "state.pt").write_bytes(b"damaged")
-    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "6"))
+    res = run_command(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "6"))
     assert res.returncode == 2, res.output[-3000:]
     assert res.stdout.count("skipping checkpoint") == 2
     assert "holds 2 checkpoint(s) and none is complete" in res.stderr
     assert "--overwrite" in res.stderr and "Traceback" not in res.output
     shutil.rmtree(out / "checkpoints")
-    res = run_mpi(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "2"))
+    res = run_command(1, run_args(tiny_data, out, "--resume", "auto", "--max-steps", "2"))
     assert_ok(res)
     assert "no checkpoint in" in res.stdout and "starting fresh" in res.stdout
     kinds = [(r["kind"], r["step"]) for r in read_metrics(out / "metrics.jsonl")]

@@ -1,7 +1,10 @@
 """``python -m hadpsgd.run`` end to end under mpirun: outputs, learning, user errors.
 
-(The learning-rate climb of a large batch and the accuracy on speech frames are the
-trainer's numbers: tests/unit/test_run_threads.py, on learners as threads.)"""
+Runs that end normally or are refused go to a warm world (``tests/_commands.py``:
+``hadpsgd.run.main`` under mpirun, the ranks' imports paid once); the README's run, the
+endings of a job and what a process does at its end launch as a user does. (The
+learning-rate climb of a large batch and the accuracy on speech frames are the trainer's
+numbers: tests/unit/test_run_threads.py, on learners as threads.)"""
 
 import json
 
@@ -9,6 +12,7 @@ import h5py
 import pytest
 
 from hadpsgd.train import read_metrics
+from tests._commands import run_command
 from tests._mpi import assert_ok, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -44,7 +48,7 @@ def test_two_rank_run_learns_and_writes_outputs(tiny_data, tmp_path):
 
 
 def test_unknown_algo_lists_registered():
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--algo", "nope"], timeout=120)
+    res = run_command(2, ["-m", "hadpsgd.run", "--algo", "nope"], timeout=120)
     assert res.returncode != 0
     assert "nope" in res.stderr and "ssgd" in res.stderr
 
@@ -62,7 +66,7 @@ def test_malformed_file_is_named_and_job_ends(tiny_data, tmp_path):
 
 
 def test_missing_file_is_named(tiny_data, tmp_path):
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tmp_path / "nope.h5"), "--heldout",
+    res = run_command(2, ["-m", "hadpsgd.run", "--train", str(tmp_path / "nope.h5"), "--heldout",
                       str(tiny_data[1])], timeout=120)
     assert res.returncode != 0
     assert "nope.h5" in res.stderr and "--train" in res.stderr
@@ -73,8 +77,8 @@ def test_resume_with_other_world_size_is_refused(tiny_data, tmp_path):
     common = ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
               str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out), "--max-steps", "2",
               "--no-progress"]
-    assert_ok(run_mpi(2, common))
-    res = run_mpi(1, [*common, "--resume", "auto"], timeout=120)
+    assert_ok(run_command(2, common))
+    res = run_command(1, [*common, "--resume", "auto"], timeout=120)
     assert res.returncode != 0 and "-np 2" in res.stderr
 
 
@@ -91,29 +95,29 @@ def test_a_fresh_start_never_mixes_with_the_run_in_its_directory(tiny_data, tmp_
     common = ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
               str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out), "--no-progress",
               "--log-every", "1"]
-    assert_ok(run_mpi(2, [*common, "--max-steps", "4"]))
+    assert_ok(run_command(2, [*common, "--max-steps", "4"]))
     before = _snapshot(out)
-    res = run_mpi(2, [*common, "--max-steps", "2"], timeout=120)
+    res = run_command(2, [*common, "--max-steps", "2"], timeout=120)
     assert res.returncode == 2, res.output[-3000:]
     assert "already holds a run" in res.stderr and "--resume auto" in res.stderr
     assert "--overwrite" in res.stderr and "up to step 4" in res.stderr
     assert _snapshot(out) == before  # nothing written, nothing moved
     # --overwrite starts over: only the new run's records and checkpoints remain.
-    res = run_mpi(2, [*common, "--max-steps", "2", "--overwrite"])
+    res = run_command(2, [*common, "--max-steps", "2", "--overwrite"])
     assert_ok(res)
     steps = [m["step"] for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "train"]
     assert steps and max(steps) == 2
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000002"]
     # ...and --resume auto continues it, as before.
-    assert_ok(run_mpi(2, [*common, "--max-steps", "3", "--resume", "auto"]))
+    assert_ok(run_command(2, [*common, "--max-steps", "3", "--resume", "auto"]))
 
 
 def test_a_checkpoint_of_another_preset_is_refused_by_name(tiny_data, tmp_path):
     out = tmp_path / "r"
     common = ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
               str(tiny_data[1]), "--out-dir", str(out), "--max-steps", "2", "--no-progress"]
-    assert_ok(run_mpi(2, [*common, "--preset", "tiny"]))
-    res = run_mpi(2, [*common, "--preset", "small", "--resume", "auto"], timeout=120)
+    assert_ok(run_command(2, [*common, "--preset", "tiny"]))
+    res = run_command(2, [*common, "--preset", "small", "--resume", "auto"], timeout=120)
     assert res.returncode == 2, res.output[-3000:]
     # A resume runs its run's configuration: another --preset is named as a difference.
     assert "--preset small (the run has tiny)" in res.stderr and "Traceback" not in res.stderr
@@ -128,7 +132,7 @@ def test_a_run_ending_on_a_checkpoint_boundary_evaluates_and_finishes(algo, tiny
     # used to be taken first, so the run skipped its closing evaluation (and BMUF its closing
     # sync) and crashed printing the summary of an empty history.
     out = tmp_path / "r"
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+    res = run_command(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
                       str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(out),
                       "--batch-size", "4", "--max-steps", "6", "--checkpoint-every", "2",
                       "--no-progress", *algo])
@@ -178,7 +182,7 @@ def test_overlapped_reduction_through_the_main_command(tiny_data, tmp_path):
     as ``--overlap off`` through ``python -m hadpsgd.run``: same buckets, same calls."""
     def run(overlap: str) -> list[float]:
         out = tmp_path / overlap
-        assert_ok(run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+        assert_ok(run_command(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
                               str(tiny_data[1]), "--preset", "tiny", "--epochs", "2",
                               "--batch-size", "8", "--out-dir", str(out), "--no-progress",
                               "--overlap", overlap, "--grad-bucket-mb", "0.01",
