@@ -3,23 +3,24 @@
 A launch costs every rank an import of torch and torch._dynamo (4-5 s of CPU on the 2-core CI
 machine), which is most of what a short run of the main command costs. Tests whose runs end
 normally or with a user's error (a refusal, exit 2) send their commands here instead, through
-``tests._mpi.CommandServer``: rank 0 reads one JSON line a command from its standard input
-(``{"argv": [...], "env": {...}}``), every rank sets the command's environment, runs
-``hadpsgd.run.main(argv)`` with its standard output and error captured (as the command's own
-process would print them) and puts the environment back; rank 0 prints one ``RESULT`` line:
-the exit code (the first non-zero rank's, as mpirun reports it) and every rank's output in
-rank order. Runs that kill, hang, abort or end the job another way are launched as before.
+``tests._commands.run_command``: rank 0 reads one JSON line a command from its standard input
+(``{"argv": [...], "env": {...}}``), every rank sets the command's environment (the fault
+plan read afresh), runs ``hadpsgd.run.main(argv)`` with its standard output and error
+captured (as the command's own process would print them) and puts the environment back;
+rank 0 prints one ``RESULT`` line: the exit code (the first non-zero rank's, as mpirun
+reports it) and every rank's output in rank order. Runs that kill, hang, abort or end the
+job another way are launched as before.
 """
 
 import contextlib
 import io
 import json
-import os
 import sys
 import traceback
 
-from hadpsgd import faults, run
+from hadpsgd import run
 from hadpsgd.comm.mpi import mpi
+from tests.trainer_threads import environment
 
 MPI = mpi()
 world = MPI.COMM_WORLD
@@ -28,12 +29,10 @@ while True:
     command = world.bcast(json.loads(line) if line else None, root=0)
     if command is None:
         break
-    before = {key: os.environ.get(key) for key in command["env"]}
-    os.environ.update(command["env"])
     sys.argv = ["hadpsgd.run", *command["argv"]]  # as the command's own process has it
-    faults._PLAN = None  # noqa: SLF001 - the process-wide plan, read afresh per command
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with environment(command["env"]), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
         try:
             code = run.main(command["argv"])
         except SystemExit as ended:
@@ -41,12 +40,6 @@ while True:
         except BaseException:  # noqa: BLE001 - said as the process would say it
             traceback.print_exc()
             code = 1
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    faults._PLAN = None  # noqa: SLF001
     every = world.gather((code, out.getvalue(), err.getvalue()), root=0)
     if world.rank == 0:
         codes = [c for c, _, _ in every]
