@@ -52,7 +52,7 @@ class CommandServer:
         self.errors: list[str] = []
         threading.Thread(target=self._read, args=(self.proc.stdout, self.lines.put),
                          daemon=True).start()
-        threading.Thread(target=self._read, args=(self.proc.stderr, self.errors.append),
+        threading.Thread(target=self._read, args=(self.proc.stderr, self._error),
                          daemon=True).start()
         LAUNCHES.append({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
                          "nprocs": nprocs, "args": ["command_server"], "seconds": 0.0})
@@ -63,6 +63,10 @@ class CommandServer:
         for line in stream:
             put(line)  # type: ignore[operator]
         put(None)  # type: ignore[operator]
+
+    def _error(self, line: str | None) -> None:
+        if line is not None:
+            self.errors.append(line)
 
     @property
     def alive(self) -> bool:

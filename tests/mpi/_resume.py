@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from tests._commands import run_command
 from tests._mpi import MPIResult, assert_ok, run_mpi
 
 
@@ -21,7 +22,13 @@ def train(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
           env: dict[str, str] | None = None, ok: bool = True) -> MPIResult:
     """Run training with the chunk trace going to ``out/trace``."""
     full_env = {"HADPSGD_TRACE_CHUNKS": str(out / "trace"), **(env or {})}
-    res = run_mpi(nprocs, run_args(data, out, *extra), env=full_env)
+    # A run that ends normally, or with a fault the run itself takes (a non-finite gradient,
+    # an overflow), goes to a warm world (tests/_commands.py); one whose fault ends a
+    # process (kill, hang, stop, a signal, an exception) is launched.
+    fault = full_env.get("HADPSGD_FAULT", "")
+    ends = any(f"kind={kind}" in fault for kind in ("kill", "hang", "stop", "signal", "raise"))
+    runner = run_mpi if ends else run_command
+    res = runner(nprocs, run_args(data, out, *extra), env=full_env)
     if ok:
         assert_ok(res)
     return res

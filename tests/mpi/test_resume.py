@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._mpi import assert_ok, run_mpi
+from tests._commands import run_command
+from tests._mpi import assert_ok
 from tests.mpi._resume import (
     assert_same_run,
     final_state,
@@ -116,16 +117,16 @@ def test_adpsgd_resume_consumes_each_epoch_chunk_once(tiny_data, tmp_path):
 
 
 def test_resume_with_other_algo_or_world_size(tiny_data, tmp_path):
-    assert_ok(run_mpi(2, run_args(tiny_data, tmp_path, "--max-steps", "12", "--batch-size",
+    assert_ok(run_command(2, run_args(tiny_data, tmp_path, "--max-steps", "12", "--batch-size",
                                   "4")))
-    res = run_mpi(2, run_args(tiny_data, tmp_path, "--algo", "bmuf", "--resume", "auto",
+    res = run_command(2, run_args(tiny_data, tmp_path, "--algo", "bmuf", "--resume", "auto",
                               "--batch-size", "4"), timeout=120)
     assert res.returncode == 2 and "--algo bmuf (the run has ssgd)" in res.stderr
     assert "--allow-resume-change" in res.stderr
-    res = run_mpi(1, run_args(tiny_data, tmp_path, "--resume", "auto", "--batch-size", "4"),
+    res = run_command(1, run_args(tiny_data, tmp_path, "--resume", "auto", "--batch-size", "4"),
                   timeout=120)
     assert res.returncode == 2 and "2 learners (now 1" in res.stderr
-    res = run_mpi(1, run_args(tiny_data, tmp_path, "--resume", "auto", "--batch-size", "4",
+    res = run_command(1, run_args(tiny_data, tmp_path, "--resume", "auto", "--batch-size", "4",
                               "--allow-resume-change", "--max-steps", "16"))
     assert_ok(res)
     # 12 steps at global batch 8 = 96 chunks: the rest of the epoch starts after them.

@@ -16,7 +16,10 @@ import contextlib
 import io
 import json
 import sys
+import time
 import traceback
+
+import numpy as np
 
 from hadpsgd import run
 from hadpsgd.comm.mpi import mpi
@@ -24,9 +27,26 @@ from tests.trainer_threads import environment
 
 MPI = mpi()
 world = MPI.COMM_WORLD
+
+
+def next_command() -> dict | None:
+    """Rank 0's next command (None: no more), on every rank. The others wait for it polling
+    with sleeps: a blocking broadcast spins a core for as long as the server is idle, and
+    that core is the one the rest of the suite needs."""
+    line = sys.stdin.readline().encode() if world.rank == 0 else b""
+    size = np.array([len(line)], dtype=np.int64)
+    request = world.Ibcast(size, root=0)
+    while not request.Test():
+        time.sleep(0.02)
+    if not size[0]:
+        return None
+    data = np.frombuffer(line, dtype=np.uint8).copy() if world.rank == 0 else \
+        np.empty(int(size[0]), dtype=np.uint8)
+    world.Bcast(data, root=0)
+    return json.loads(data.tobytes().decode())
+
 while True:
-    line = sys.stdin.readline() if world.rank == 0 else None
-    command = world.bcast(json.loads(line) if line else None, root=0)
+    command = next_command()
     if command is None:
         break
     sys.argv = ["hadpsgd.run", *command["argv"]]  # as the command's own process has it
