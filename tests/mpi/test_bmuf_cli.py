@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._commands import run_command
 from tests._mpi import assert_ok, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -15,7 +16,8 @@ def _train(data: tuple[Path, Path], out: Path, *extra: str, fault: str = "") -> 
     from hadpsgd.train import latest_checkpoint, load_checkpoint
 
     # Two emulated nodes of one learner: N = 2 super-learners, eta = 1 - 1/2.
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(data[0]), "--heldout", str(data[1]),
+    run = run_mpi if fault else run_command  # a kill ends a process: launched
+    res = run(2, ["-m", "hadpsgd.run", "--train", str(data[0]), "--heldout", str(data[1]),
                       "--preset", "tiny", "--out-dir", str(out), "--no-progress", "--algo",
                       "bmuf", "--optimizer", "adam", "--beta1", "0.5", "--lr", "0.002",
                       "--warmup-epochs", "0", "--batch-size", "8", "--epochs", "3",
@@ -72,10 +74,10 @@ def test_resume_is_bit_exact(tiny_data, tmp_path):
 
     loaded = load_model(mid)  # forward verifies every part and takes the global model
     assert loaded.checkpoint == mid and loaded.weights == "eval_model"
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
-                      str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path / "x"),
-                      "--no-progress", "--algo", "bmuf", "--resume", str(mid)],
-                  env={"HADPSGD_RANKS_PER_NODE": "2"})
+    res = run_command(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                          str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path / "x"),
+                          "--no-progress", "--algo", "bmuf", "--resume", str(mid)],
+                      env={"HADPSGD_RANKS_PER_NODE": "2"})
     assert res.returncode == 2, res.output[-3000:]
     assert "2 super-learners (nodes) each with its own state (now 1; the same -np and " \
         "--ranks-per-node" in res.stderr
@@ -91,9 +93,9 @@ def test_default_recipe_and_one_node_is_reported(tiny_data, tmp_path):
     import json
 
     # Two ranks on one (real) node: a single super-learner, which the run must say.
-    res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
-                      str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path),
-                      "--no-progress", "--algo", "bmuf", "--max-steps", "3"])
+    res = run_command(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
+                          str(tiny_data[1]), "--preset", "tiny", "--out-dir", str(tmp_path),
+                          "--no-progress", "--algo", "bmuf", "--max-steps", "3"])
     assert_ok(res)
     assert res.stderr.count("[hadpsgd] warning: bmuf with a single super-learner") == 1
     assert "--ranks-per-node 1" in res.stderr

@@ -18,6 +18,7 @@ import json
 import sys
 import time
 import traceback
+import warnings
 
 import numpy as np
 
@@ -51,8 +52,10 @@ while True:
         break
     sys.argv = ["hadpsgd.run", *command["argv"]]  # as the command's own process has it
     out, err = io.StringIO(), io.StringIO()
+    # catch_warnings: each command's warnings filters and "once per place" registry its own,
+    # so a warning an earlier command gave is given again, as a fresh process would.
     with environment(command["env"]), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
+            contextlib.redirect_stderr(err), warnings.catch_warnings():
         try:
             code = run.main(command["argv"])
         except SystemExit as ended:
