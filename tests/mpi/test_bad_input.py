@@ -24,6 +24,7 @@ import pytest
 
 from hadpsgd.data import ChunkDataset, write_features
 from hadpsgd.data.validate_stamp import sample_frames
+from tests._commands import run_command
 from tests._mpi import MPIResult, assert_ok, run_mpi, run_worker
 
 pytestmark = pytest.mark.mpi
@@ -39,9 +40,12 @@ def argv(train: Path, heldout: Path, out: Path, *extra: str) -> list[str]:
             "1", "--batch-size", str(BATCH), "--no-progress", "--out-dir", str(out), *extra]
 
 
-def launch(nprocs: int, train: Path, heldout: Path, out: Path, *extra: str) -> MPIResult:
-    return run_mpi(nprocs, ["-m", "hadpsgd.run", *argv(train, heldout, out, *extra)],
-                   timeout=120)
+def launch(nprocs: int, train: Path, heldout: Path, out: Path, *extra: str,
+           ends_job: bool = False) -> MPIResult:
+    """The run on a warm world (tests/_commands.py), or launched where an error mid-run ends
+    the job by MPI's abort (``ends_job``: the warm world would lose what it printed)."""
+    run = run_mpi if ends_job else run_command
+    return run(nprocs, ["-m", "hadpsgd.run", *argv(train, heldout, out, *extra)], timeout=120)
 
 
 # ------------------------------------------------------------------ one rank, one launch
@@ -268,7 +272,8 @@ def test_nan_frame_in_a_stamped_file_read_mid_run(tiny_data, tmp_path, split):
         utt_ids = list(f["utt_ids"].asstr()[()])
     train, heldout = (bad, tiny_data[1]) if split == "train" else (tiny_data[0], bad)
     nprocs, extra = (1, ["--num-workers", "1"]) if split == "train" else (2, [])
-    res = launch(nprocs, train, heldout, tmp_path / "o", "--max-steps", "2", *extra)
+    res = launch(nprocs, train, heldout, tmp_path / "o", "--max-steps", "2", *extra,
+                 ends_job=True)
     assert res.returncode == 2, res.output[-4000:]
     errors = [ln for ln in res.stderr.splitlines() if "error: " in ln]
     assert errors and "Traceback" not in res.stderr, res.stderr[-4000:]
