@@ -13,6 +13,7 @@ from hadpsgd.algorithms.gossip import neighbours
 from hadpsgd.comm import payload_bytes
 from hadpsgd.comm.threads import ThreadJob
 from hadpsgd.train import read_metrics
+from tests._commands import run_command
 from tests._mpi import assert_ok, run_mpi, run_worker
 from tests.adpsgd_suite import run_cases
 from tests.mpi._resume import final_state
@@ -175,11 +176,12 @@ def test_bounded_staleness_through_the_main_command(tiny_data, tmp_path):
     # waited), then resumed: the bound counts this process's steps, not the restored step
     # count (it compared the two and waited for good after any resume).
     def train(steps: str) -> None:
-        res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size", "2",
-                          "--max-staleness", "2", "--train", str(tiny_data[0]), "--heldout",
-                          str(tiny_data[1]), "--preset", "tiny", "--max-steps", steps,
-                          "--batch-size", "4", "--out-dir", str(tmp_path / "run"),
-                          "--resume", "auto", "--no-progress"], env={"HADPSGD_TIMEOUT": "30"})
+        res = run_command(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size",
+                              "2", "--max-staleness", "2", "--train", str(tiny_data[0]),
+                              "--heldout", str(tiny_data[1]), "--preset", "tiny",
+                              "--max-steps", steps, "--batch-size", "4", "--out-dir",
+                              str(tmp_path / "run"), "--resume", "auto", "--no-progress"],
+                          env={"HADPSGD_TIMEOUT": "30"})
         assert_ok(res)
         assert "done in" in res.stdout
 
@@ -261,11 +263,12 @@ def test_frozen_neighbour_is_named(tmp_path):
 def test_adpsgd_trains_end_to_end(tiny_data, tmp_path):
     # With int8 gossip (the straggler runs below take the default fp32 through the CLI).
     out = tmp_path / "run"
-    res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size", "2",
-                      "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
-                      "--preset", "tiny", "--epochs", "3", "--batch-size", "4", "--optimizer",
-                      "adam", "--lr", "0.005", "--warmup-epochs", "0", "--out-dir", str(out),
-                      "--log-every", "5", "--no-progress", "--wire", "int8"])
+    res = run_command(4, ["-m", "hadpsgd.run", "--algo", "adpsgd", "--super-learner-size",
+                          "2", "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
+                          "--preset", "tiny", "--epochs", "3", "--batch-size", "4",
+                          "--optimizer", "adam", "--lr", "0.005", "--warmup-epochs", "0",
+                          "--out-dir", str(out), "--log-every", "5", "--no-progress", "--wire",
+                          "int8"])
     assert_ok(res)
     recs = read_metrics(out / "metrics.jsonl")
     evals = [m for m in recs if m["kind"] == "eval"]
