@@ -20,14 +20,14 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 import pytest
 
-from tests._mpi import LAUNCHES, MPI_TIMEOUT_S, ROOT, WORKERS, MPIResult
+from tests._mpi import LAUNCHES, MPI_TIMEOUT_S, ROOT, WORKERS, MPIResult, mpirun_job
 
 COMMAND = ["-m", "hadpsgd.run"]
 
@@ -36,15 +36,7 @@ class CommandServer:
     """One warm world of ``nprocs`` ranks (see the module's text)."""
 
     def __init__(self, nprocs: int) -> None:
-        from hadpsgd.launch import launch_env, mpirun_command
-
-        self.nprocs = nprocs
-        cmd = mpirun_command(nprocs, [], module="x")[:-3]  # launcher + its local flags
-        cmd += [sys.executable, str(WORKERS / "command_server.py")]
-        env = launch_env(nprocs=nprocs)
-        env.setdefault("HADPSGD_TIMEOUT", "60")
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        self.started = time.monotonic()
+        cmd, env = mpirun_job(nprocs, [str(WORKERS / "command_server.py")])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                                      start_new_session=True)
@@ -58,11 +50,11 @@ class CommandServer:
                          "nprocs": nprocs, "args": ["command_server"], "seconds": 0.0})
 
     @staticmethod
-    def _read(stream: IO[str] | None, put: object) -> None:
+    def _read(stream: IO[str] | None, put: Callable[[str | None], None]) -> None:
         assert stream is not None
         for line in stream:
-            put(line)  # type: ignore[operator]
-        put(None)  # type: ignore[operator]
+            put(line)
+        put(None)
 
     def _error(self, line: str | None) -> None:
         if line is not None:

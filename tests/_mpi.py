@@ -51,16 +51,23 @@ class MPIResult:
         return self.stdout + self.stderr
 
 
-def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,
-            env: dict[str, str] | None = None, cwd: Path | None = None) -> MPIResult:
-    """Run ``mpirun -np nprocs python <args>`` (args start with ``-m mod`` or a script path)."""
+def mpirun_job(nprocs: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line of ``mpirun -np nprocs python <args>`` and its environment (the
+    launcher's, a 60 s deadline unless set, this checkout first on the path)."""
     from hadpsgd.launch import launch_env, mpirun_command
 
     cmd = mpirun_command(nprocs, [], module="x")[:-3]  # launcher + its local flags
     cmd += [sys.executable, *args]
-    full_env = launch_env(nprocs=nprocs)
-    full_env.setdefault("HADPSGD_TIMEOUT", "60")
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    env = launch_env(nprocs=nprocs)
+    env.setdefault("HADPSGD_TIMEOUT", "60")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return cmd, env
+
+
+def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,
+            env: dict[str, str] | None = None, cwd: Path | None = None) -> MPIResult:
+    """Run ``mpirun -np nprocs python <args>`` (args start with ``-m mod`` or a script path)."""
+    cmd, full_env = mpirun_job(nprocs, args)
     full_env.update(env or {})
     started = time.monotonic()
     for _ in range(LAUNCH_TRIES):

@@ -338,6 +338,30 @@ class HierarchicalHalfMean:
         return buf[:numel]
 
 
+def half_mean_in_(means: dict[tuple[str, int, str], CompressedMean], scope: str, comm: Any,
+                  watchdog: Watchdog, ranks: list[int], tensor: torch.Tensor) -> int:
+    """The mean of ``tensor`` over ``comm`` (one node, or a world of one) with bf16 shards.
+
+    ``--grad-wire bf16`` inside one node, for either world: each learner's tensor rounded to
+    bfloat16 and sent in shards (all-to-all), each shard's versions summed in fp32 in rank
+    order, rounded once more and gathered by every learner, no residual kept between calls.
+    The :class:`CompressedMean` of each scope and size is made once and kept in ``means``.
+
+    Returns:
+        The payload bytes this learner sent (0 alone in ``comm``).
+    """
+    if comm.Get_size() == 1:
+        return 0
+    key = (scope, tensor.numel(), str(tensor.device))
+    mean = means.get(key)
+    if mean is None:
+        mean = means[key] = CompressedMean(comm, watchdog, ranks, tensor.numel(), tensor.dtype,
+                                           tensor.device, "bf16", feedback=False)
+    before = mean.bytes_sent
+    mean.mean_(tensor)
+    return mean.bytes_sent - before
+
+
 def _residual(out: torch.Tensor, x: torch.Tensor, sent: torch.Tensor) -> None:
     """``out = x - sent``, the error carried to the next exchange.
 
@@ -348,4 +372,4 @@ def _residual(out: torch.Tensor, x: torch.Tensor, sent: torch.Tensor) -> None:
     out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-__all__ = ["MEAN_BUCKET_ELEMS", "CompressedMean", "HierarchicalHalfMean"]
+__all__ = ["MEAN_BUCKET_ELEMS", "CompressedMean", "HierarchicalHalfMean", "half_mean_in_"]

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from hadpsgd.comm.compressed import CompressedMean, HierarchicalHalfMean
+from hadpsgd.comm.compressed import CompressedMean, HierarchicalHalfMean, half_mean_in_
 from hadpsgd.comm.deadline import CommTimeoutError
 from hadpsgd.comm.meetings import Group, ThreadCounter, ThreadPairChannel, _made_together
 from hadpsgd.comm.thread_links import ThreadComm, ThreadIntra, ThreadSideChannel, ThreadWatchdog
@@ -104,13 +104,9 @@ class ThreadWorld:
                 what: str) -> torch.Tensor:
         if op not in ("avg", "sum"):
             raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
-        seen = group.meet(self.rank, tensor.detach().clone(), what)
-        total = seen[0].clone()
-        for other in seen[1:]:
-            total += other
+        ThreadComm(group, self.rank).sum_(tensor, what)
         if op == "avg":
-            total /= len(seen)
-        tensor.copy_(total)
+            tensor.div_(len(group.members))
         return tensor
 
     def allreduce_(self, tensor: torch.Tensor, op: ReduceOp = "avg",
@@ -162,17 +158,8 @@ class ThreadWorld:
             intra = ThreadIntra(ThreadComm(job.nodes[self.node], self.rank), self._watchdog)
             return self._hier_half.mean_(tensor, intra)
         group = job.world if scope == "world" else job.nodes[self.node]
-        if len(group.members) == 1:
-            return 0
-        key = (scope, tensor.numel(), str(tensor.device))
-        mean = self._half_means.get(key)
-        if mean is None:
-            mean = self._half_means[key] = CompressedMean(
-                ThreadComm(group, self.rank), self._watchdog, group.members, tensor.numel(),
-                tensor.dtype, tensor.device, "bf16", feedback=False)
-        before = mean.bytes_sent
-        mean.mean_(tensor)
-        return mean.bytes_sent - before
+        return half_mean_in_(self._half_means, scope, ThreadComm(group, self.rank),
+                             self._watchdog, group.members, tensor)  # type: ignore[arg-type]
 
     def mean_deferred_(self, tensor: torch.Tensor, scope: str) -> bool:
         """Nothing deferred (that is for NCCL streams): False, the caller averages now."""

@@ -271,7 +271,7 @@ class Topology:
             other nodes (half of the fp32 hierarchical allreduce's), inside one node those
             it sent to the node's learners (half of an fp32 ring's share).
         """
-        from hadpsgd.comm.compressed import CompressedMean  # noqa: PLC0415 - --grad-wire only
+        from hadpsgd.comm.compressed import half_mean_in_  # noqa: PLC0415 - --grad-wire only
 
         if scope not in ("world", "node"):
             raise ValueError(f"scope must be 'world' or 'node', got {scope!r}")
@@ -279,17 +279,7 @@ class Topology:
             return self._half_mean_across_(tensor)
         comm, ranks = ((self.comm, list(range(self.size))) if scope == "world"
                        else (self.intra, self.node_ranks))
-        if comm.Get_size() == 1:
-            return 0
-        key = (scope, tensor.numel(), str(tensor.device))
-        mean = self._half_means.get(key)
-        if mean is None:
-            mean = self._half_means[key] = CompressedMean(
-                comm, self.watchdog, ranks, tensor.numel(), tensor.dtype, tensor.device,
-                "bf16", feedback=False)
-        before = mean.bytes_sent
-        mean.mean_(tensor)
-        return mean.bytes_sent - before
+        return half_mean_in_(self._half_means, scope, comm, self.watchdog, ranks, tensor)
 
     def _half_mean_across_(self, tensor: torch.Tensor) -> int:
         """:meth:`half_mean_` over the world of several nodes (fp32 inside, bf16 between)."""

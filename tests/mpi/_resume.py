@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from hadpsgd.faults import parse
 from tests._commands import run_command
 from tests._mpi import MPIResult, assert_ok, run_mpi
 
@@ -25,9 +26,8 @@ def train(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
     # A run that ends normally, or with a fault the run itself takes (a non-finite gradient,
     # an overflow), goes to a warm world (tests/_commands.py); one whose fault ends a
     # process (kill, hang, stop, a signal, an exception) is launched.
-    fault = full_env.get("HADPSGD_FAULT", "")
-    ends = any(f"kind={kind}" in fault for kind in ("kill", "hang", "stop", "signal", "raise"))
-    runner = run_mpi if ends else run_command
+    taken = all(f.kind in ("nan", "overflow") for f in parse(full_env.get("HADPSGD_FAULT", "")))
+    runner = run_command if taken else run_mpi
     res = runner(nprocs, run_args(data, out, *extra), env=full_env)
     if ok:
         assert_ok(res)

@@ -46,6 +46,7 @@ def next_command() -> dict | None:
     world.Bcast(data, root=0)
     return json.loads(data.tobytes().decode())
 
+
 while True:
     command = next_command()
     if command is None:
