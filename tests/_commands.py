@@ -1,13 +1,16 @@
-"""The main command's runs through a warm world: ``run_command`` beside ``run_mpi``.
+"""Commands and workers through a warm world: ``run_command`` beside ``run_mpi``.
 
-``run_command(nprocs, args)`` gives what ``run_mpi(nprocs, args)`` gives for
-``args = ["-m", "hadpsgd.run", ...]`` (exit code, the ranks' output), but sends the command
-to a world of ``nprocs`` ranks started once for the whole pytest session
-(``tests/workers/command_server.py``), which runs ``hadpsgd.run.main`` for it: the ranks'
-imports of torch and torch._dynamo, most of a short run's cost, are paid once, not per run.
-Only for runs that end normally or are refused with a user's error: a run that kills, hangs,
-aborts or ends the job another way is launched with ``run_mpi``, and tests of what a process
-does at its end (exit codes through ``sys.exit``, MPI's finalization, signals) launch too.
+``run_command(nprocs, args)`` gives what ``run_mpi(nprocs, args)`` gives (exit code, the
+ranks' output) for ``args`` of the main command (``-m hadpsgd.run ...``), another module
+(``-m hadpsgd.forward ...``) or a script (``run_worker_warm`` for ``tests/workers/``), but
+sends the command to a world of ``nprocs`` ranks started once for the whole pytest session
+(``tests/workers/command_server.py``), which runs it in its processes: the ranks' imports of
+torch and torch._dynamo, most of a short job's cost, are paid once, not per job.
+Only for jobs that end normally or are refused with a user's error, and for workers that
+leave nothing behind in the process (no patched module, every communicator freed): a job
+that kills, hangs, aborts or ends the job another way is launched with ``run_mpi``, and
+tests of what a process does at its end (exit codes through ``sys.exit``, MPI's
+finalization, signals) launch too.
 A server that dies is started again for the next command; every command has a wall-clock
 limit, past which the server is killed and the test fails with what it printed.
 """
@@ -23,13 +26,21 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 import pytest
 
-from tests._mpi import LAUNCHES, MPI_TIMEOUT_S, ROOT, WORKERS, MPIResult, mpirun_job
-
-COMMAND = ["-m", "hadpsgd.run"]
+from tests._mpi import (
+    LAUNCH_TRIES,
+    LAUNCHES,
+    MPI_TIMEOUT_S,
+    ROOT,
+    WORKERS,
+    MPIResult,
+    launcher_failed_to_start,
+    mpirun_job,
+)
 
 
 class CommandServer:
@@ -64,11 +75,13 @@ class CommandServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def run(self, argv: list[str], env: dict[str, str], timeout: float) -> MPIResult:
-        """Run ``hadpsgd.run.main(argv)`` on every rank; its exit code and output."""
+    def run(self, args: list[str], env: dict[str, str], timeout: float,
+            cwd: Path | None = None) -> MPIResult:
+        """Run ``python <args>`` on every rank; its exit code and output."""
         assert self.proc.stdin is not None
         self.errors.clear()
-        self.proc.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+        command = {"args": args, "env": env, "cwd": str(cwd) if cwd else None}
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         end, extra = time.monotonic() + timeout, []
         while True:
@@ -76,7 +89,7 @@ class CommandServer:
                 line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
                 self.kill()
-                pytest.fail(f"hadpsgd.run {' '.join(argv)} did not finish in {timeout} s on "
+                pytest.fail(f"{' '.join(args)} did not finish in {timeout} s on "
                             f"the command server (hang?)\nstdout:\n{''.join(extra)}\n"
                             f"stderr:\n{''.join(self.errors)}")
             if line is None:  # the world ended: said as a launch's end would say it
@@ -94,31 +107,50 @@ class CommandServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
-    def close(self) -> None:
-        """Let the world end by itself (no more commands), else kill it."""
-        if self.alive and self.proc.stdin is not None:
+    def end(self) -> None:
+        """Ask the world to end by itself (no more commands): ``close`` waits for it."""
+        if self.alive and self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.write("END\n")  # (mpirun forwards input, not its end)
             self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def close(self, wait: float = 20.0) -> None:
+        """``end``, then wait up to ``wait`` s for the world to end, else kill it."""
+        self.end()
+        try:
+            self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 _SERVERS: dict[int, CommandServer] = {}
 
 
 def run_command(nprocs: int, args: list[str], env: dict[str, str] | None = None,
-                timeout: float = MPI_TIMEOUT_S) -> MPIResult:
-    """``run_mpi(nprocs, args)`` for ``args`` of ``-m hadpsgd.run ...``, on a warm world."""
-    if args[:2] != COMMAND:
-        raise ValueError(f"run_command runs the main command only, got {args[:2]}")
-    server = _SERVERS.get(nprocs)
-    if server is None or not server.alive:
-        server = _SERVERS[nprocs] = CommandServer(nprocs)
-    return server.run(list(args[2:]), dict(env or {}), timeout)
+                timeout: float = MPI_TIMEOUT_S, cwd: Path | None = None) -> MPIResult:
+    """``run_mpi(nprocs, args)`` on a warm world (``-m module ...`` or ``script ...``)."""
+    if not args or (args[0] == "-m" and len(args) < 2):
+        raise ValueError(f"run_command needs -m module or a script, got {args}")
+    for _ in range(LAUNCH_TRIES):
+        server = _SERVERS.get(nprocs)
+        if server is None or not server.alive:
+            server = _SERVERS[nprocs] = CommandServer(nprocs)
+        res = server.run(list(args), dict(env or {}), timeout, cwd)
+        # The launcher's own start-up failure: no rank ran, the command neither (as run_mpi)
+        if server.alive or not launcher_failed_to_start(res.output):
+            break
+    return res
+
+
+def run_worker_warm(nprocs: int, worker: str, *args: str, env: dict[str, str] | None = None,
+                    timeout: float = MPI_TIMEOUT_S) -> MPIResult:
+    """``run_worker(nprocs, worker, *args)`` on a warm world (see the module's text)."""
+    return run_command(nprocs, [str(WORKERS / f"{worker}.py"), *args], env=env,
+                       timeout=timeout)
 
 
 @atexit.register
 def _close_servers() -> None:
+    for server in _SERVERS.values():  # every world ends at once, then each is awaited
+        server.end()
     for server in _SERVERS.values():
         server.close()

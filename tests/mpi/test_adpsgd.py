@@ -13,7 +13,7 @@ from hadpsgd.algorithms.gossip import neighbours
 from hadpsgd.comm import payload_bytes
 from hadpsgd.comm.threads import ThreadJob
 from hadpsgd.train import read_metrics
-from tests._commands import run_command
+from tests._commands import run_command, run_worker_warm
 from tests._mpi import assert_ok, run_mpi, run_worker
 from tests.adpsgd_suite import run_cases
 from tests.mpi._resume import final_state
@@ -76,7 +76,7 @@ def case_records(tmp_path_factory):
             if (n, per_node) in UNDER_MPI:
                 env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
                        "ADPSGD_TEST_CASES": json.dumps(cases)}
-                res = run_worker(n, "adpsgd_props", "cases", str(out), env=env)
+                res = run_worker_warm(n, "adpsgd_props", "cases", str(out), env=env)
             else:
                 res = None
                 ThreadJob(n, per_node, timeout=30).run(

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from hadpsgd.train.metrics import read_metrics
-from tests._mpi import ROOT, assert_ok, run_mpi, run_worker
+from tests._commands import run_command, run_worker_warm
+from tests._mpi import ROOT, assert_ok, run_worker
 
 pytestmark = pytest.mark.mpi
 
@@ -25,7 +26,7 @@ def test_each_algorithm_through_the_api(tmp_path):
     # skipped by all with the scale halved everywhere; BMUF: 2k steps == k, save (rank 0's
     # file), load into other weights, k; ADPSGD: every sample of 2 epochs trained once;
     # a per-step OneCycleLR under ADPSGD on the pool's position: every learner's rate alike.
-    res = run_worker(4, "api_algorithms", str(tmp_path), env=TWO_NODES)
+    res = run_worker_warm(4, "api_algorithms", str(tmp_path), env=TWO_NODES)
     assert_ok(res)
     for phase in ("ssgd", "fp16", "bmuf", "adpsgd", "schedule"):
         assert res.stdout.count(f"OK {phase} rank") == 4, res.output[-4000:]
@@ -43,7 +44,7 @@ def test_a_learner_that_stops_stepping_is_named_within_the_deadline():
 @pytest.mark.parametrize("algo", ["ssgd", "bmuf", "adpsgd"])
 def test_the_example_trains_its_own_model(algo, tiny_data, tmp_path):
     out = tmp_path / "run"
-    res = run_mpi(4, [str(ROOT / "examples" / "own_model.py"), "--algo", algo,
+    res = run_command(4, [str(ROOT / "examples" / "own_model.py"), "--algo", algo,
                       "--train", str(tiny_data[0]), "--heldout", str(tiny_data[1]),
                       "--epochs", "2", "--run-dir", str(out), "--log-every", "2"],
                   env=TWO_NODES)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from hadpsgd.comm.threads import ThreadJob
-from tests._mpi import assert_ok, run_worker
+from tests._commands import run_worker_warm
+from tests._mpi import assert_ok
 from tests.bmuf_suite import run_suite
 from tests.workers.bmuf_common import MAIN
 
@@ -28,7 +29,7 @@ RTOL, ATOL = 1e-9, 1e-12
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     mpi, threads = tmp_path_factory.mktemp("mpi"), tmp_path_factory.mktemp("threads")
-    res = run_worker(4, "bmuf_ref", "main", str(mpi), "1", env={"HADPSGD_RANKS_PER_NODE": "2"})
+    res = run_worker_warm(4, "bmuf_ref", "main", str(mpi), "1", env={"HADPSGD_RANKS_PER_NODE": "2"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == 4
     ThreadJob(4, 2, timeout=120).run(lambda w: run_suite(w, "main", threads, [1]))

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from hadpsgd.comm.threads import ThreadJob
-from tests._mpi import assert_ok, run_worker
+from tests._commands import run_worker_warm
+from tests._mpi import assert_ok
 from tests.bmuf_reference import reference
 from tests.bmuf_stream_suite import run_stream
 from tests.workers.bmuf_common import STREAM, init_params
@@ -41,7 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ThreadJob(nprocs, rpn, timeout=120).run(lambda w, tmp=tmp: run_stream(w, tmp))
         out[layout] = tmp
     tmp = tmp_path_factory.mktemp("hier-mpi")
-    res = run_worker(4, "bmuf_stream", str(tmp), env={"HADPSGD_RANKS_PER_NODE": "2"})
+    res = run_worker_warm(4, "bmuf_stream", str(tmp), env={"HADPSGD_RANKS_PER_NODE": "2"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == 4
     out["hier-mpi"] = tmp

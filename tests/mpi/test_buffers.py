@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests._mpi import assert_ok, run_worker
+from tests._commands import run_worker_warm
+from tests._mpi import assert_ok
 
 pytestmark = pytest.mark.mpi
 
 
 def test_batchnorm_buffers_agree_under_every_algorithm():
-    res = run_worker(4, "api_buffers", env={"HADPSGD_RANKS_PER_NODE": "2"})
+    res = run_worker_warm(4, "api_buffers", env={"HADPSGD_RANKS_PER_NODE": "2"})
     assert_ok(res)
     for phase in ("ssgd", "bmuf", "adpsgd", "off"):
         assert res.stdout.count(f"OK {phase} rank") == 4, res.output[-4000:]

@@ -8,7 +8,8 @@ arrives must still end the job within the deadline with an error naming it (that
 
 import pytest
 
-from tests._mpi import assert_ok, run_worker
+from tests._commands import run_worker_warm
+from tests._mpi import assert_ok
 
 pytestmark = pytest.mark.mpi
 
@@ -25,6 +26,6 @@ def test_direct_path_equals_general_path(nprocs, per_node, backend):
     env = {**SMALL_BUCKET, "HADPSGD_INTRA_BACKEND": backend}
     if per_node:
         env["HADPSGD_RANKS_PER_NODE"] = per_node
-    res = run_worker(nprocs, "comm_fastpath", env=env)
+    res = run_worker_warm(nprocs, "comm_fastpath", env=env)
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs

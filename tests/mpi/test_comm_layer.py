@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests._commands import run_worker_warm
 from tests._mpi import assert_ok, run_mpi, run_worker
 
 pytestmark = pytest.mark.mpi
@@ -22,8 +23,9 @@ def test_hierarchical_equals_flat(nodes, per_node):
     # Both host backends inside a node, one after the other in one launch (each its own
     # topology): MPI's shared memory, then gloo (NCCL's stand-in).
     n = nodes * per_node
-    res = run_worker(n, "comm_ops", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": str(per_node),
-                                         "COMM_OPS_BACKENDS": "mpi,gloo"})
+    res = run_worker_warm(n, "comm_ops", env={**TINY_BUCKET,
+                                              "HADPSGD_RANKS_PER_NODE": str(per_node),
+                                              "COMM_OPS_BACKENDS": "mpi,gloo"})
     assert_ok(res)
     # Counted as substrings, not per line: MPICH's Hydra may merge two ranks' lines.
     assert res.stdout.count("OK rank") == 2 * n, res.stdout
@@ -45,14 +47,14 @@ def test_intra_group_spanning_hosts_meets_over_a_tcp_store():
 
 def test_leader_form_and_unequal_nodes():
     # 5 ranks in nodes of 2 -> sizes [2, 2, 1]: only the leader form can work there.
-    res = run_worker(5, "comm_ops", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": "2"})
+    res = run_worker_warm(5, "comm_ops", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": "2"})
     assert_ok(res)
     assert "[2, 2, 1]" in res.stdout and "leader hierarchy" in res.stdout
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_flat_world(nprocs):
-    res = run_worker(nprocs, "comm_ops")
+    res = run_worker_warm(nprocs, "comm_ops")
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs
 
@@ -80,7 +82,7 @@ def test_missing_peer_is_named_within_deadline(nprocs, per_node, path):
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_shared_counter_hands_out_each_ticket_once(nprocs):
-    res = run_worker(nprocs, "shared_counter")
+    res = run_worker_warm(nprocs, "shared_counter")
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs
 

@@ -9,7 +9,8 @@ main command's trainer: ``tests/unit/test_precision_threads.py``, on learners as
 
 import pytest
 
-from tests._mpi import assert_ok, run_worker
+from tests._commands import run_worker_warm
+from tests._mpi import assert_ok
 
 pytestmark = pytest.mark.mpi
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize(("nprocs", "per_node"), [(4, "2"), (4, "1"), (3, "1")],
                          ids=["2x2", "4x1", "3x1"])
 def test_compressed_mean(nprocs, per_node):
-    res = run_worker(nprocs, "compressed", env={"HADPSGD_RANKS_PER_NODE": per_node,
+    res = run_worker_warm(nprocs, "compressed", env={"HADPSGD_RANKS_PER_NODE": per_node,
                                                 "HADPSGD_TIMEOUT": "60"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs
@@ -36,7 +37,7 @@ def test_grad_wire_bf16_across_nodes_is_fp32_inside_and_bf16_between(nprocs, per
     hierarchical allreduce's (on the counter of the inter-node communicator). Nodes of
     unequal size take the leader form. With gloo inside the nodes its rendezvous store waits
     ``HADPSGD_TIMEOUT``."""
-    res = run_worker(nprocs, "half_mean_nodes", algo,
+    res = run_worker_warm(nprocs, "half_mean_nodes", algo,
                      env={"HADPSGD_RANKS_PER_NODE": per_node, "HADPSGD_TIMEOUT": "47",
                           "HADPSGD_INTRA_BACKEND": intra})
     assert_ok(res)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hadpsgd.data import PRIORS_FILE, FeatureFile, load_priors
-from tests._mpi import assert_ok, run_mpi
+from tests._commands import run_command
+from tests._mpi import assert_ok
 from tests.mpi._resume import run_args
 
 pytestmark = pytest.mark.mpi
@@ -22,12 +23,12 @@ CONTEXT = ("--context", "chunks", "--chunk-len", "21", "--chunk-overlap", "3")
 @pytest.fixture(scope="module")
 def trained(tiny_data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("forward") / "run"
-    assert_ok(run_mpi(2, run_args(tiny_data, out, "--max-steps", "5")))
+    assert_ok(run_command(2, run_args(tiny_data, out, "--max-steps", "5")))
     return out
 
 
 def forward(nprocs: int, model: Path, features: str, output: str, *extra: str) -> None:
-    assert_ok(run_mpi(nprocs, ["-m", "hadpsgd.forward", "--model", str(model), "--features",
+    assert_ok(run_command(nprocs, ["-m", "hadpsgd.forward", "--model", str(model), "--features",
                                features, "--output", output, "--no-progress", *extra]))
 
 

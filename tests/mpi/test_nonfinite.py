@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests._commands import run_command
 from tests._mpi import assert_ok, run_mpi
 from tests.mpi._resume import run_args
 
@@ -15,9 +16,10 @@ pytestmark = pytest.mark.mpi
 
 # The NaN gradient skipped by exactly the learners that share it, for every algorithm, runs on
 # learners as threads (tests/unit/test_nonfinite_threads.py, tests/nonfinite_suite.py's
-# checks); here the main command's skips and stops under mpirun.
+# checks); here the main command's skips (on the warm world: tests/_commands.py) and its
+# stops, which end the job with MPI_Abort, under mpirun.
 def test_run_skips_then_finishes(tiny_data, tmp_path):
-    res = run_mpi(2, run_args(tiny_data, tmp_path, "--batch-size", "4", "--max-steps", "20",
+    res = run_command(2, run_args(tiny_data, tmp_path, "--batch-size", "4", "--max-steps", "20",
                               "--log-every", "5"),
                   env={"HADPSGD_FAULT": "kind=nan,rank=1,step=4,count=2"})
     assert_ok(res)

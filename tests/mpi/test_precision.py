@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._mpi import MPIResult, assert_ok, run_mpi, run_worker
+from tests._commands import run_command, run_worker_warm
+from tests._mpi import MPIResult, assert_ok
 from tests.mpi._resume import assert_equal, final_state, kill_then_resume, run_args, train
 
 pytestmark = pytest.mark.mpi
@@ -47,7 +48,7 @@ def bf16_run(layout: str, tiny_data: tuple[Path, Path], out: Path,
              env: dict[str, str] | None = None) -> MPIResult:
     """12 bf16 steps of ``layout`` through the main command, checked to end well."""
     algo, nprocs = LAYOUTS[layout]
-    res = run_mpi(nprocs, run_args(tiny_data, out, *algo, "--batch-size", "4",
+    res = run_command(nprocs, run_args(tiny_data, out, *algo, "--batch-size", "4",
                                    "--max-steps", "12", "--precision", "bf16"), env=env)
     assert_ok(res)
     assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"
@@ -75,7 +76,7 @@ def test_bf16_on_a_cpu_without_native_bf16(tiny_data: tuple[Path, Path],
 def test_fp16_run_finding_its_scale_is_not_stopped(tiny_data, tmp_path):
     """Overflows on 3 steps with --max-nonfinite 0 through the main command: the run ends
     normally, and the log counts the overflows apart (3), with the scale halved 3 times."""
-    res = run_mpi(2, run_args(tiny_data, tmp_path, "--batch-size", "4", "--max-steps", "12",
+    res = run_command(2, run_args(tiny_data, tmp_path, "--batch-size", "4", "--max-steps", "12",
                               "--log-every", "4", "--precision", "fp16", "--max-nonfinite",
                               "0"),
                   env={"HADPSGD_FAULT": "kind=overflow,rank=1,step=3,count=3"})
@@ -112,6 +113,6 @@ def test_half_mean_against_a_float64_reference():
     """Across 2 nodes of 2 under MPI (its inter-node communicator, its node's backend); the
     world of one node and the node scope run on learners as threads
     (tests/unit/test_precision_threads.py, the same check: tests/half_mean_check.py)."""
-    res = run_worker(4, "half_mean", "world", env={"HADPSGD_RANKS_PER_NODE": "2"})
+    res = run_worker_warm(4, "half_mean", "world", env={"HADPSGD_RANKS_PER_NODE": "2"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == 4

@@ -5,13 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._mpi import assert_ok, run_mpi, run_worker
+from tests._commands import run_command, run_worker_warm
+from tests._mpi import assert_ok
 
 pytestmark = pytest.mark.mpi
 
 
 def _train(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str) -> Path:
-    res = run_mpi(nprocs, ["-m", "hadpsgd.run", "--train", str(data[0]), "--heldout",
+    res = run_command(nprocs, ["-m", "hadpsgd.run", "--train", str(data[0]), "--heldout",
                            str(data[1]), "--preset", "tiny", "--out-dir", str(out),
                            "--no-progress", "--optimizer", "sgd", "--momentum", "0.9",
                            "--warmup-epochs", "0", *extra])
@@ -26,7 +27,7 @@ def _final_state(out: Path) -> dict:
 
 
 def test_replicas_bit_identical_every_step():
-    res = run_worker(3, "ssgd_replicas")
+    res = run_worker_warm(3, "ssgd_replicas")
     assert_ok(res)
     assert res.stdout.count("OK rank") == 3
 

@@ -22,3 +22,4 @@ if mode == "cases":
     algo = run_cases(topo, json.loads(os.environ["ADPSGD_TEST_CASES"]), out)
 else:
     algo = run_case(topo, mode, out, {})
+topo.close()  # (a warm world runs this worker again in the same process)

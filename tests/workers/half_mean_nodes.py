@@ -119,3 +119,4 @@ if any(not torch.equal(r, got) for r in results):
     fail("the learners hold different bits")
 print(f"OK rank {topo.rank} local {topo.local_rank} sent {sent} fp32 {fp32_crossed} "
       f"intra-node {topo.route(mine.to(topo.device)).intra}", flush=True)
+topo.close()  # (a warm world runs this worker again in the same process: free what it made)
