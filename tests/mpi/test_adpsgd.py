@@ -14,7 +14,7 @@ from hadpsgd.comm import payload_bytes
 from hadpsgd.comm.threads import ThreadJob
 from hadpsgd.train import read_metrics
 from tests._commands import run_command, run_worker_warm
-from tests._mpi import assert_ok, run_mpi, run_worker
+from tests._mpi import assert_ok, run_worker
 from tests.adpsgd_suite import run_cases
 from tests.mpi._resume import final_state
 
@@ -27,7 +27,7 @@ def _records(out: Path, n: int) -> list[dict]:
 
 def _run(mode: str, n: int, per_node: int, out: Path, timeout_s: str = "30", **kw: object):
     """One launch of ``adpsgd_props.py MODE`` (the worker's defaults: 40 steps of fp32 ring
-    gossip, 4 ms jitter) for the cases that end a job their own way (stall, dead)."""
+    gossip, 4 ms jitter) for the case that ends a job its own way (dead)."""
     env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": timeout_s}
     return run_worker(n, "adpsgd_props", mode, str(out), env=env, **kw)
 
@@ -240,7 +240,8 @@ def test_consensus_without_updates(case_records):
 def test_no_global_barrier(tmp_path):
     # Rank 0 stalls after one step until rank 1 has finished all of its steps: with a global
     # barrier anywhere, rank 1 could never finish and rank 0 would give up (exit 4).
-    res = _run("stall", 4, 1, tmp_path)
+    env = {"HADPSGD_RANKS_PER_NODE": "1", "HADPSGD_TIMEOUT": "30"}
+    res = run_worker_warm(4, "adpsgd_props", "stall", str(tmp_path), env=env)
     assert_ok(res)
     assert "STALL TIMEOUT" not in res.stdout
 
@@ -292,7 +293,7 @@ def test_a_straggler_does_not_hold_back_the_others(algo, extra, tiny_data, tmp_p
     pool, which still hands out every chunk of an epoch exactly once; SSGD stays in lock step.
     (Counts of batches, not times: a property that two busy cores cannot blur.)"""
     out = tmp_path / "run"
-    res = run_mpi(4, ["-m", "hadpsgd.run", "--algo", algo, *extra, "--train",
+    res = run_command(4, ["-m", "hadpsgd.run", "--algo", algo, *extra, "--train",
                       str(tiny_data[0]), "--heldout", str(tiny_data[1]), "--preset", "tiny",
                       "--epochs", "2", "--batch-size", "4", "--out-dir", str(out),
                       "--no-progress", "--control-every", "3"],

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tests._commands import run_worker_warm
-from tests._mpi import assert_ok, run_mpi, run_worker
+from tests._commands import run_command, run_worker_warm
+from tests._mpi import assert_ok, run_worker
 
 pytestmark = pytest.mark.mpi
 
@@ -90,22 +90,22 @@ def test_shared_counter_hands_out_each_ticket_once(nprocs):
 def test_machine_check_reports_the_machine():
     """``python -m hadpsgd.comm`` under mpirun: the MPI library, thread level, CUDA-awareness,
     the ranks per host; a bad HADPSGD_* value is a problem (exit 1)."""
-    res = run_mpi(2, ["-m", "hadpsgd.comm"])
+    res = run_command(2, ["-m", "hadpsgd.comm"])
     assert res.returncode == 0, res.output[-2000:]
     for phrase in ("[hadpsgd.comm] MPI library:", "MPI world: 2 rank(s), thread level",
                    "CUDA-aware MPI:", "torch:", "2 rank(s), GPUs visible per rank"):
         assert phrase in res.stdout, res.stdout
-    res = run_mpi(2, ["-m", "hadpsgd.comm"], env={"HADPSGD_TIMEOUT": "soon"})
+    res = run_command(2, ["-m", "hadpsgd.comm"], env={"HADPSGD_TIMEOUT": "soon"})
     assert res.returncode != 0
     assert "problem: HADPSGD_TIMEOUT='soon' is not a number" in res.stdout
 
 
 def test_machine_check_keeps_its_old_name():
     """``python -m hadpsgd.env`` (the check's older name) runs the same check, exit code too."""
-    res = run_mpi(1, ["-m", "hadpsgd.env"])
+    res = run_command(1, ["-m", "hadpsgd.env"])
     assert res.returncode == 0, res.output[-2000:]
     assert "[hadpsgd.comm] MPI world: 1 rank(s), thread level" in res.stdout, res.stdout
-    res = run_mpi(1, ["-m", "hadpsgd.env"], env={"HADPSGD_TIMEOUT": "soon"})
+    res = run_command(1, ["-m", "hadpsgd.env"], env={"HADPSGD_TIMEOUT": "soon"})
     assert res.returncode != 0
     assert "problem: HADPSGD_TIMEOUT='soon' is not a number" in res.stdout
 
