@@ -37,7 +37,7 @@ from hadpsgd.api.options import (
 from hadpsgd.api.recipe import optimizer_kind, resolve_recipe
 from hadpsgd.api.rundir import RunDirectory, api_config
 from hadpsgd.api.samplers import Sampler, make_sampler
-from hadpsgd.api.setup import init, install_error_hooks
+from hadpsgd.api.setup import init, install_error_hooks, note_failures
 from hadpsgd.api.state import collect, node_part, option_changes
 from hadpsgd.comm import World
 from hadpsgd.precision import autocast
@@ -129,6 +129,11 @@ class Distributed:
                 {"precision": precision, "max_grad_norm": max_grad_norm, "overlap": overlap,
                  "grad_bucket_mb": grad_bucket_mb, "grad_wire": grad_wire}), log_every)
         """The run directory's writer (``run_dir=``), or None."""
+        # A failure that ends the job: a record of it where the run keeps its records, as
+        # the CLI's run directory has one for a failure it survives (plot marks both).
+        self._forget_failures = note_failures(self._record_failure) \
+            if self.run_dir is not None and self.run_dir.enabled else None
+        self._failure_recorded = False
         self._sampler: AnySampler | None = None
         self._sampler_state: dict[str, Any] | None = None  # loaded before sampler() was made
         self._closed = False
@@ -435,8 +440,17 @@ class Distributed:
         self.algorithm.close()
         if self._sampler is not None:
             self._sampler.close()
+        if self._forget_failures is not None:
+            self._forget_failures()
         if self.run_dir is not None:
             self.run_dir.close()
+
+    def _record_failure(self, message: str, code: int) -> None:
+        """``run_dir``'s ``failure`` record of a failure that ends the job (rank 0's view)."""
+        if self.run_dir is not None and not self._failure_recorded:
+            self._failure_recorded = True  # (the watchdog's thread and the hook may both tell)
+            self.run_dir.write("failure", self.steps, error=message, exit_code=code,
+                               stopped="the job ended")
 
     def __enter__(self) -> Distributed:
         return self

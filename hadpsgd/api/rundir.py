@@ -11,7 +11,11 @@ its ``--out-dir`` for :mod:`hadpsgd.plot` and a user's own tools to read:
   :meth:`hadpsgd.Distributed.metrics`: the same names under every algorithm), an ``eval``
   record for each :meth:`hadpsgd.Distributed.record_eval`, and a ``resume`` record where a
   state was loaded (or where a script started again in the directory of an earlier run), so
-  that the plot keeps the second telling of steps trained twice.
+  that the plot keeps the second telling of steps trained twice; a ``failure`` record where
+  a failure ended the job as rank 0 saw it (its own error, a peer's deadline, a peer that
+  left: ``error``, ``exit_code``, ``stopped: the job ended``; the plot marks it). A failure
+  that rank 0 never sees (MPI ends the job from another rank first, or rank 0 itself is
+  killed) leaves the records up to it and no ``failure`` record.
 
 Rank 0 writes; the other ranks write nothing. The loss is rank 0's own (the CLI's is the
 mean of every learner's, which an asynchronous algorithm cannot agree on at any step without

@@ -15,6 +15,9 @@ its peers that wait for it in a collective end the job with 0 as soon as they le
 A user's mistake (:data:`USER_ERRORS`: a bad option of :class:`~hadpsgd.Distributed`, an
 impossible layout) is said as the CLI says one: every rank finds it, rank 0 says it in one
 line, every rank exits 2 (:data:`~hadpsgd.exit_codes.EXIT_USER_ERROR`), no abort.
+
+Before a failure ends the job, the notes registered with :func:`note_failures` are told what
+ended it (a ``Distributed`` with ``run_dir=`` writes a ``failure`` record on rank 0).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 
 from hadpsgd import comm
@@ -46,6 +50,38 @@ _exit_code: int | None = None
 """The code of the main thread's ``sys.exit``, once called (None: the script's own end)."""
 _topology: World | None = None
 """The topology the hooks report for; None before :func:`init` (then no rank has MPI)."""
+_failure_notes: list[Callable[[str, int], None]] = []
+"""Told ``(what ended the job, its exit code)`` before a failure aborts it."""
+
+
+def note_failures(note: Callable[[str, int], None]) -> Callable[[], None]:
+    """Have ``note(message, exit_code)`` called before a failure on this rank ends the job.
+
+    The failure: an exception that escapes the script (here) or a deadline for which the
+    watchdog's thread ends the job (:func:`hadpsgd.comm.before_abort`).
+
+    For a record of the end where the run keeps its records (``Distributed(run_dir=)``): a
+    note that fails is ignored, so it can never hold up the abort. Returns the call that
+    takes the note back (a closed ``Distributed`` records no more).
+    """
+    _failure_notes.append(note)
+    forget = comm.before_abort(note)  # a deadline that ends the job from the watchdog's thread
+
+    def take_back() -> None:
+        if note in _failure_notes:
+            _failure_notes.remove(note)
+        forget()
+
+    return take_back
+
+
+def _tell_notes(message: str, code: int) -> None:
+    """Every note of :func:`note_failures`, none allowed to stop the abort."""
+    for note in list(_failure_notes):
+        try:
+            note(message, code)
+        except Exception:  # noqa: BLE001, S110 - the job ends whatever a record does
+            pass
 
 
 def init(ranks_per_node: int | None = None, device: str = "auto", *,
@@ -172,20 +208,20 @@ def _failed(kind: type[BaseException], err: BaseException, tb: TracebackType | N
     if isinstance(err, PeerEndedError):
         # A peer ended its script while this rank waited for it: its code is the job's.
         code = err.code
-        print(f"hadpsgd: {'error' if code else 'rank ended'}: {err}", file=sys.stderr,
-              flush=True)
+        said = f"hadpsgd: {'error' if code else 'rank ended'}: {err}"
     elif isinstance(err, CommTimeoutError):
         # The message names the missing peer and what it was doing: a traceback of this
         # rank's wait would only hide it. Its rank leads it, as the watchdog prints it, and
         # its code is the watchdog's (a peer's deadline: one cause, one code).
-        print(f"hadpsgd: error: {err}", file=sys.stderr, flush=True)
+        said = f"hadpsgd: error: {err}"
         code = EXIT_TIMED_OUT
     elif isinstance(err, KeyboardInterrupt):
-        print(f"hadpsgd: rank {topo.rank}: interrupted", file=sys.stderr, flush=True)
+        said = f"hadpsgd: rank {topo.rank}: interrupted"
     else:
         traceback.print_exception(kind, err, tb)
-        print(f"hadpsgd: rank {topo.rank}: error: {err or kind.__name__}; aborting the "
-              "job", file=sys.stderr, flush=True)
+        said = f"hadpsgd: rank {topo.rank}: error: {err or kind.__name__}; aborting the job"
+    print(said, file=sys.stderr, flush=True)
+    _tell_notes(said.removeprefix("hadpsgd: "), code)
     topo.abort(code)
 
 
@@ -224,4 +260,5 @@ def _in_thread(args: threading.ExceptHookArgs) -> None:
     _failed(args.exc_type, args.exc_value, args.exc_traceback)
 
 
-__all__ = ["QUIET_DEFAULTS", "USER_ERRORS", "init", "install_error_hooks", "said_once"]
+__all__ = ["QUIET_DEFAULTS", "USER_ERRORS", "init", "install_error_hooks", "note_failures",
+           "said_once"]

@@ -8,7 +8,13 @@ algorithms, the loop and the API see it as a :class:`World` (:mod:`hadpsgd.comm.
 from hadpsgd.comm.codec import WIRES, decode, encode, payload_bytes
 from hadpsgd.comm.compressed import CompressedMean
 from hadpsgd.comm.counter import SharedCounter
-from hadpsgd.comm.deadline import CommTimeoutError, PeerEndedError, Watchdog, timeout_from_env
+from hadpsgd.comm.deadline import (
+    CommTimeoutError,
+    PeerEndedError,
+    Watchdog,
+    before_abort,
+    timeout_from_env,
+)
 from hadpsgd.comm.ending import meet_at_end
 from hadpsgd.comm.flat import FlatBuffer, cudnn_weight_groups
 from hadpsgd.comm.init import DEFAULT_BUCKET_MB, INTRA_BACKENDS, init
@@ -19,5 +25,5 @@ from hadpsgd.comm.world import World
 
 __all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "WIRES", "CommTimeoutError", "CompressedMean",
            "FlatBuffer", "PeerEndedError", "SharedCounter", "Topology", "TopologyError", "Watchdog",
-           "World", "cudnn_weight_groups", "decode", "encode", "init", "meet_at_end",
-           "mpi_library_version", "payload_bytes", "timeout_from_env", "world_rank"]
+           "World", "before_abort", "cudnn_weight_groups", "decode", "encode", "init",
+           "meet_at_end", "mpi_library_version", "payload_bytes", "timeout_from_env", "world_rank"]

@@ -388,7 +388,8 @@ class Watchdog:
                     if self._active is not None and self._active[3] == active[3]:
                         # The blocked call can never return: say why and end the job with
                         # the ended rank's code, as its exception would have.
-                        _say(f"hadpsgd: {'error' if err.code else 'rank ended'}: {err}")
+                        _last_words(f"hadpsgd: {'error' if err.code else 'rank ended'}: {err}",
+                                    err.code)
                         time.sleep(0.2)
                         self.control.Abort(err.code)
                         return
@@ -408,10 +409,11 @@ class Watchdog:
                         _say(f"[hadpsgd] note: {err}")
                         self._reprieve[seq] = time.monotonic() + self.timeout
                         continue
-                    _say(f"hadpsgd: error: {err}")
+                    _last_words(f"hadpsgd: error: {err}", EXIT_TIMED_OUT)
             else:  # MPI may not be called from this thread: no diagnosis, just the facts
-                _say(f"hadpsgd: error: {self._where()}: {what} did not complete within "
-                     f"{self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job")
+                _last_words(f"hadpsgd: error: {self._where()}: {what} did not complete within "
+                            f"{self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job",
+                            EXIT_TIMED_OUT)
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
             # the blocked call can never return an error to the caller.
             time.sleep(1.0)
@@ -629,6 +631,32 @@ def _any_source() -> int:
     from mpi4py import MPI
 
     return MPI.ANY_SOURCE
+
+
+_BEFORE_ABORT: list[Callable[[str, int], None]] = []
+"""Told ``(the line said, the exit code)`` before the watchdog ends the job (see below)."""
+
+
+def before_abort(note: Callable[[str, int], None]) -> Callable[[], None]:
+    """Have ``note(line, code)`` called before the watchdog's thread ends the job.
+
+    A blocked call that can never return ends the job from the watchdog's thread, where no
+    exception reaches the script: a run directory's record of the end is written here
+    (``hadpsgd.Distributed(run_dir=)``). A note that fails is ignored. Returns the call that
+    takes the note back.
+    """
+    _BEFORE_ABORT.append(note)
+    return lambda: _BEFORE_ABORT.remove(note) if note in _BEFORE_ABORT else None
+
+
+def _last_words(line: str, code: int) -> None:
+    """Say ``line`` and tell every note of :func:`before_abort`, none stopping the abort."""
+    _say(line)
+    for note in list(_BEFORE_ABORT):
+        try:
+            note(line.removeprefix("hadpsgd: "), code)
+        except Exception:  # noqa: BLE001, S110 - the job ends whatever a record does
+            pass
 
 
 def _say(line: str) -> None:

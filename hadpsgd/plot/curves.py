@@ -30,7 +30,8 @@ class Event:
     step: int
     """The step the run continued from."""
     note: str = ""
-    """What the record says besides (the learners left after a failure)."""
+    """What the record says besides (the learners left after a failure, or why the run
+    stopped there: ``the job ended`` for an API run's failure, ``below --min-learners``)."""
 
 
 @dataclass
@@ -93,6 +94,8 @@ def _current(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
             kept = [r for r in kept if r["step"] <= step]  # trained again after this point
             note = (f"{rec['learners']} learners" if isinstance(rec.get("learners"), int)
                     else "")
+            if isinstance(rec.get("stopped"), str):  # a failure that ended the run there
+                note = ", ".join(x for x in (note, rec["stopped"]) if x)
             events.append(Event(str(rec["kind"]), step, note))
         else:
             kept.append(rec)

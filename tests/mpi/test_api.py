@@ -1,7 +1,8 @@
 """The public API under real mpirun: each algorithm, the deadline, and the example script.
 
-Kept to five launches (about a minute on 2 busy cores): one job runs every algorithm's checks
-(tests/workers/api_algorithms.py), one the deadline, and the example once per algorithm.
+One job runs every algorithm's checks (tests/workers/api_algorithms.py) and the example runs
+once per algorithm, both on the warm world (tests/_commands.py); the deadline, which ends
+its job, launches.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 
 import pytest
 
+from hadpsgd.exit_codes import EXIT_TIMED_OUT
+from hadpsgd.plot.curves import curves_of
 from hadpsgd.train.metrics import read_metrics
 from tests._commands import run_command, run_worker_warm
 from tests._mpi import ROOT, assert_ok, run_worker
@@ -32,13 +35,22 @@ def test_each_algorithm_through_the_api(tmp_path):
         assert res.stdout.count(f"OK {phase} rank") == 4, res.output[-4000:]
 
 
-def test_a_learner_that_stops_stepping_is_named_within_the_deadline():
+def test_a_learner_that_stops_stepping_is_named_within_the_deadline(tmp_path):
     start = time.monotonic()
-    res = run_worker(2, "api_deadline", env={"HADPSGD_TIMEOUT": "5"})
+    res = run_worker(2, "api_deadline", str(tmp_path / "run"), env={"HADPSGD_TIMEOUT": "5"})
     assert res.returncode != 0 and "NO TIMEOUT" not in res.stdout, res.output[-4000:]
-    assert ("rank(s) 1 never arrived (rank 1 answers: alive, in the training script after "
-            "step 1") in res.output, res.output[-4000:]
+    named = "rank(s) 1 never arrived (rank 1 answers: alive, in the training script after step 1"
+    assert named in res.output, res.output[-4000:]
     assert time.monotonic() - start < 90
+    # What the run directory keeps of it (issue 60 item 3): the step's record, then rank 0's
+    # record of the failure that ended the job, which the plot marks where it happened.
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["kind"] for r in records] == ["train", "failure"], records
+    failure = records[-1]
+    assert failure["step"] == 1 and failure["exit_code"] == EXIT_TIMED_OUT, failure
+    assert named in failure["error"] and failure["stopped"] == "the job ended", failure
+    assert [(e.kind, e.step, e.note) for e in curves_of(records).events] == [
+        ("failure", 1, "the job ended")]
 
 
 @pytest.mark.parametrize("algo", ["ssgd", "bmuf", "adpsgd"])
