@@ -37,9 +37,9 @@ from hadpsgd.api.options import (
 from hadpsgd.api.recipe import optimizer_kind, resolve_recipe
 from hadpsgd.api.rundir import RunDirectory, api_config
 from hadpsgd.api.samplers import Sampler, make_sampler
-from hadpsgd.api.setup import init, install_error_hooks, note_failures
+from hadpsgd.api.setup import init, install_error_hooks
 from hadpsgd.api.state import collect, node_part, option_changes
-from hadpsgd.comm import World
+from hadpsgd.comm import World, before_abort
 from hadpsgd.precision import autocast
 
 AnySampler = Sampler | FrameSampler
@@ -131,7 +131,7 @@ class Distributed:
         """The run directory's writer (``run_dir=``), or None."""
         # A failure that ends the job: a record of it where the run keeps its records, as
         # the CLI's run directory has one for a failure it survives (plot marks both).
-        self._forget_failures = note_failures(self._record_failure) \
+        self._forget_failures = before_abort(self._record_failure) \
             if self.run_dir is not None and self.run_dir.enabled else None
         self._failure_recorded = False
         self._sampler: AnySampler | None = None

@@ -16,8 +16,8 @@ A user's mistake (:data:`USER_ERRORS`: a bad option of :class:`~hadpsgd.Distribu
 impossible layout) is said as the CLI says one: every rank finds it, rank 0 says it in one
 line, every rank exits 2 (:data:`~hadpsgd.exit_codes.EXIT_USER_ERROR`), no abort.
 
-Before a failure ends the job, the notes registered with :func:`note_failures` are told what
-ended it (a ``Distributed`` with ``run_dir=`` writes a ``failure`` record on rank 0).
+Before a failure ends the job, the notes registered with :func:`hadpsgd.comm.before_abort` are
+told what ended it (a ``Distributed`` with ``run_dir=`` writes a ``failure`` record on rank 0).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from types import TracebackType
 
 from hadpsgd import comm
@@ -50,38 +49,6 @@ _exit_code: int | None = None
 """The code of the main thread's ``sys.exit``, once called (None: the script's own end)."""
 _topology: World | None = None
 """The topology the hooks report for; None before :func:`init` (then no rank has MPI)."""
-_failure_notes: list[Callable[[str, int], None]] = []
-"""Told ``(what ended the job, its exit code)`` before a failure aborts it."""
-
-
-def note_failures(note: Callable[[str, int], None]) -> Callable[[], None]:
-    """Have ``note(message, exit_code)`` called before a failure on this rank ends the job.
-
-    The failure: an exception that escapes the script (here) or a deadline for which the
-    watchdog's thread ends the job (:func:`hadpsgd.comm.before_abort`).
-
-    For a record of the end where the run keeps its records (``Distributed(run_dir=)``): a
-    note that fails is ignored, so it can never hold up the abort. Returns the call that
-    takes the note back (a closed ``Distributed`` records no more).
-    """
-    _failure_notes.append(note)
-    forget = comm.before_abort(note)  # a deadline that ends the job from the watchdog's thread
-
-    def take_back() -> None:
-        if note in _failure_notes:
-            _failure_notes.remove(note)
-        forget()
-
-    return take_back
-
-
-def _tell_notes(message: str, code: int) -> None:
-    """Every note of :func:`note_failures`, none allowed to stop the abort."""
-    for note in list(_failure_notes):
-        try:
-            note(message, code)
-        except Exception:  # noqa: BLE001, S110 - the job ends whatever a record does
-            pass
 
 
 def init(ranks_per_node: int | None = None, device: str = "auto", *,
@@ -220,8 +187,7 @@ def _failed(kind: type[BaseException], err: BaseException, tb: TracebackType | N
     else:
         traceback.print_exception(kind, err, tb)
         said = f"hadpsgd: rank {topo.rank}: error: {err or kind.__name__}; aborting the job"
-    print(said, file=sys.stderr, flush=True)
-    _tell_notes(said.removeprefix("hadpsgd: "), code)
+    comm.last_words(said, code)  # said, and told to the notes of comm.before_abort
     topo.abort(code)
 
 
@@ -260,5 +226,4 @@ def _in_thread(args: threading.ExceptHookArgs) -> None:
     _failed(args.exc_type, args.exc_value, args.exc_traceback)
 
 
-__all__ = ["QUIET_DEFAULTS", "USER_ERRORS", "init", "install_error_hooks", "note_failures",
-           "said_once"]
+__all__ = ["QUIET_DEFAULTS", "USER_ERRORS", "init", "install_error_hooks", "said_once"]

@@ -13,6 +13,7 @@ from hadpsgd.comm.deadline import (
     PeerEndedError,
     Watchdog,
     before_abort,
+    last_words,
     timeout_from_env,
 )
 from hadpsgd.comm.ending import meet_at_end
@@ -26,4 +27,5 @@ from hadpsgd.comm.world import World
 __all__ = ["DEFAULT_BUCKET_MB", "INTRA_BACKENDS", "WIRES", "CommTimeoutError", "CompressedMean",
            "FlatBuffer", "PeerEndedError", "SharedCounter", "Topology", "TopologyError", "Watchdog",
            "World", "before_abort", "cudnn_weight_groups", "decode", "encode", "init",
-           "meet_at_end", "mpi_library_version", "payload_bytes", "timeout_from_env", "world_rank"]
+           "last_words", "meet_at_end", "mpi_library_version", "payload_bytes", "timeout_from_env",
+           "world_rank"]

@@ -388,7 +388,7 @@ class Watchdog:
                     if self._active is not None and self._active[3] == active[3]:
                         # The blocked call can never return: say why and end the job with
                         # the ended rank's code, as its exception would have.
-                        _last_words(f"hadpsgd: {'error' if err.code else 'rank ended'}: {err}",
+                        last_words(f"hadpsgd: {'error' if err.code else 'rank ended'}: {err}",
                                     err.code)
                         time.sleep(0.2)
                         self.control.Abort(err.code)
@@ -409,9 +409,9 @@ class Watchdog:
                         _say(f"[hadpsgd] note: {err}")
                         self._reprieve[seq] = time.monotonic() + self.timeout
                         continue
-                    _last_words(f"hadpsgd: error: {err}", EXIT_TIMED_OUT)
+                    last_words(f"hadpsgd: error: {err}", EXIT_TIMED_OUT)
             else:  # MPI may not be called from this thread: no diagnosis, just the facts
-                _last_words(f"hadpsgd: error: {self._where()}: {what} did not complete within "
+                last_words(f"hadpsgd: error: {self._where()}: {what} did not complete within "
                             f"{self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job",
                             EXIT_TIMED_OUT)
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
@@ -634,14 +634,15 @@ def _any_source() -> int:
 
 
 _BEFORE_ABORT: list[Callable[[str, int], None]] = []
-"""Told ``(the line said, the exit code)`` before the watchdog ends the job (see below)."""
+"""Told ``(the line said, the exit code)`` before hadpsgd ends the job (see below)."""
 
 
 def before_abort(note: Callable[[str, int], None]) -> Callable[[], None]:
-    """Have ``note(line, code)`` called before the watchdog's thread ends the job.
+    """Have ``note(line, code)`` called before hadpsgd ends the job for a failure.
 
-    A blocked call that can never return ends the job from the watchdog's thread, where no
-    exception reaches the script: a run directory's record of the end is written here
+    Told by :func:`last_words`: the watchdog's thread, where a blocked call can never return
+    and no exception reaches the script, and ``hadpsgd.init``'s hook for an exception that
+    escapes it. A run directory's record of the end is written here
     (``hadpsgd.Distributed(run_dir=)``). A note that fails is ignored. Returns the call that
     takes the note back.
     """
@@ -649,8 +650,11 @@ def before_abort(note: Callable[[str, int], None]) -> Callable[[], None]:
     return lambda: _BEFORE_ABORT.remove(note) if note in _BEFORE_ABORT else None
 
 
-def _last_words(line: str, code: int) -> None:
-    """Say ``line`` and tell every note of :func:`before_abort`, none stopping the abort."""
+def last_words(line: str, code: int) -> None:
+    """Say ``line`` (``hadpsgd: ...``) and tell the notes of :func:`before_abort`.
+
+    Each note gets the line without its prefix and ``code``; none stops the abort that follows.
+    """
     _say(line)
     for note in list(_BEFORE_ABORT):
         try:
