@@ -121,6 +121,15 @@ class ADPSGDOptions(WireOptions):
         return self.super_learner_size
 
 
+def average_wire(wire: str) -> str:
+    """The format of the evaluation average's difference on gossip wire ``wire``.
+
+    bf16 keeps bf16; every coarser wire takes int8 (one scale per 1,024 values): the average
+    is what is evaluated and deployed, so it is never sent in fewer than 8 bits a value.
+    """
+    return "bf16" if wire == "bf16" else "int8"
+
+
 @register("adpsgd", "asynchronous decentralized SGD: pairwise gossip between super-learners "
                     "(H-ADPSGD; flat with --super-learner-size 1)")
 class ADPSGD(Algorithm):
@@ -209,6 +218,15 @@ class ADPSGD(Algorithm):
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
         # rank makes it, the leaders use it.
+        # On a compressed gossip wire (a slow link) the evaluation average crosses the nodes
+        # as a coarse difference to the last one (collective: every rank makes the channel).
+        self._coarse = (topo.side_channel(average_wire(self.options.wire), background=False)
+                        if self.options.wire != "fp32" and topo.num_nodes > 1 else None)
+        self._reference: torch.Tensor | None = None
+        """The last average, the same on every rank: what the next coarse one is sent
+        against (None: the next is sent whole, in fp32)."""
+        self._fresh = True
+        """Built and not loaded: every replica is still rank 0's broadcast model."""
         channel = topo.pair_channel()
         self.thread: GossipThread | None = None
         if self.leader and topo.num_nodes > 1:
@@ -370,6 +388,13 @@ class ADPSGD(Algorithm):
         then checkpoints, and the run's end finishes, evaluates and checkpoints, all of the
         same replicas. Whether any changed is agreed first (8 bytes): one learner may have
         stepped where another did not, and all must take the same collectives.
+
+        On a compressed gossip wire (a slow link: issue 57) it crosses coarsely: each node's
+        mean (inside the node, in fp32) less the last average, which every rank holds, in
+        int8 (bf16 on ``--wire bf16``): 4x fewer bytes than fp32, and the rounding is of an
+        epoch's change, not of the weights. Each is sent against the last, so the rounding
+        does not add up. The first is free where every replica is still the broadcast
+        start (agreed), else it is sent whole in fp32, as after a resume.
         """
         self._check_thread()
         # The replica changes at a step (its update, the gossip's delta) and when closing.
@@ -382,16 +407,38 @@ class ADPSGD(Algorithm):
             self._average = torch.empty_like(self.flat)
         with self.lock:
             self._average.copy_(self.flat)
-        self.topo.allreduce_(self._average, op="avg")
+        sent = self._average_replicas()
         dist = (self.flat - self._average).double().pow(2).sum().reshape(1)
         self.consensus_distance = float(self.topo.allreduce_(dist, op="avg").sqrt())
-        nbytes = self._average.nbytes
+        nbytes = 0
         if self.syncs_buffers:
             self._average_buffers = self.buffers.copy()
             self.buffers.mean("world", self._average_buffers)
             nbytes += sum(b.nbytes for b in self._average_buffers)
-        self.sync_bytes += internode_share(nbytes, self.topo)
+        self.sync_bytes += internode_share(nbytes, self.topo) + sent
         self._synced_at = now
+
+    def _average_replicas(self) -> int:
+        """Make :attr:`_average` (this replica on entry) the replicas' mean; bytes sent."""
+        assert self._average is not None
+        if self._coarse is None:
+            self.topo.allreduce_(self._average, op="avg")
+            return internode_share(self._average.nbytes, self.topo)
+        if self._reference is None:
+            # Free only if every learner is still at the broadcast start (agreed: 8 bytes).
+            self._changed.fill_(0.0 if self._fresh and self.steps == 0 else 1.0)
+            if float(self.topo.allreduce_(self._changed, op="sum")) != 0.0:
+                self.topo.allreduce_(self._average, op="avg")
+            self._reference = self._average.clone()
+            return 0 if float(self._changed) == 0.0 else internode_share(
+                self._average.nbytes, self.topo)
+        diff = self._average.sub_(self._reference)
+        self.topo.intra_allreduce_(diff, op="avg")  # the node's mean, over its own link
+        before = self._coarse.bytes_sent
+        self._coarse.mean_("average", diff, feedback=False)
+        self._reference.add_(diff)
+        self._average.copy_(self._reference)
+        return self._coarse.bytes_sent - before
 
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:
@@ -491,6 +538,7 @@ class ADPSGD(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
         super().load_state_dict(state)
         self._synced_at = None  # loaded weights: the next sync averages them
+        self._reference, self._fresh = None, False  # and sends that average whole
         if self.topo.rank == 0:  # the checkpoint holds rank 0's, whose log line says them
             self._gossip_before = (int(state.get("gossip_wire_bytes", 0)),
                                    int(state.get("gossip_wire_bytes_received", 0)))

@@ -152,13 +152,16 @@ class SideChannel:
         return self._thread is not None
 
     # ------------------------------------------------------------------ reductions
-    def mean_(self, key: str, t: torch.Tensor) -> torch.Tensor:
+    def mean_(self, key: str, t: torch.Tensor, feedback: bool = True) -> torch.Tensor:
         """Average ``t`` (identical on the learners of each node) across nodes, in place.
 
         Args:
             key: Names the tensor across calls: a compressed wire keeps its rounding error
                 per key and adds it to the next call's tensor of that key (error feedback).
             t: A contiguous tensor.
+            feedback: Keep that rounding error (read at a key's first call). False: each
+                mean of the key stands alone, for a caller that corrects the error itself
+                (ADPSGD's evaluation average, sent as a difference to the last one).
 
         Returns:
             ``t``, holding the mean; bit-identical on every learner.
@@ -166,7 +169,7 @@ class SideChannel:
         if self.num_nodes == 1:
             return t
         if self.wire != "fp32" or self.intra is not None:
-            comp = self._compressor(key, t)
+            comp = self._compressor(key, t, feedback)
             before = comp.bytes_sent
             comp.mean_(t)
             self.bytes_sent += comp.bytes_sent - before
@@ -230,14 +233,14 @@ class SideChannel:
         for key, saved in state.items():
             self._compressor(key, like[key]).load_state_dict(saved)
 
-    def _compressor(self, key: str, t: torch.Tensor) -> CompressedMean:
+    def _compressor(self, key: str, t: torch.Tensor, feedback: bool = True) -> CompressedMean:
         """The compressed mean of ``key`` (made on first use; it keeps that key's residuals)."""
         comp = self._compressors.get(key)
         if comp is None:
             comp = self._compressors[key] = CompressedMean(
                 self.inter, self.watchdog, self.inter_ranks, t.numel(), t.dtype, t.device,
                 self.wire, intra=self.intra, node_ranks=self.node_ranks,
-                polled=self.background)
+                polled=self.background, feedback=feedback)
         return comp
 
     # ------------------------------------------------------------------ jobs
