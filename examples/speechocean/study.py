@@ -101,9 +101,6 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                               "--sync-period", "8"]),
     "bmuf-int4-tau4": (None, ["--algo", "bmuf", "--wire", "int4", "--ranks-per-node", "1",
                               "--sync-period", "4"]),
-    # Issue 57's 1,000x: sign at fp32's block, each sync a rotating quarter of the model.
-    "bmuf-sign-share25": (None, ["--algo", "bmuf", "--wire", "sign", "--wire-share", "0.25",
-                                 "--ranks-per-node", "1"]),
     # BMUF-Adam's gap at 16 workers: its recipe's tau 8 against tau 4 (as SGD's fix).
     "bmuf-adam-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
                               "--bmuf-warmup-steps", "36", "--sync-period", "4"]),

@@ -10,11 +10,8 @@ dtype, and its size depends only on the number of values and the wire, never on 
 
 A wire is named by a *spec*, a string that says all a decoder needs: a format of
 :data:`WIRES`, with ``topk``'s fraction after a colon (``topk:0.015625``; :func:`wire_spec`
-writes one, :func:`parse_wire` reads it), and after ``@`` the share of the tensor an
-exchange sends where it sends only part (``sign@0.25``: a quarter a round, rotating; the
-codec codes what it is given, the caller chooses the part). Callers pass the spec where they
-passed the format, and checkpoints record it, so a resume with another fraction or share is
-refused by name.
+writes one, :func:`parse_wire` reads it). Callers pass the spec where they passed the
+format, and checkpoints record it, so a resume with another fraction is refused by name.
 
 A compressed format rounds; *error feedback* (1-bit Adam, PowerSGD) carries what one exchange
 lost into the next: send ``encode(x + e)``, keep ``e = (x + e) - decode(that)``. Over K
@@ -55,22 +52,12 @@ overhead (int8 stays at 3.98x below fp32), while a chunk is still small enough t
 large value only coarsens the rounding of its own 1023 neighbours, not of a whole layer."""
 
 
-SHARED_FORMATS: tuple[str, ...] = ("bf16", "int8", "int4", "sign")
-"""Formats a wire may send a rotating share of (``sign@0.25``): the dense ones that keep an
-error-feedback residual, which holds what a round does not send. fp32 keeps none, and
-``topk`` chooses its own share by magnitude."""
-
-
 @dataclass(frozen=True)
 class Wire:
-    """A parsed wire spec: the format, ``topk``'s fraction and the share a round sends."""
+    """A parsed wire spec: the format and, for ``topk``, the fraction of values sent."""
 
     name: str
     fraction: float = TOPK_FRACTION
-    share: float = 1.0
-    """The share of the tensor an exchange sends, in chunks that rotate through it round
-    by round (:class:`~hadpsgd.comm.compressed.CompressedMean`); the rest waits in the
-    error-feedback residual. 1: all of it, every time."""
 
 
 def _int8_rows(x: torch.Tensor, w: Wire) -> torch.Tensor:
@@ -139,48 +126,33 @@ WIRES: tuple[str, ...] = tuple(FORMATS)
 """Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
 
 
-def wire_spec(name: str, fraction: float = TOPK_FRACTION, share: float = 1.0) -> str:
-    """The spec of format ``name``: ``topk:<fraction>`` for top-k, else ``name`` itself.
-
-    ``@<share>`` follows where an exchange sends only that share (``sign@0.25``).
-    """
+def wire_spec(name: str, fraction: float = TOPK_FRACTION) -> str:
+    """The spec of format ``name``: ``topk:<fraction>`` for top-k, else ``name`` itself."""
     spec = f"topk:{float(fraction)!r}" if name == "topk" else name
-    if share != 1.0:
-        spec += f"@{float(share)!r}"
-    parse_wire(spec)  # refuses an unknown format or a fraction or share out of range
+    parse_wire(spec)  # refuses an unknown format or a fraction out of range
     return spec
-
-
-def _unit_float(text: str, what: str, spec: str) -> float:
-    """``text`` as a float in (0, 1], or a ValueError naming ``what`` and the spec."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value <= 1.0:  # NaN fails this too
-        raise ValueError(f"the {what} must be in (0, 1], got {text!r} in {spec!r}")
-    return value
 
 
 @functools.lru_cache(maxsize=64)
 def parse_wire(spec: str) -> Wire:
-    """The :class:`Wire` a spec names (``topk`` alone: the default fraction; no ``@``: all).
+    """The :class:`Wire` a spec names (``topk`` alone: the default fraction).
 
     Raises:
-        ValueError: For a format not in :data:`WIRES`, a fraction or share outside (0, 1],
-            or a share of a format not in :data:`SHARED_FORMATS`.
+        ValueError: For a format not in :data:`WIRES` or a fraction outside (0, 1].
     """
-    head, at, share_text = str(spec).partition("@")
-    name, _, rest = head.partition(":")
+    name, _, rest = str(spec).partition(":")
     if name not in WIRES or (rest and name != "topk"):
         raise ValueError(f"wire must be one of {', '.join(WIRES)} (topk:FRACTION for a "
                          f"fraction), got {spec!r}")
-    share = _unit_float(share_text, "share a round sends", spec) if at else 1.0
-    if at and name not in SHARED_FORMATS:
-        raise ValueError(f"only {', '.join(SHARED_FORMATS)} send a share of the tensor a round "
-                         f"(they keep the residual the rest waits in), got {spec!r}")
-    fraction = _unit_float(rest, "topk fraction", spec) if rest else TOPK_FRACTION
-    return Wire(name, fraction, share)
+    if not rest:
+        return Wire(name)
+    try:
+        fraction = float(rest)
+    except ValueError:
+        fraction = float("nan")
+    if not 0.0 < fraction <= 1.0:  # NaN fails this too
+        raise ValueError(f"the topk fraction must be in (0, 1], got {rest!r} in {spec!r}")
+    return Wire(name, fraction)
 
 
 def check_wire(wire: str) -> None:
@@ -233,6 +205,6 @@ def decode(payload: torch.Tensor, numel: int, wire: str, dtype: torch.dtype) -> 
     return out.clone() if parse_wire(wire).name == "fp32" else out
 
 
-__all__ = ["FORMATS", "INT8_CHUNK", "SHARED_FORMATS", "TOPK_FRACTION", "WIRES", "Wire",
-           "WireFormat", "check_wire", "decode", "decode_rows", "encode", "encode_rows",
-           "parse_wire", "payload_bytes", "reinterpret", "wire_spec"]
+__all__ = ["FORMATS", "INT8_CHUNK", "TOPK_FRACTION", "WIRES", "Wire", "WireFormat", "check_wire",
+           "decode", "decode_rows", "encode", "encode_rows", "parse_wire", "payload_bytes",
+           "reinterpret", "wire_spec"]

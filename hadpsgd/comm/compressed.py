@@ -29,14 +29,11 @@ from typing import Any
 import torch
 
 from hadpsgd.comm.backends import IntraBackend
-from hadpsgd.comm.codec import check_wire, decode_rows, encode_rows, parse_wire, reinterpret
+from hadpsgd.comm.codec import check_wire, decode_rows, encode_rows, reinterpret
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.staging import Stager
 
-SHARE_CHUNK = 4096
-"""Columns of a shard a wire's share (``sign@0.25``) rotates by: a sign scale's chunk, so a
-chunk sent keeps its own scale."""
 MEAN_BUCKET_ELEMS = 1 << 22
 """Elements a :class:`CompressedMean` exchanges per round of collectives: bounds its scratch
 memory and keeps every MPI count far below 2**31 bytes (fp64 as is: 32 MiB a bucket)."""
@@ -119,14 +116,6 @@ class CompressedMean:
             shard = -(-(hi - lo) // (self.num_nodes * self.slices))
             self._buckets.append((lo, hi, shard, server))
             server += self.slices * shard
-        self.share = parse_wire(wire).share
-        if self.share < 1.0 and not feedback:
-            raise ValueError(f"wire {wire!r} sends a share of the tensor a round, which needs "
-                             "the error feedback that keeps the rest: a mean without it "
-                             "takes the whole tensor")
-        self.rounds = 0
-        """Means taken so far: which share a round sends (the same count on every rank)."""
-        self._chosen: dict[tuple[int, int], torch.Tensor] = {}
         feedback = feedback and wire != "fp32" and self.num_nodes > 1
         self._worker = torch.zeros(numel if feedback else 0, dtype=dtype, device=self.device)
         self._server = torch.zeros(server if feedback else 0, dtype=dtype, device=self.device)
@@ -148,7 +137,6 @@ class CompressedMean:
         flat = t.view(-1)
         for lo, hi, shard, server in self._buckets:
             self._bucket(flat[lo:hi], lo, shard, server)
-        self.rounds += 1
         return t
 
     def _mpi(self, what: str, group: list[int] | None, fn: Any, *bufs: torch.Tensor) -> None:
@@ -168,17 +156,14 @@ class CompressedMean:
         x = torch.zeros(rows * shard, dtype=self.dtype, device=self.device)
         x[:n] = seg
         mine = slice(self.slice * nodes, (self.slice + 1) * nodes)  # this rank's slice
-        cols = self._columns(shard)  # this round's share of every shard (None: all of it)
-        width = shard if cols is None else cols.numel()
         if feedback:
             worker = self._worker[lo:lo + n]
             x[:n].add_(worker)
-            whole = x.view(rows, shard)
-            payload = encode_rows(whole if cols is None else whole[:, cols], self.wire)
+            payload = encode_rows(x.view(rows, shard), self.wire)
             # Every learner of a node encodes the whole tensor (cheap, no messages), so the
             # worker residual is the same on all of them, whichever slice each one sends.
-            sent = _spread(decode_rows(payload, width, self.wire, self.dtype), cols, shard)
-            _residual(worker, x[:n], sent.reshape(-1)[:n])
+            sent = decode_rows(payload, shard, self.wire, self.dtype).reshape(-1)[:n]
+            _residual(worker, x[:n], sent)
             payload = payload[mine]
         else:
             payload = encode_rows(x.view(rows, shard)[mine], self.wire)
@@ -188,7 +173,7 @@ class CompressedMean:
         recv = self._stager.buffer(torch.uint8, nodes * size, slot=1, device_copy=on_gpu)
         send.copy_(payload.reshape(-1))
         self._mpi("all-to-all", self.inter_ranks, self.inter.Alltoall, send, recv)
-        versions = decode_rows(recv.view(nodes, size).to(self.device), width, self.wire,
+        versions = decode_rows(recv.view(nodes, size).to(self.device), shard, self.wire,
                                self.dtype)
         mean = versions[0].clone()
         for k in range(1, nodes):  # in node order: the same bits on every node
@@ -196,14 +181,12 @@ class CompressedMean:
         mean.div_(nodes)
         if feedback:
             residual = self._server[server:server + self.slices * shard].view(self.slices, shard)
-            kept = residual[self.slice] if cols is None else residual[self.slice][cols]
-            mean.add_(kept)
-            out = encode_rows(mean.view(1, width), self.wire)
-            _residual(kept, mean, decode_rows(out, width, self.wire, self.dtype)[0])
-            if cols is not None:  # a gathered copy: the columns not sent keep theirs
-                residual[self.slice].index_copy_(0, cols, kept)
+            mean.add_(residual[self.slice])
+            out = encode_rows(mean.view(1, shard), self.wire)
+            _residual(residual[self.slice], mean,
+                      decode_rows(out, shard, self.wire, self.dtype)[0])
         else:
-            out = encode_rows(mean.view(1, width), self.wire)
+            out = encode_rows(mean.view(1, shard), self.wire)
         self.bytes_sent += 2 * (nodes - 1) * size
         self.bytes_received += 2 * (nodes - 1) * size  # N - 1 shards in, in either stage
         # A split node also passes on its slice's server residual (see below).
@@ -228,39 +211,15 @@ class CompressedMean:
             if feedback:
                 residual.copy_(reinterpret(node[:, nodes * size:], self.dtype))
             record = node[:, :nodes * size]
-        result = decode_rows(record.reshape(rows, size).to(self.device), width, self.wire,
+        result = decode_rows(record.reshape(rows, size).to(self.device), shard, self.wire,
                              self.dtype)
-        seg.copy_(_spread(result, cols, shard).reshape(-1)[:n])
-
-    def _columns(self, shard: int) -> torch.Tensor | None:
-        """The columns of a ``shard``-wide row this round sends, or None for all of them.
-
-        With a share below 1, a row is cut in chunks of :data:`SHARE_CHUNK` columns and each
-        round sends the next ``round(chunks * share)`` of them (at least one), wrapping
-        around (in column order, so a partial last chunk stays last): every column is sent
-        once in about ``1 / share`` rounds, and every node picks the same ones, since all
-        count the rounds alike. What a round leaves out waits in the residuals.
-        """
-        chunks = -(-shard // SHARE_CHUNK)
-        per_round = max(1, round(chunks * self.share))  # the nearest to the share asked
-        if self.share >= 1.0 or per_round >= chunks:
-            return None
-        start = (self.rounds * per_round) % chunks
-        key = (shard, start)
-        cols = self._chosen.get(key)
-        if cols is None:
-            chosen = sorted((start + i) % chunks for i in range(per_round))
-            cols = self._chosen[key] = torch.cat([
-                torch.arange(c * SHARE_CHUNK, min((c + 1) * SHARE_CHUNK, shard))
-                for c in chosen]).to(self.device)
-        return cols
+        seg.copy_(result.reshape(-1)[:n])
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The error-feedback residuals (host copies) and the layout they belong to."""
         return {"wire": self.wire, "numel": self.numel, "layout": self._layout(),
-                "worker": self._worker.cpu().clone(), "server": self._server.cpu().clone(),
-                "rounds": self.rounds}
+                "worker": self._worker.cpu().clone(), "server": self._server.cpu().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (the same wire, size, nodes and learners per node).
@@ -276,7 +235,6 @@ class CompressedMean:
                              "layout")
         self._worker.copy_(state["worker"])
         self._server.copy_(state["server"])
-        self.rounds = int(state.get("rounds", 0))  # a state of before: a share of 1 ignores it
 
     def _layout(self) -> list[int]:
         return [self.num_nodes, self.slices, self.bucket_elems]
@@ -404,14 +362,6 @@ def half_mean_in_(means: dict[tuple[str, int, str], CompressedMean], scope: str,
     return mean.bytes_sent - before
 
 
-def _spread(part: torch.Tensor, cols: torch.Tensor | None, shard: int) -> torch.Tensor:
-    """``[R, w]`` values of the columns ``cols`` as ``[R, shard]`` rows, zeros elsewhere."""
-    if cols is None:
-        return part
-    out = torch.zeros(part.shape[0], shard, dtype=part.dtype, device=part.device)
-    return out.index_copy_(1, cols, part)
-
-
 def _residual(out: torch.Tensor, x: torch.Tensor, sent: torch.Tensor) -> None:
     """``out = x - sent``, the error carried to the next exchange.
 
@@ -422,5 +372,4 @@ def _residual(out: torch.Tensor, x: torch.Tensor, sent: torch.Tensor) -> None:
     out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-__all__ = ["MEAN_BUCKET_ELEMS", "SHARE_CHUNK", "CompressedMean", "HierarchicalHalfMean",
-           "half_mean_in_"]
+__all__ = ["MEAN_BUCKET_ELEMS", "CompressedMean", "HierarchicalHalfMean", "half_mean_in_"]

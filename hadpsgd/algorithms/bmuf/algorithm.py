@@ -462,7 +462,7 @@ class BMUF(Algorithm):
             b = relayout_state(b, self._saved_layout, now)
         # What is in flight was packed for one fragment layout and one wire: refuse another.
         # The wire with its top-k fraction, which only counts for --wire topk.
-        for name in ("fragments", "wire", "topk_fraction", "wire_share"):
+        for name in ("fragments", "wire", "topk_fraction"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
             if then != now and (name != "topk_fraction" or self.options.wire == "topk"):
                 flag = self.options.flag(name)

@@ -16,7 +16,7 @@ from typing import Any
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm.codec import FORMATS, SHARED_FORMATS, wire_spec
+from hadpsgd.comm.codec import FORMATS
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
@@ -130,11 +130,6 @@ class BMUFOptions(WireOptions):
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
     the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
     leaves this open)."""
-    wire_share: float = 1.0
-    """BMUF: the share of the model each block sync sends, in (0, 1] (--wire bf16, int8,
-    int4 or sign): chunks of 4096 values in turn, each value once in about 1/share syncs,
-    the rest waiting in the error-feedback residual; --wire sign --wire-share 0.25 sends
-    ~1,000x fewer bytes than SSGD fp32 at tau 8 (default 1: all of it every sync)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -248,24 +243,6 @@ class BMUFOptions(WireOptions):
         self.check_fragments(DEFAULT_SYNC_PERIOD if self.sync_period is None
                              else self.sync_period)
         self.check_wire()  # and --adam-moments, --bmuf-warmup-moments, --bmuf-worker-lr
-        self.check_share()
-
-    def check_share(self) -> None:
-        """Refuse a share outside (0, 1], or below 1 on a wire that keeps no residual."""
-        if not 0.0 < self.wire_share <= 1.0:
-            raise ConfigError(f"{self.flag('wire_share')} must be in (0, 1] (the share of the "
-                              f"model a block sync sends, e.g. 0.25), got {self.wire_share}")
-        if self.wire_share < 1.0 and self.wire not in SHARED_FORMATS:
-            raise ConfigError(
-                f"{self.flag('wire_share')} {self.wire_share} needs a wire that keeps what a "
-                f"sync leaves out in its error-feedback residual ({', '.join(SHARED_FORMATS)}),"
-                f" not {self.flag('wire')} {self.wire}; e.g. {self.flag('wire')} sign "
-                f"{self.flag('wire_share')} {self.wire_share}, or leave it out")
-
-    @property
-    def wire_spec(self) -> str:
-        """The wire as the codec names it, with the share a sync sends (``sign@0.25``)."""
-        return wire_spec(self.wire, self.topk_fraction, self.wire_share)
 
     def check_fragments(self, tau: int) -> None:
         """Refuse more fragments than the block (``tau``) has steps."""
