@@ -545,6 +545,15 @@ class ADPSGD(Algorithm):
             self._control_before = int(state.get("gossip_control_bytes", 0))
             self.sync_bytes = int(state.get("average_bytes", 0))
 
+    def restart_from_model(self) -> None:
+        """Forget the last average: the weights were loaded from elsewhere.
+
+        A failure's survivors keep their own replicas, and a changed resume takes another
+        run's model: no replica is known to be the broadcast start, nor the last average
+        to be every rank's, so the next average is sent whole.
+        """
+        self._reference, self._fresh = None, False
+
     def close(self) -> None:
         """Finish in-flight exchanges on every super-learner, then re-align each node."""
         if self._closed:

@@ -71,3 +71,24 @@ def test_fp32_gossip_keeps_the_exact_average() -> None:
     for first, later, worst, _ in _run("fp32"):
         assert first > 0 and all(b > 0 for b in later)
         assert worst < 1e-6
+
+
+def test_replicas_loaded_from_elsewhere_are_averaged_whole() -> None:
+    """A failure's survivors go on from their own replicas (``adopt`` loads them and calls
+    ``restart_from_model``): the first average is then sent whole, never taken as free."""
+    def learner(w: World) -> tuple[float, int]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8)
+        algo = ADPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), w, wire="int8")
+        with torch.no_grad():
+            algo.flat.add_(float(w.node))  # each node's own replica, as survivors have
+        algo.restart_from_model()
+        algo.sync()
+        exact = w.allreduce_(algo.flat.clone(), op="avg")
+        error = float((algo._average - exact).abs().max())
+        sent = algo.sync_bytes
+        algo.close()
+        return error, sent
+
+    for error, sent in ThreadJob(4, 2, timeout=60).run(learner):
+        assert error < 1e-6 and sent > 0
