@@ -215,9 +215,6 @@ class ADPSGD(Algorithm):
         resume; the thread's own counters start at 0 in every process."""
         self._control_before = 0
         """The pairing's control bytes before this algorithm was built (as above)."""
-        # The thread's own pair channel (communicator and watchdog): it waits concurrently
-        # with the main thread, so their deadline bookkeeping must not mix. Collective: every
-        # rank makes it, the leaders use it.
         # On a compressed gossip wire (a slow link) the evaluation average crosses the nodes
         # as a coarse difference to the last one (collective: every rank makes the channel).
         self._coarse = (topo.side_channel(average_wire(self.options.wire), background=False)
@@ -227,6 +224,9 @@ class ADPSGD(Algorithm):
         against (None: the next is sent whole, in fp32)."""
         self._fresh = True
         """Built and not loaded: every replica is still rank 0's broadcast model."""
+        # The thread's own pair channel (communicator and watchdog): it waits concurrently
+        # with the main thread, so their deadline bookkeeping must not mix. Collective: every
+        # rank makes it, the leaders use it.
         channel = topo.pair_channel()
         self.thread: GossipThread | None = None
         if self.leader and topo.num_nodes > 1:
