@@ -427,11 +427,11 @@ class ADPSGD(Algorithm):
         if self._reference is None:
             # Free only if every learner is still at the broadcast start (agreed: 8 bytes).
             self._changed.fill_(0.0 if self._fresh and self.steps == 0 else 1.0)
-            if float(self.topo.allreduce_(self._changed, op="sum")) != 0.0:
+            moved = float(self.topo.allreduce_(self._changed, op="sum")) != 0.0
+            if moved:
                 self.topo.allreduce_(self._average, op="avg")
             self._reference = self._average.clone()
-            return 0 if float(self._changed) == 0.0 else internode_share(
-                self._average.nbytes, self.topo)
+            return internode_share(self._average.nbytes, self.topo) if moved else 0
         diff = self._average.sub_(self._reference)
         self.topo.intra_allreduce_(diff, op="avg")  # the node's mean, over its own link
         before = self._coarse.bytes_sent
