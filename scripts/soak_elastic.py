@@ -103,6 +103,7 @@ from _soak_round3 import (  # noqa: E402 - beside this script
 from hadpsgd.data import ChunkDataset  # noqa: E402
 from hadpsgd.data.synth import SynthSpec, generate  # noqa: E402
 from hadpsgd.launch import launch_env  # noqa: E402
+from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start  # noqa: E402
 from hadpsgd.train import latest_checkpoint  # noqa: E402
 from hadpsgd.train.checkpoint import CheckpointError, read_manifest, verify_checkpoint  # noqa: E402
 
@@ -176,21 +177,19 @@ def trace_chunks(out: Path, epoch: int) -> int:
     return n
 
 
-LAUNCHER_START_FAILURE = "PMIx server's listener thread failed to start"
-
-
 def launch(nprocs: int, args: list[str], out: Path, data: tuple[Path, Path], fault: str,
            timeout: float, act: Any = None, env: dict[str, str] | None = None,
            script: list[str] | None = None) -> Job:
     """One job through the launcher, started again where mpirun itself failed to start.
 
     Open MPI's launcher now and then fails to bring up its PMIx server before any rank
-    exists (exit 213; ``tests/_mpi.py`` retries it too): nothing of the round ran.
+    exists (exit 213; :func:`hadpsgd.launch.mpirun.launcher_failed_to_start`): nothing of the
+    round ran.
     """
-    for tries in range(3):
+    for tries in range(LAUNCH_TRIES):
         job = launch_once(nprocs, args, out, data, fault, timeout, act, env, script)
         job.start_retries = tries
-        if LAUNCHER_START_FAILURE not in job.output:
+        if not launcher_failed_to_start(job.output):
             break
     return job
 

@@ -16,26 +16,19 @@ from pathlib import Path
 
 import pytest
 
+# A launch whose launcher failed to start (no rank ran) is retried: hadpsgd.launch.mpirun.
+from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
 # Every mpirun launch gets a hard wall-clock limit: a hang fails the test instead of CI.
 MPI_TIMEOUT_S = float(os.environ.get("HADPSGD_TEST_MPI_TIMEOUT", "240"))
-# Open MPI's launcher (prterun) now and then fails to bring up its own PMIx server before any
-# rank exists (seen once in ~1,200 launches on CI: "The PMIx server's listener thread failed to
-# start", exit 213). No rank ran, so nothing of the test happened: such a launch is retried.
-LAUNCHER_START_FAILURES = ("PMIx server's listener thread failed to start",)
-LAUNCH_TRIES = 3
 # Where each launch's test, ranks and seconds are appended (JSON lines) when set: what the
 # multi-rank suite spends goes mostly to launches (each rank imports torch), so CI's time is
 # planned from this record.
 LAUNCH_LOG = os.environ.get("HADPSGD_TEST_LAUNCH_LOG")
 LAUNCHES: list[dict] = []
 """Every launch of this pytest process (test, ranks, seconds): ``conftest.py`` sums them."""
-
-
-def launcher_failed_to_start(output: str) -> bool:
-    """Whether ``output`` is the launcher's own start-up failure (no rank ever ran)."""
-    return any(marker in output for marker in LAUNCHER_START_FAILURES)
 
 
 @dataclass

@@ -18,6 +18,23 @@ class LauncherError(RuntimeError):
     """No usable MPI launcher, or a bad launch request."""
 
 
+LAUNCHER_START_FAILURES = ("PMIx server's listener thread failed to start",)
+"""What Open MPI's launcher (prterun) prints when it fails to bring up its own PMIx server,
+before any rank exists (exit 213; seen about once in ~1,200 launches on the CI machine).
+Nothing of the job ran, so starting it again is safe: the sweep, the tests and the soak do."""
+
+LAUNCH_TRIES = 3
+"""Launches of one job at most where the launcher itself failed to start."""
+
+
+def launcher_failed_to_start(output: str) -> bool:
+    """Whether mpirun's ``output`` shows the launcher's own start-up failure.
+
+    Then no rank ran and the job may be started again.
+    """
+    return any(marker in output for marker in LAUNCHER_START_FAILURES)
+
+
 @dataclass(frozen=True)
 class Launcher:
     """An MPI launcher found on this machine."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from benchmarks._common.launch import bench_env
 from hadpsgd.launch import Launcher, mpirun_command
+from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start
 from lab.sweep.grid import Cell, sbatch_script, shell_line
 from lab.sweep.results import (
     append_row,
@@ -58,6 +59,33 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
+def _launch(cmd: list[str], env: dict[str, str], log: Path,
+            timeout: float) -> tuple[int | None, bool]:
+    """Run a cell's command once, its output to ``log``; ``(exit code, timed out)``."""
+    timed_out = False
+    with log.open("wb") as fh:
+        # Its own session, so a time limit or Ctrl-C ends mpirun and every rank it started.
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(proc)
+            code = proc.poll()
+        except KeyboardInterrupt:
+            _stop(proc)
+            raise
+    return code, timed_out
+
+
+def _tail(log: Path, size: int = 8192) -> str:
+    """The last ``size`` bytes of a log as text (where mpirun's own errors are)."""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - size))
+        return fh.read().decode(errors="replace")
+
+
 def run_cell(cell: Cell, sweep_dir: Path, launcher: Launcher, timeout: float) -> dict[str, Any]:
     """Run one cell to completion, failure or its time limit; return its results row."""
     out = cell_dir(sweep_dir, cell)
@@ -73,21 +101,13 @@ def run_cell(cell: Cell, sweep_dir: Path, launcher: Launcher, timeout: float) ->
                                                "command": cmd}, indent=1) + "\n")
     env = bench_env(cell.learners)
     log = out / "run.log"
-    timed_out = False
     tic = time.perf_counter()
-    with log.open("wb") as fh:
-        # Its own session, so a time limit or Ctrl-C ends mpirun and every rank it started.
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop(proc)
-            code = proc.poll()
-        except KeyboardInterrupt:
-            _stop(proc)
-            raise
+    for _ in range(LAUNCH_TRIES):
+        code, timed_out = _launch(cmd, env, log, timeout)
+        # Open MPI's launcher now and then fails before any rank exists: nothing of the cell
+        # ran, so it is started again rather than recorded as a failed configuration.
+        if code == 0 or timed_out or not launcher_failed_to_start(_tail(log)):
+            break
     wall = time.perf_counter() - tic
     return build_row(cell.id, cell.params(), out, code, round(wall, 2), timed_out,
                      shell_line(cmd), log)

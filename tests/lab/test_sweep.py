@@ -355,6 +355,43 @@ def test_collect_sbatch_outputs(tmp_path, capsys):
     assert len(read_jsonl(tmp_path / RESULTS_JSONL)) == 1
 
 
+# ---------------------------------------------------------------------------- launching
+_FLAKY_LAUNCHER = """
+import sys
+from pathlib import Path
+tries = Path(sys.argv[1])
+n = len(tries.read_text()) if tries.exists() else 0
+tries.write_text("x" * (n + 1))
+if n < int(sys.argv[2]):
+    print("The PMIx server's listener thread failed to start")
+    sys.exit(213)
+sys.exit(int(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("start_failures, code, launches, recorded", [
+    (1, 0, 2, 0),                      # the launcher failed once: started again, the run's exit
+    (5, 0, 3, 213),                    # it never starts: given up after LAUNCH_TRIES
+    (0, EXIT_FAILED, 1, EXIT_FAILED),  # the run itself failed: never started again
+])
+def test_a_cell_whose_launcher_failed_to_start_is_started_again(
+        tmp_path, monkeypatch, start_failures, code, launches, recorded):
+    import sys
+
+    from lab.sweep import runner
+
+    script, tries = tmp_path / "mpirun.py", tmp_path / "tries"
+    script.write_text(_FLAKY_LAUNCHER)
+    monkeypatch.setattr(runner, "local_command", lambda *a: [
+        sys.executable, str(script), str(tries), str(start_failures), str(code)])
+    cell = expand(spec())[0]
+    row = runner.run_cell(cell, tmp_path / "sweep", FAKE_LAUNCHER, timeout=60)
+    assert len(tries.read_text()) == launches
+    assert row["exit_code"] == recorded
+    # The stand-in writes no metrics, so even exit 0 is not "ok"; the error says which.
+    assert ("exit code 0 but no held-out" in row["error"]) == (recorded == 0)
+
+
 # ---------------------------------------------------------------------------- plots
 def test_plots_survive_failed_and_partial_cells(tmp_path):
     pytest.importorskip("matplotlib")
