@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hadpsgd.launch import launch_env, mpirun_command
+from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root: the directory holding ``benchmarks/`` and ``hadpsgd/``."""
@@ -56,6 +57,19 @@ def worker_command(module: str, args: Sequence[str], nprocs: int | None) -> list
     return mpirun_command(nprocs, list(args), module=module)
 
 
+def run_job(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, retried on a start.
+
+    A job is started again where Open MPI's launcher failed before any rank existed (nothing
+    of it ran).
+    """
+    for _ in range(LAUNCH_TRIES):
+        out = subprocess.run(list(cmd), capture_output=True, text=True, **kwargs)
+        if out.returncode == 0 or not launcher_failed_to_start(out.stdout + out.stderr):
+            break
+    return out
+
+
 def run_worker(module: str, args: Sequence[str], nprocs: int | None, timeout: float,
                env: Mapping[str, str] | None = None,
                two_hosts: str | None = None) -> list[dict[str, Any]]:
@@ -78,8 +92,7 @@ def run_worker(module: str, args: Sequence[str], nprocs: int | None, timeout: fl
     job_env = bench_env(nprocs, env)
     if two_hosts is None or nprocs is None:
         cmd = worker_command(module, args, nprocs)
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env=job_env)
+        out = run_job(cmd, timeout=timeout, env=job_env)
     else:
         from benchmarks._common.netns import TwoHosts
 
@@ -88,8 +101,7 @@ def run_worker(module: str, args: Sequence[str], nprocs: int | None, timeout: fl
                    if k.startswith("HADPSGD_") or k in ("PYTHONPATH", "OMP_NUM_THREADS")}
         with TwoHosts(rate=two_hosts, env=forward) as hosts:
             cmd = hosts.mpirun(nprocs, [sys.executable, "-m", module, *args])
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                 env=job_env)
+            out = run_job(cmd, timeout=timeout, env=job_env)
     if out.returncode != 0:
         raise SystemExit(f"benchmark step failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
     return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]

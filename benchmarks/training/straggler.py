@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common.launch import bench_env, emit, worker_command
+from benchmarks._common.launch import bench_env, emit, run_job, worker_command
 from hadpsgd.exit_codes import EXIT_OK, describe
 
 ALGOS = {
@@ -64,8 +63,8 @@ def measure(algo: str, k: float, a: argparse.Namespace, out: Path) -> float:
             *a.extra]
     spec = f"ms={a.step_ms:g}" + (f",rank=1,factor={k:g}" if k != 1 else "")
     cmd = worker_command("hadpsgd.run", args, a.nprocs)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
-                          env=bench_env(a.nprocs, {"HADPSGD_EMULATE_STEP": spec}))
+    done = run_job(cmd, timeout=a.timeout,
+                   env=bench_env(a.nprocs, {"HADPSGD_EMULATE_STEP": spec}))
     if done.returncode != EXIT_OK:
         raise SystemExit(f"run failed ({describe(done.returncode)}): {' '.join(cmd)}\n"
                          f"{done.stdout}\n{done.stderr}")
