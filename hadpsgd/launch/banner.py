@@ -24,6 +24,8 @@ _NON_ZERO = b"exited with non-zero status"
 _CODE = re.compile(rb"Exit code:\s+(\d+)")
 _MAX_LINES = 12
 """A held block longer than this is no banner: it is let through."""
+TAIL_BYTES = 16384
+"""How much of the end of ``mpirun``'s stderr :func:`copy_filtered` keeps when asked."""
 
 
 class BannerFilter:
@@ -93,8 +95,15 @@ class BannerFilter:
         return b""
 
 
-def copy_filtered(source: BinaryIO, sink: BinaryIO) -> threading.Thread:
+def copy_filtered(source: BinaryIO, sink: BinaryIO,
+                  tail: bytearray | None = None) -> threading.Thread:
     """Copy ``source`` to ``sink`` through a :class:`BannerFilter` in a daemon thread.
+
+    Args:
+        source: The pipe to read (``mpirun``'s stderr).
+        sink: Where the filtered bytes go.
+        tail: If given, the last :data:`TAIL_BYTES` read are kept in it (unfiltered), for
+            the caller to read the launcher's own last words once the thread has ended.
 
     Returns:
         The started thread; join it once the process that writes ``source`` has ended.
@@ -106,6 +115,9 @@ def copy_filtered(source: BinaryIO, sink: BinaryIO) -> threading.Thread:
             data = source.read1(65536) if hasattr(source, "read1") else source.read(65536)
             if not data:
                 break
+            if tail is not None:
+                tail.extend(data)
+                del tail[:-TAIL_BYTES]
             _write(sink, banner.feed(data))
         _write(sink, banner.flush())
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from hadpsgd.launch.banner import copy_filtered
+from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start
 
 GRACEFUL = signal.SIGUSR1
 
@@ -26,13 +27,31 @@ GRACEFUL = signal.SIGUSR1
 def run_forwarding(cmd: Sequence[str], env: dict[str, str]) -> int:
     """Run ``cmd`` (an ``mpirun`` command line) to completion, forwarding stop signals.
 
+    Where Open MPI's launcher fails to start before any rank exists (its PMIx listener,
+    exit 213), nothing of the job ran and it is started again, up to
+    :data:`~hadpsgd.launch.mpirun.LAUNCH_TRIES` times in all, saying so.
+
     Returns:
         Its exit code (128 + n if it was killed by signal n, as a shell reports it).
     """
+    for attempt in range(1, LAUNCH_TRIES + 1):
+        code, tail, stopped = _run_once(cmd, env)
+        if code == 0 or stopped or attempt == LAUNCH_TRIES \
+                or not launcher_failed_to_start(tail.decode(errors="replace")):
+            return code
+        print(f"[hadpsgd.launch] mpirun failed to start before any rank ran (exit {code}): "
+              f"starting it again ({attempt + 1} of {LAUNCH_TRIES})", file=sys.stderr,
+              flush=True)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _run_once(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, bytes, bool]:
+    """One launch: ``(exit code, the end of its stderr, whether a stop was asked)``."""
     sink = getattr(sys.stderr, "buffer", None)  # None: a caller replaced sys.stderr
     proc = subprocess.Popen(list(cmd), env=env,
                             stderr=subprocess.PIPE if sink is not None else None)
-    copier = copy_filtered(proc.stderr, sink) if proc.stderr and sink else None
+    tail = bytearray()
+    copier = copy_filtered(proc.stderr, sink, tail) if proc.stderr and sink else None
     asked = 0
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -59,4 +78,4 @@ def run_forwarding(cmd: Sequence[str], env: dict[str, str]) -> int:
     # mpirun has ended; its stderr ends when the last rank it left behind closes it too.
     if copier is not None:
         copier.join(timeout=10)
-    return 128 - code if code < 0 else code
+    return (128 - code if code < 0 else code), bytes(tail), asked > 0

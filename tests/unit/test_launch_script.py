@@ -164,3 +164,37 @@ def test_hadpsgds_own_warnings_are_one_line_under_the_api_too() -> None:
         warnings.formatwarning = before
     assert own == "[hadpsgd] warning: no nodes to average\n"
     assert other.startswith("/x/user.py:3: DeprecationWarning: old")
+
+
+_FLAKY_MPIRUN = """
+import sys
+from pathlib import Path
+tries = Path(sys.argv[1])
+n = len(tries.read_text()) if tries.exists() else 0
+tries.write_text("x" * (n + 1))
+if n < int(sys.argv[2]):
+    sys.stderr.write("The PMIx server's listener thread failed to start\\n")
+    sys.exit(213)
+sys.stderr.write("ran\\n")
+sys.exit(int(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("start_failures, code, launches, returned", [
+    (1, 0, 2, 0),    # the launcher failed once: started again, the job's own exit
+    (9, 0, 3, 213),  # it never starts: given up after three launches, its code kept
+    (0, 5, 1, 5),    # the job itself failed: never started again
+])
+def test_the_launcher_starts_mpirun_again_only_where_no_rank_ran(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], start_failures: int, code: int,
+        launches: int, returned: int) -> None:
+    from hadpsgd.launch.forward import run_forwarding
+
+    script, tries = tmp_path / "mpirun.py", tmp_path / "tries"
+    script.write_text(_FLAKY_MPIRUN)
+    cmd = [sys.executable, str(script), str(tries), str(start_failures), str(code)]
+    assert run_forwarding(cmd, {}) == returned
+    assert len(tries.read_text()) == launches
+    err = capfd.readouterr().err
+    assert err.count("starting it again") == launches - 1
+    assert err.count("listener thread failed") == min(start_failures, launches)
