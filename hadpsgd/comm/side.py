@@ -231,9 +231,7 @@ class SideChannel:
     def load_state_dict(self, state: dict[str, Any], like: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`state_dict`; ``like`` gives each key's tensor (size, dtype, device)."""
         for key, saved in state.items():
-            # A key sent without feedback saved no residual; it is made without one again.
-            feedback = saved["worker"].numel() > 0 or saved["server"].numel() > 0
-            self._compressor(key, like[key], feedback).load_state_dict(saved)
+            self._compressor(key, like[key]).load_state_dict(saved)
 
     def _compressor(self, key: str, t: torch.Tensor, feedback: bool = True) -> CompressedMean:
         """The compressed mean of ``key`` (made on first use; it keeps that key's residuals)."""

@@ -115,13 +115,11 @@ class BMUF(Algorithm):
         self.moments = BlockMoments(optimizer, opts.adam_moments, self._layout())
         self.moments.floor_second_moment = opts.wire != "fp32"
         self.filter = BlockFilter(self.params.buffers, self.moments, self.eta,
-                                  float(opts.block_lr), opts.nesterov,
-                                  opts.wire != "fp32" or opts.low_rank > 0)
+                                  float(opts.block_lr), opts.nesterov, opts.wire != "fp32")
         self.fragments: list[Fragment] = split(self.moments.layout, list(self.params.params),
                                                opts.fragments, self.tau)
         self.exchange = BlockExchange(topo, opts.wire_spec, opts.block_overlap,
-                                      segments=1 + len(self.moments.sent_keys),
-                                      low_rank=opts.low_rank)
+                                      segments=1 + len(self.moments.sent_keys))
         if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
             warnings.warn(
                 f"bmuf with a single super-learner (all {topo.size} learners on one node) is "
@@ -322,7 +320,6 @@ class BMUF(Algorithm):
         """Filter ``frag``'s average once it has arrived."""
         self.exchange.wait(frag.average)
         self.filter.apply(frag)
-        self.exchange.keep(frag, self.params.buffers)
 
     def evaluation_note(self) -> str:
         """The evaluated model is the initial one while no block sync has happened yet.
@@ -465,7 +462,7 @@ class BMUF(Algorithm):
             b = relayout_state(b, self._saved_layout, now)
         # What is in flight was packed for one fragment layout and one wire: refuse another.
         # The wire with its top-k fraction, which only counts for --wire topk.
-        for name in ("fragments", "wire", "topk_fraction", "low_rank"):
+        for name in ("fragments", "wire", "topk_fraction"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
             if then != now and (name != "topk_fraction" or self.options.wire == "topk"):
                 flag = self.options.flag(name)

@@ -15,11 +15,7 @@ from typing import Any
 import torch
 
 from hadpsgd.algorithms.bmuf.filter import BlockAverage, Flat, Fragment
-from hadpsgd.algorithms.bmuf.lowrank import LowRankDelta, matrices
 from hadpsgd.comm import World
-
-LOW_RANK_KEY = "low_rank"
-"""Where :meth:`BlockExchange.state_dict` keeps the low-rank coders' state."""
 
 
 class BlockExchange:
@@ -31,19 +27,13 @@ class BlockExchange:
             ``int8``, ``int4`` or ``topk:<fraction>``; every one but fp32 with error feedback.
         background: Run the means in a background thread (``--bmuf-overlap``).
         segments: Parts of every pack: the model and each sent moment buffer.
-        low_rank: Send the model's progress of every weight matrix as factors of this rank
-            (:mod:`hadpsgd.algorithms.bmuf.lowrank`); 0: as the wire codes it.
     """
 
-    def __init__(self, topo: World, wire: str, background: bool, segments: int,
-                 low_rank: int = 0) -> None:
-        self.topo, self.wire, self.segments, self.low_rank = topo, wire, segments, low_rank
-        self.compressed = wire != "fp32" or low_rank > 0
-        """Packs hold progress, sent in parts through the side channel."""
+    def __init__(self, topo: World, wire: str, background: bool, segments: int) -> None:
+        self.topo, self.wire, self.segments = topo, wire, segments
         # A private channel for background or compressed means (collective: every rank).
         self.side = (topo.side_channel(wire, background=background)
-                     if background or self.compressed else None)
-        self._low: dict[str, LowRankDelta] = {}  # per fragment and dtype, made on first use
+                     if background or wire != "fp32" else None)
         self.bytes_sent = 0
         """Payload bytes this rank sent across nodes (fp32 without a side channel: a ring
         allreduce's share of the hierarchical reduction)."""
@@ -58,11 +48,11 @@ class BlockExchange:
             return
         if background:
             average.job = self.side.submit(  # type: ignore[union-attr]
-                lambda: self._mean(frag, average),
+                lambda: self._mean(frag.index, average),
                 f"background block average of fragment {frag.index}",
                 uses=list(average.packs.values()))
         else:
-            self._mean(frag, average)
+            self._mean(frag.index, average)
 
     def wait(self, average: BlockAverage | None) -> None:
         """Wait until ``average`` (if any) has arrived."""
@@ -70,16 +60,13 @@ class BlockExchange:
             self.side.wait(average.job)  # type: ignore[union-attr]
             average.job = None
 
-    def _mean(self, frag: Fragment, average: BlockAverage) -> None:
+    def _mean(self, index: int, average: BlockAverage) -> None:
         """The mean of a fragment's packs (identical inside each node), in place."""
         for dtype, pack in average.packs.items():
             if self.side is not None:
                 before = self.side.bytes_sent
-                for i, (key, part) in enumerate(self._parts(frag.index, dtype, pack).items()):
-                    if i == 0 and self.low_rank:
-                        self._low_rank(frag, dtype, key).mean_(part, self.side.mean_, key)
-                    else:
-                        self.side.mean_(key, part)
+                for key, part in self._parts(index, dtype, pack).items():
+                    self.side.mean_(key, part)
                 self.bytes_sent += self.side.bytes_sent - before
                 self.bytes_received += self.side.bytes_sent - before
             else:
@@ -99,63 +86,26 @@ class BlockExchange:
         The model's progress and each moment's differ in scale by orders of magnitude; a
         compressed wire scales each part on its own, so no quantisation chunk mixes them.
         """
-        if not self.compressed:
+        if self.wire == "fp32":
             return {f"fragment{index}-{dtype}": pack}
         return {f"fragment{index}-{dtype}-{i}": part
                 for i, part in enumerate(pack.split(pack.numel() // self.segments))}
 
-    def _low_rank(self, frag: Fragment, dtype: torch.dtype, key: str) -> LowRankDelta:
-        """The low-rank coder of ``frag``'s model segment of ``dtype`` (made on first use)."""
-        low = self._low.get(key)
-        if low is None:
-            lo, hi = frag.spans[dtype]
-            device = frag.slots[dtype][0][0].device
-            low = self._low[key] = LowRankDelta(
-                self.low_rank, matrices(frag.slots[dtype], lo, self.low_rank), hi - lo, dtype,
-                device)
-        return low
-
-    def keep(self, frag: Fragment, params: Flat) -> None:
-        """Low-rank: add what the factors left of each node's delta to its local model."""
-        for dtype, (lo, hi) in frag.spans.items():
-            low = self._low.get(f"fragment{frag.index}-{dtype}-0")  # the model's part
-            if low is not None:
-                low.keep(params[dtype][lo:hi])
-
     def state_dict(self) -> dict[str, Any]:
-        """The wire's rounding errors (per super-learner), or nothing without a side channel.
-
-        With ``low_rank`` also each fragment's residual and ``Q``'s, under ``LOW_RANK_KEY``.
-        """
-        state = self.side.state_dict() if self.side is not None else {}
-        if self._low:
-            state[LOW_RANK_KEY] = {key: low.state_dict() for key, low in self._low.items()}
-        return state
+        """The wire's rounding errors (per super-learner), or nothing without a side channel."""
+        return self.side.state_dict() if self.side is not None else {}
 
     def load_state_dict(self, state: dict[str, Any], fragments: list[Fragment],
                         params: Flat) -> None:
         """Restore :meth:`state_dict`, for the packs of ``fragments`` of ``params``."""
         if self.side is None or not state:
             return
-        state = dict(state)
-        low = state.pop(LOW_RANK_KEY, {})
         keys: dict[str, torch.Tensor] = {}  # each compressed tensor's key and shape
         for f in fragments:
             for dtype, (lo, hi) in f.spans.items():
                 like = torch.empty(self.segments * (hi - lo), dtype=dtype,
                                    device=params[dtype].device)
-                parts = self._parts(f.index, dtype, like)
-                keys.update(parts)
-                if self.low_rank:
-                    first = next(iter(parts))
-                    coder = self._low_rank(f, dtype, first)
-                    # The segment's vectors went with the wire; its factors without feedback.
-                    n_p, n_q = coder.factor_numel
-                    keys.update({f"{first}-rest": like[:int(coder.rest.numel())],
-                                 f"{first}-P": like.new_empty(n_p),
-                                 f"{first}-Q": like.new_empty(n_q)})
-                    if first in low:
-                        coder.load_state_dict(low[first])
+                keys.update(self._parts(f.index, dtype, like))
         self.side.load_state_dict(state, keys)
 
     def close(self) -> None:

@@ -130,11 +130,6 @@ class BMUFOptions(WireOptions):
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
     the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
     leaves this open)."""
-    low_rank: int = field(default=0, metadata={"flag": "bmuf-low-rank"})
-    """BMUF: send every weight matrix's block progress as a product of rank-R factors
-    (PowerSGD's power iteration with error feedback, warm-started from the last block), R
-    (m + n) values where the matrix has m n; vectors go with --wire as before, the factors
-    in --wire's format (fp32, bf16 or int8) without its error feedback. 0: off."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -241,13 +236,6 @@ class BMUFOptions(WireOptions):
         if self.warmup_steps < 0:
             raise ConfigError(f"{self.flag('warmup_steps')} must be >= 0, got "
                               f"{self.warmup_steps}")
-        if self.low_rank < 0:
-            raise ConfigError(f"{self.flag('low_rank')} must be >= 0 (0: off), got "
-                              f"{self.low_rank}")
-        if self.low_rank and self.wire in FORMATS and FORMATS[self.wire].bits < LOSSY_BELOW_BITS:
-            raise ConfigError(f"{self.flag('low_rank')} sends its factors in --wire's format "
-                              f"without error feedback, and --wire {self.wire} is too coarse "
-                              "for that: use --wire fp32, bf16 or int8 with it")
         if self.fragments < 1:
             raise ConfigError(f"{self.flag('fragments')} must be >= 1, got {self.fragments}")
         # Without --sync-period the default is at most DEFAULT_SYNC_PERIOD; the block length
