@@ -18,14 +18,16 @@ from tests.mpi._resume import assert_same_run
 from tests.trainer_threads import train_on_threads
 
 
-def _train(data: tuple[Path, Path], out: Path, *extra: str, fault: str | None = None) -> None:
+def _train(data: tuple[Path, Path], out: Path, *extra: str,
+           fault: str | None = None) -> list[dict]:
     """The flags of ``test_bmuf_cli._train``: 2 super-learners of one learner, BMUF-Adam."""
     flags = ["--train", str(data[0]), "--heldout", str(data[1]), "--preset", "tiny",
              "--out-dir", str(out), "--no-progress", "--algo", "bmuf", "--optimizer", "adam",
              "--beta1", "0.5", "--lr", "0.002", "--warmup-epochs", "0", "--batch-size", "8",
              "--epochs", "3", "--sync-period", "3", "--bmuf-warmup-steps", "2",
              "--ranks-per-node", "1", *extra]
-    train_on_threads(flags, 2, fault=fault, env={"HADPSGD_TRACE_CHUNKS": str(out / "trace")})
+    return train_on_threads(flags, 2, fault=fault,
+                            env={"HADPSGD_TRACE_CHUNKS": str(out / "trace")})
 
 
 @pytest.mark.parametrize("wire", [("int4",), ("sign",), ("topk", "--topk-fraction", "0.03")],
@@ -34,7 +36,9 @@ def test_overlapped_streaming_compressed_resume_is_bit_exact(tiny_data, tmp_path
     k = 10
     extra = ("--max-steps", str(2 * k), "--checkpoint-every", str(k), "--bmuf-overlap",
              "--bmuf-fragments", "2", "--wire", *wire, "--adam-moments", "corrected")
-    _train(tiny_data, tmp_path / "full", *extra)
+    ends = _train(tiny_data, tmp_path / "full", *extra)
+    # Every node decoded the same means: the global model is the same bits everywhere.
+    assert len({s["evaluated"] for s in ends}) == 1, ends
     with pytest.raises(InjectedFault):
         _train(tiny_data, tmp_path / "part", *extra, fault="kind=raise,rank=1,step=13")
     saved = sorted(p.name for p in (tmp_path / "part" / "checkpoints").glob("step-*"))
