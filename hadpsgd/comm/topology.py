@@ -160,9 +160,30 @@ class Topology:
                 f"device {self.device}, intra-node {path.intra} (host tensors: "
                 f"{self.reducer.intra.name}), inter-node {cross}, {self.reducer.algo} "
                 f"hierarchy, deadline {self.timeout:g} s")
+        sites = self.sites()
+        if sites:
+            line += (f"; each node spans {sites} hosts: a site, with its mean inside it "
+                     "and the algorithm between sites")
         if self.placement:
             line += f"; ranks: {self.placement}"
         return line
+
+    def sites(self) -> str | None:
+        """Hosts per super-learner where emulated nodes span several hosts, else None.
+
+        ``--ranks-per-node`` larger than a host's ranks makes each super-learner a *site*:
+        its learners average every step across its hosts (the intra-node path, over the
+        site's own network), and the algorithm's exchanges cross between sites.
+        """
+        if not self.emulated or len(self.hosts) != self.size:
+            return None
+        counts, at = [], 0
+        for n in self.node_sizes:
+            counts.append(len(set(self.hosts[at:at + n])))
+            at += n
+        if max(counts) <= 1:
+            return None
+        return str(counts[0]) if len(set(counts)) == 1 else "/".join(map(str, counts))
 
     def route(self, tensor: torch.Tensor) -> Route:
         """The path ``tensor`` takes in :meth:`allreduce_` and its relatives."""

@@ -57,3 +57,21 @@ def test_launcher_local_rank_before_mpi(var):
     assert launcher_local_rank({var: ""}) is None and launcher_local_rank({}) is None
     # Open MPI's own variable wins over a stale Slurm one (mpirun inside an allocation).
     assert launcher_local_rank({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "5"}) == 5
+
+
+@pytest.mark.parametrize("emulated, hosts, node_sizes, said", [
+    (True, ["a", "a", "b", "b"], [2, 2], None),            # an emulated node a host
+    (True, ["a", "b", "c", "d"], [2, 2], "2"),             # a site of 2 hosts each
+    (True, ["a", "a", "b", "b", "c", "c"], [3, 3], "2"),   # 2 hosts each, b in both
+    (True, ["a", "a", "a", "b", "c", "d"], [3, 3], "1/3"),  # one site on one host
+    (False, ["a", "b", "c", "d"], [1, 1, 1, 1], None),      # real nodes are hosts
+    (True, [], [2, 2], None),                               # hosts unknown: nothing said
+])
+def test_a_super_learner_across_hosts_is_named_a_site(emulated, hosts, node_sizes, said):
+    from types import SimpleNamespace
+
+    from hadpsgd.comm.topology import Topology
+
+    topo = SimpleNamespace(emulated=emulated, hosts=hosts, size=sum(node_sizes),
+                           node_sizes=node_sizes)
+    assert Topology.sites(topo) == said  # type: ignore[arg-type]
