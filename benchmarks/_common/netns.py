@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from hadpsgd.launch.mpirun import find_launcher
 
@@ -68,6 +69,43 @@ def netem_available() -> bool:
         _run("ip", "netns", "del", name, check=False)
 
 
+def set_up(harness: Any, what: str) -> Any:
+    """Enter ``harness`` (its ``_create``, its ``close`` on any failure) where root allows.
+
+    Raises:
+        RuntimeError: Naming ``what`` and why it is not possible here.
+    """
+    ok, why = available()
+    if not ok:
+        raise RuntimeError(f"{what} are not possible here: {why}")
+    try:
+        harness._create()  # noqa: SLF001 - the harness's own set-up
+    except BaseException:
+        harness.close()
+        raise
+    return harness
+
+
+def tcp_mpirun(nprocs: int, hosts: str, agent: str, subnet: str, env: dict[str, str],
+               argv: list[str]) -> list[str]:
+    """Open MPI's command for ``argv`` on ``hosts`` (``name:slots,...``), TCP on ``subnet``.
+
+    The other hosts' daemons start through ``agent`` (in place of ssh); ``env``, with
+    ``PYTHONPATH``, ``OMP_NUM_THREADS`` and every ``HADPSGD_*`` set here, goes to every rank.
+    """
+    names = sorted({"PYTHONPATH", "OMP_NUM_THREADS", *env,
+                    *(k for k in os.environ if k.startswith("HADPSGD_"))})
+    forward: list[str] = []
+    for name in names:
+        if name in env or name in os.environ:
+            forward += ["-x", f"{name}={env.get(name, os.environ.get(name, ''))}"]
+    return [find_launcher().path, "-np", str(nprocs), "--host", hosts, "--map-by", "slot",
+            "--bind-to", "none", "--prtemca", "plm_ssh_agent", agent, "--prtemca",
+            "plm_ssh_no_tree_spawn", "1", "--prtemca", "oob_tcp_if_include", subnet,
+            "--mca", "btl", "tcp,self,sm", "--mca", "btl_tcp_if_include", subnet,
+            *forward, *argv]
+
+
 class TwoHosts:
     """Two emulated hosts joined by one throttled link (a context manager).
 
@@ -93,18 +131,10 @@ class TwoHosts:
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> TwoHosts:
-        ok, why = available()
-        if not ok:
-            raise RuntimeError(f"two emulated hosts are not possible here: {why}")
         if self.delay and not netem_available():
             raise RuntimeError("this kernel has no tc netem (latency emulation); pass "
                                "delay=None or load the sch_netem module")
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return set_up(self, "two emulated hosts")
 
     def _create(self) -> None:
         ns_b, (link_a, link_b) = self.namespaces[1], self.links
@@ -163,19 +193,8 @@ class TwoHosts:
         if self._dir is None:
             raise RuntimeError("use TwoHosts as a context manager (with TwoHosts() as h: ...)")
         per = nprocs // 2
-        names = sorted({"PYTHONPATH", "OMP_NUM_THREADS", *self.env,
-                        *(k for k in os.environ if k.startswith("HADPSGD_"))})
-        forward: list[str] = []
-        for name in names:
-            if name in self.env or name in os.environ:
-                forward += ["-x", f"{name}={self.env.get(name, os.environ.get(name, ''))}"]
-        agent = self.agent
-        cmd = [find_launcher().path, "-np", str(nprocs), "--host",
-               f"{HOSTS[0]}:{per},{HOSTS[1]}:{per}", "--map-by", "slot", "--bind-to", "none",
-               "--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1",
-               "--prtemca", "oob_tcp_if_include", self.subnet,
-               "--mca", "btl", "tcp,self,sm", "--mca", "btl_tcp_if_include", self.subnet,
-               *forward, *argv]
+        cmd = tcp_mpirun(nprocs, f"{HOSTS[0]}:{per},{HOSTS[1]}:{per}", self.agent,
+                         self.subnet, self.env, argv)
         return self.on_host_a(cmd)
 
     @property
@@ -216,4 +235,4 @@ class TwoHosts:
         return out[0], out[1]
 
 
-__all__ = ["HOSTS", "TwoHosts", "available", "netem_available"]
+__all__ = ["HOSTS", "TwoHosts", "available", "netem_available", "set_up", "tcp_mpirun"]

@@ -24,8 +24,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from benchmarks._common.netns import _run, available
-from hadpsgd.launch.mpirun import find_launcher
+from benchmarks._common.netns import _run, set_up, tcp_mpirun
 
 FAST = "10gbit"
 """The site's own network (the HTB class needs a rate: far above what 2 cores send)."""
@@ -72,15 +71,7 @@ class Sites:
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> Sites:
-        ok, why = available()
-        if not ok:
-            raise RuntimeError(f"emulated sites are not possible here: {why}")
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return set_up(self, "emulated sites")
 
     def _create(self) -> None:
         _run("ip", "netns", "add", self.switch)
@@ -147,19 +138,8 @@ class Sites:
         if self._dir is None:
             raise RuntimeError("use Sites as a context manager (with Sites() as s: ...)")
         per = nprocs // count
-        names = sorted({"PYTHONPATH", "OMP_NUM_THREADS", *self.env,
-                        *(k for k in os.environ if k.startswith("HADPSGD_"))})
-        forward: list[str] = []
-        for name in names:
-            if name in self.env or name in os.environ:
-                forward += ["-x", f"{name}={self.env.get(name, os.environ.get(name, ''))}"]
-        agent = str(Path(self._dir.name) / "agent.sh")
-        cmd = [find_launcher().path, "-np", str(nprocs), "--host",
-               ",".join(f"{h}:{per}" for h in self.hosts), "--map-by", "slot", "--bind-to",
-               "none", "--prtemca", "plm_ssh_agent", agent, "--prtemca",
-               "plm_ssh_no_tree_spawn", "1", "--prtemca", "oob_tcp_if_include", self.subnet,
-               "--mca", "btl", "tcp,self,sm", "--mca", "btl_tcp_if_include", self.subnet,
-               *forward, *argv]
+        cmd = tcp_mpirun(nprocs, ",".join(f"{h}:{per}" for h in self.hosts),
+                         str(Path(self._dir.name) / "agent.sh"), self.subnet, self.env, argv)
         inner = "hostname " + self.hosts[0] + "; exec " + shlex.join(cmd)
         return ["ip", "netns", "exec", self.namespaces[0], "unshare", "--uts", "bash", "-c",
                 inner]
