@@ -11,6 +11,7 @@ wrote it (``sync_period``), not the command-line flag the dataclass's own messag
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from collections.abc import Mapping
@@ -88,8 +89,16 @@ def build_options(entry: AlgoSpec, values: Mapping[str, Any],
     unknown = sorted(set(values) - set(fields))
     if unknown:
         own = ", ".join(sorted(fields)) or "none"
-        raise OptionError(unknown[0], f"{entry.name} has no option {', '.join(unknown)}; its "
-                                      f"options are {own}, and every algorithm takes "
+        # Another algorithm's option says whose it is; a typo gets the keyword it resembles,
+        # as the CLI's flags do.
+        owners = [n for n in names() if n != entry.name and unknown[0] in
+                  {f.name for f in dataclasses.fields(spec(n).options)}]
+        near = difflib.get_close_matches(unknown[0], [*fields, *SHARED_OPTIONS], n=1,
+                                         cutoff=0.8)
+        hint = (f" (an option of {' and '.join(owners)})." if owners
+                else f"; did you mean {near[0]}?" if near else ".")
+        raise OptionError(unknown[0], f"{entry.name} has no option {', '.join(unknown)}{hint}"
+                                      f" Its options are {own}, and every algorithm takes "
                                       f"{', '.join(SHARED_OPTIONS)}")
     hints = typing.get_type_hints(entry.options)
     for name, value in values.items():
