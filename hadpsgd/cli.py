@@ -18,6 +18,7 @@ import textwrap
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 _LAUNCH_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -99,24 +100,34 @@ class RankParser(argparse.ArgumentParser):
 
 
 _PLAIN_FORMAT = warnings.formatwarning
+_TRANSLATE: list[Callable[[str], str]] = []
+"""How hadpsgd's warnings name their knobs for this process's user (an API script: keywords)."""
 
 
 def _format_warning(message: Warning | str, category: type[Warning], filename: str,
                     lineno: int, line: str | None = None, **kw: Any) -> str:
     """Hadpsgd's own runtime warnings as one log line; any other warning as Python says it."""
     if issubclass(category, RuntimeWarning) and "hadpsgd" in filename:
-        return f"[hadpsgd] warning: {message}\n"
+        text = str(message)
+        for translate in _TRANSLATE:
+            text = translate(text)
+        return f"[hadpsgd] warning: {text}\n"
     return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
-def install_warning_format() -> None:
+def install_warning_format(translate: Callable[[str], str] | None = None) -> None:
     """Say hadpsgd's own warnings (a run that is not what it seems) as ``[hadpsgd] warning:``.
 
     Installed by ``hadpsgd.run`` and by :func:`hadpsgd.init`: a script's user saw a raw
     ``RuntimeWarning`` with hadpsgd's file and line (issue 60 item 5). Other warnings keep
     Python's format.
+
+    Args:
+        translate: Rewrites a warning's text for this process's user: the API's names its
+            keywords where the text names the run's flags (a script has no flags).
     """
     warnings.formatwarning = _format_warning
+    _TRANSLATE[:] = [translate] if translate is not None else []
 
 
 class ConfigError(ValueError):

@@ -128,6 +128,37 @@ def _check_type(algo: str, name: str, value: Any, hint: Any) -> None:
         raise OptionError(name, f"{algo} option {name} must be {wanted}, got {value!r}")
 
 
+_NODES = re.compile(r"--ranks-per-node( [0-9]+| K| N)?")
+_FLAG_VALUE = re.compile(r"(--[a-z0-9][a-z0-9-]*)( [0-9][0-9.e+-]*)?")
+
+
+def api_words(text: str) -> str:
+    """``text`` (a message of the run's) with the knobs an API script has for its flags.
+
+    ``--ranks-per-node K`` is ``hadpsgd.init(ranks_per_node=K)`` (or
+    ``HADPSGD_RANKS_PER_NODE``); an algorithm's flag is its keyword of
+    :class:`hadpsgd.Distributed` (``--sync-period 4`` -> ``sync_period=4``,
+    ``--bmuf-overlap`` -> ``block_overlap``); any other flag is left as it is.
+    """
+    def nodes(m: re.Match[str]) -> str:
+        value = (m.group(1) or " K").strip()
+        return (f"hadpsgd.init(ranks_per_node={value}) (or HADPSGD_RANKS_PER_NODE={value})")
+
+    text = _NODES.sub(nodes, text)
+    by_flag: dict[str, str] = {}
+    for name in names():
+        by_flag.update({flag(option_name(f)): f.name
+                        for f in dataclasses.fields(spec(name).options)})
+
+    def keyword(m: re.Match[str]) -> str:
+        name = by_flag.get(m.group(1))
+        if name is None:
+            return m.group(0)
+        return f"{name}={m.group(2).strip()}" if m.group(2) else name
+
+    return _FLAG_VALUE.sub(keyword, text)
+
+
 def in_keywords(err: ConfigError, entry: AlgoSpec, prefix: bool = True) -> OptionError:
     """The dataclass's message with its flags as the keywords a Python caller wrote.
 

@@ -30,6 +30,7 @@ import traceback
 from types import TracebackType
 
 from hadpsgd import comm
+from hadpsgd.api.options import api_words
 from hadpsgd.cli import ConfigError, install_warning_format, launch_rank, leave_it_to_rank_zero
 from hadpsgd.comm import CommTimeoutError, PeerEndedError, Topology, TopologyError, World
 from hadpsgd.exit_codes import EXIT_FAILED, EXIT_TIMED_OUT, EXIT_USER_ERROR
@@ -82,7 +83,9 @@ def init(ranks_per_node: int | None = None, device: str = "auto", *,
     # it (or after a script's own `from mpi4py import MPI`, which initialises) they do nothing.
     for name, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    install_warning_format()  # hadpsgd's warnings as one line, not file:line: RuntimeWarning
+    # hadpsgd's warnings as one line (not file:line: RuntimeWarning), naming the script's
+    # knobs where they name the run's flags.
+    install_warning_format(api_words)
     topo = comm.init(ranks_per_node, device, intra_backend)
     # What a peer that times out waiting for this rank is told, until a step says more.
     topo.now_doing("in the script's own code, outside hadpsgd's calls")

@@ -326,3 +326,32 @@ def test_a_bmuf_state_of_another_model_or_packed_by_position_is_refused():
         moves(a, [["w", "torch.float32", 0, 5], ["b", "torch.float32", 5, 2]])
     with pytest.raises(ValueError, match="packed by position"):
         relayout_state({"pending": {0: {}}}, a, b)
+
+
+def test_a_warning_under_the_api_names_the_scripts_knobs_not_the_runs_flags():
+    import warnings
+
+    from hadpsgd.api.options import api_words
+    from hadpsgd.cli import install_warning_format
+
+    said = ("bmuf with a single super-learner is synchronous SGD; set --ranks-per-node 1 for "
+            "one worker per rank or --ranks-per-node K for workers of K ranks. Leave "
+            "--sync-period out, or --sync-period 4 with --bmuf-overlap; --epochs 3")
+    assert api_words(said) == (
+        "bmuf with a single super-learner is synchronous SGD; set hadpsgd.init("
+        "ranks_per_node=1) (or HADPSGD_RANKS_PER_NODE=1) for one worker per rank or "
+        "hadpsgd.init(ranks_per_node=K) (or HADPSGD_RANKS_PER_NODE=K) for workers of K ranks. "
+        "Leave sync_period out, or sync_period=4 with block_overlap; --epochs 3")
+    before = warnings.formatwarning
+    try:
+        install_warning_format(api_words)
+        line = warnings.formatwarning("set --ranks-per-node 1", RuntimeWarning,
+                                      "/x/hadpsgd/algorithms/bmuf/algorithm.py", 124)
+        install_warning_format()  # the run's own: its flags stay
+        run = warnings.formatwarning("set --ranks-per-node 1", RuntimeWarning,
+                                     "/x/hadpsgd/algorithms/bmuf/algorithm.py", 124)
+    finally:
+        warnings.formatwarning = before
+    assert line == ("[hadpsgd] warning: set hadpsgd.init(ranks_per_node=1) "
+                    "(or HADPSGD_RANKS_PER_NODE=1)\n")
+    assert run == "[hadpsgd] warning: set --ranks-per-node 1\n"
