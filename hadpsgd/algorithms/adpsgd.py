@@ -520,6 +520,8 @@ class ADPSGD(Algorithm):
             "exchanges_per_step": (t.exchanges / t.steps) if t and t.steps else 0.0,
             "staleness": float(t.steps - t.last_exchange_step) if t else 0.0,
             "wire_bytes": float(self.gossip_bytes()[0]),
+            # Exchanges of this process (from 0 again after a resume): hadpsgd.plot marks them.
+            "gossip_rounds": float(t.exchanges) if t else 0.0,
         }
         if self.options.max_staleness:
             out["stale_waits"] = float(self.stale_waits)

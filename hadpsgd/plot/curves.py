@@ -52,6 +52,24 @@ class Curves:
     """Seconds since the first record, at every training record (from its ``time``)."""
     events: list[Event] = field(default_factory=list)
     """Resumes and survived failures, in order."""
+    exchanges: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
+    """BMUF's block syncs or ADPSGD's gossip rounds so far, at every training record."""
+    exchange_kind: str = ""
+    """``block syncs`` or ``gossip rounds`` (empty: the run records neither, as SSGD)."""
+
+    def exchange_steps(self) -> list[int]:
+        """The training records' steps by which more exchanges had happened than before.
+
+        A record every ``--log-every`` steps: a mark says "by this step", not the exact
+        step. A count that falls (ADPSGD's, from 0 again after a resume) starts over.
+        """
+        steps, counts = self.exchanges
+        out, last = [], 0.0
+        for step, count in zip(steps, counts, strict=True):
+            if count > last or (count < last and count > 0):
+                out.append(step)
+            last = count
+        return out
 
     def bytes_at(self, step: int) -> float | None:
         """The bytes sent across nodes by ``step``: the last count at or before it.
@@ -116,6 +134,10 @@ def curves_of(records: list[dict[str, Any]]) -> Curves:
             pairs = [(out.train_loss, rec.get("loss")),
                      (out.internode_bytes, rec.get("internode_bytes")),
                      (out.seconds, since)]
+            for key, kind in (("block_syncs", "block syncs"), ("gossip_rounds", "gossip rounds")):
+                if _number(rec.get(key)) is not None:
+                    out.exchange_kind = kind
+                    pairs.append((out.exchanges, rec[key]))
         elif rec.get("kind") == "eval":
             pairs = [(out.heldout_loss, rec.get("heldout_loss")),
                      (out.heldout_acc, rec.get("heldout_acc")),

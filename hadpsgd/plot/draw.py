@@ -48,6 +48,18 @@ def _mark_events(ax: Any, curves: Curves, labelled: set[str]) -> None:
         ax.axvline(event.step, color=colour, linestyle=style, linewidth=1.0, label=label)
 
 
+def _mark_exchanges(ax: Any, curves: Curves) -> None:
+    """Ticks along the bottom of ``ax`` where block syncs or gossip rounds happened.
+
+    At the training records by which they did (one legend entry).
+    """
+    steps = curves.exchange_steps()
+    if steps:
+        ax.plot(steps, [0.02] * len(steps), linestyle="none", marker="|", markersize=8,
+                color="tab:purple", transform=ax.get_xaxis_transform(),
+                label=f"{curves.exchange_kind} (by the step)")
+
+
 def draw(curves: Curves, out: Path, title: str) -> Path:
     """Write the figure of ``curves`` to ``out`` (PNG); returns ``out``.
 
@@ -71,6 +83,7 @@ def draw(curves: Curves, out: Path, title: str) -> Path:
         top.set_ylabel("cross-entropy (nats)")
         top.set_title(title, fontsize=10)
         _mark_events(top, curves, set())
+        _mark_exchanges(top, curves)
         top.legend(fontsize=8)
         top.grid(alpha=0.3)
         steps, values = curves.heldout_acc

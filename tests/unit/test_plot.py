@@ -107,3 +107,22 @@ def test_several_runs_are_compared_by_step_bytes_and_time(tmp_path, capsys):
     (empty / "metrics.jsonl").write_text("")
     assert main([str(ssgd), str(empty), "--out", str(tmp_path / "e.png")]) == 2
     assert "empty/metrics.jsonl has no training or held-out record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("key", "kind", "counts", "marked"), [
+    # BMUF's syncs of the whole model: a mark where the count grew since the last record.
+    ("block_syncs", "block syncs", [0, 1, 1, 3], [20, 40]),
+    # ADPSGD's exchanges start from 0 again after a resume: a new count is still a mark.
+    ("gossip_rounds", "gossip rounds", [5, 9, 2, 2], [10, 20, 30]),
+])
+def test_block_syncs_and_gossip_rounds_are_marked_where_they_grew(tmp_path, key, kind, counts,
+                                                                 marked):
+    records = [{"kind": "train", "step": 10 * (i + 1), "loss": 1.0, key: c}
+               for i, c in enumerate(counts)]
+    curves = curves_of(records)
+    assert curves.exchange_kind == kind
+    assert curves.exchange_steps() == marked
+    assert curves_of(RECORDS).exchange_steps() == [] and curves_of(RECORDS).exchange_kind == ""
+    pytest.importorskip("matplotlib")
+    run = _run(tmp_path, records)
+    assert main([str(run)]) == 0 and (run / "plot.png").is_file()

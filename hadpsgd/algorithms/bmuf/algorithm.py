@@ -334,8 +334,13 @@ class BMUF(Algorithm):
         return ""
 
     def metrics(self) -> dict[str, float]:
-        """Bytes sent across nodes in block syncs so far (this rank)."""
-        return {**super().metrics(), "wire_bytes": float(self.wire_bytes)}
+        """Bytes sent across nodes in block syncs so far (this rank), and the syncs.
+
+        ``block_syncs``: the block syncs of the whole model so far (every fragment's);
+        ``hadpsgd.plot`` marks where they grew.
+        """
+        return {**super().metrics(), "wire_bytes": float(self.wire_bytes),
+                "block_syncs": float(min(f.num_syncs for f in self.fragments))}
 
     def update_batch(self, per_learner: int) -> int:
         """The batch the rate is scaled to: one super-learner's, or the world's.
