@@ -147,6 +147,11 @@ class OptimConfig:
 
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
     """Local optimizer of every learner."""
+    recipe: Literal["auto", "none", "sgd", "adam"] = "auto"
+    """What fills the options you leave out: auto, --algo's measured recipe for --optimizer
+    (BMUF with SGD: the global rate, momentum kept, clipped; with Adam: the BMUF-Adam
+    paper's); sgd or adam, that recipe by name (it sets --optimizer); none, every option at
+    its own default, for a run that sets everything itself (the line at start says which)."""
     lr: float | None = None
     """Learning rate at --base-batch sub-sequences; scaled linearly with the global batch.
     Default: 0.5 for sgd, 0.004 for adam/adamw (1e-3 at a batch of 32)."""
@@ -450,6 +455,12 @@ class RunConfig:
         if self.train.resume or not hasattr(self, "_given"):
             return None
         options = algorithms.spec(self.train.algo).options
+        if self.optim.recipe == "none":
+            filled = options.recipe({**self.given(), "optimizer": self.optim.optimizer})
+            return (f"{self.train.algo}: --recipe none, so every option left out keeps its "
+                    "own default" + (f" (the recipe would have set "
+                                      f"{', '.join(flag(k) for k in filled)})" if filled
+                                      else ""))
         return options.recipe_line(self.train.algo, self.optim.optimizer,
                                    options.recipe(self.given()),
                                    lambda name, value: f"{flag(name)} {value}")
@@ -555,10 +566,16 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         algo = getattr(ns, "algo", from_file.get("algo", TrainConfig.algo))
         for name, value in merge(vars(ns), from_file, algo, owners).items():
             setattr(ns, name, value)
+    named = getattr(ns, "recipe", "auto")
+    if named in ("sgd", "adam"):  # a recipe by name is its optimizer's
+        if getattr(ns, "optimizer", named) != named:
+            parser.error(f"--recipe {named} is the recipe of --optimizer {named}, but "
+                         f"--optimizer {ns.optimizer} was given: drop one of them")
+        ns.optimizer = named
     given = dict(vars(ns))  # before the recipe: what the user said, not what it implies
     # The chosen algorithm's recipe fills options the user left out (BMUF: BMUF-Adam).
     algo = getattr(ns, "algo", TrainConfig.algo)
-    if algo in algorithms.names():
+    if algo in algorithms.names() and named != "none":
         try:
             recipe = algorithms.get(algo).Options.recipe(vars(ns))
         except ConfigError as err:

@@ -326,6 +326,31 @@ def test_recipe_fills_only_what_the_user_left_out(argv, expect):
     assert (cfg.optim.optimizer, cfg.optim.beta1, cfg.optim.lr, cfg.algo.adam_moments) == expect
 
 
+@pytest.mark.parametrize(("argv", "expect"), [
+    # (optimizer, beta1, adam_moments, worker_lr, max_grad_norm)
+    (["--recipe", "adam"], ("adam", 0.5, "corrected", "single", 0.0)),   # the paper's, by name
+    (["--recipe", "sgd"], ("sgd", 0.9, "local", "global", 1.0)),         # the measured SGD one
+    (["--recipe", "none"], ("sgd", 0.9, "corrected", "single", 0.0)),    # the options' own
+    (["--recipe", "none", "--optimizer", "adam"], ("adam", 0.9, "corrected", "single", 0.0)),
+    (["--recipe", "adam", "--optimizer", "adam", "--beta1", "0.8"],
+     ("adam", 0.8, "corrected", "single", 0.0)),                         # what is given wins
+])
+def test_the_recipe_is_named_or_turned_off(argv, expect):
+    cfg = parse_config(["--algo", "bmuf", *argv])
+    assert (cfg.optim.optimizer, cfg.optim.beta1, cfg.algo.adam_moments, cfg.algo.bmuf_worker_lr,
+            cfg.optim.max_grad_norm) == expect
+    assert cfg.optim.recipe == argv[1]  # saved with the run (config.json)
+
+
+def test_a_recipe_none_run_says_what_it_did_not_fill_and_a_clash_is_refused(capsys):
+    note = parse_config(["--algo", "bmuf", "--recipe", "none"]).recipe_note()
+    assert note == ("bmuf: --recipe none, so every option left out keeps its own default (the "
+                    "recipe would have set --adam-moments, --bmuf-worker-lr, --max-grad-norm)")
+    with pytest.raises(SystemExit):
+        parse_config(["--algo", "bmuf", "--recipe", "adam", "--optimizer", "sgd"])
+    assert "--recipe adam is the recipe of --optimizer adam" in capsys.readouterr().err
+
+
 def test_help_states_the_recipe(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--help"])
