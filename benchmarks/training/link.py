@@ -120,11 +120,21 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                                   if r["counted_per_step"] > 0 else None)
 
 
+def ratio(x: float | None) -> str:
+    """A ratio for the tables: ``-`` where none, ``1,075x`` from 10 on, ``1.94x`` below."""
+    return "-" if x is None else f"{x:,.0f}x" if x >= 10 else f"{x:.2f}x"
+
+
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The driver's own arguments and, after ``--``, the flags passed on to ``hadpsgd.run``."""
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The stdout table: one line per configuration."""
-    def ratio(x: float | None) -> str:
-        return "-" if x is None else f"{x:,.0f}x" if x >= 10 else f"{x:.2f}x"
-
     lines = [f"{'config':<14} {'link B/step':>12} {'vs ssgd':>8} {'counted B/step':>15} "
              f"{'of it control':>13} {'link/counted':>12} {'link, run':>12} {'vs ssgd':>8}"]
     for r in rows:
@@ -138,11 +148,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration on two emulated hosts; print the table and the JSON record."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        extra = argv[argv.index("--") + 1:]
-        argv = argv[:argv.index("--")]
+    argv, extra = split_extra(list(sys.argv[1:] if argv is None else argv))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=["ssgd", "bmuf-sign", "hadpsgd-topk"],
                    choices=sorted(CONFIGS))

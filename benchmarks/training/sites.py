@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks._common.launch import emit
 from benchmarks._common.sites import Sites
-from benchmarks.training.link import run_one
+from benchmarks.training.link import ratio, run_one, split_extra
 
 
 def configs(per_site: int) -> dict[str, list[str]]:
@@ -62,9 +62,6 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The stdout table: one line per configuration."""
-    def ratio(x: float | None) -> str:
-        return "-" if x is None else f"{x:,.0f}x" if x >= 10 else f"{x:.2f}x"
-
     lines = [f"{'config':<16} {'between sites':>14} {'vs ssgd':>8} {'inside sites':>13} "
              f"{'run counted':>12} {'seconds':>8} {'vs ssgd':>8}"]
     for r in rows:
@@ -77,11 +74,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration on two emulated sites; print the table and the JSON record."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        extra = argv[argv.index("--") + 1:]
-        argv = argv[:argv.index("--")]
+    argv, extra = split_extra(list(sys.argv[1:] if argv is None else argv))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=list(configs(2)), choices=list(configs(2)))
     p.add_argument("--steps", type=int, default=60)
