@@ -128,6 +128,12 @@ def _check_type(algo: str, name: str, value: Any, hint: Any) -> None:
         raise OptionError(name, f"{algo} option {name} must be {wanted}, got {value!r}")
 
 
+def _keywords_by_flag(*entries: AlgoSpec) -> dict[str, str]:
+    """Each option's command-line flag -> its keyword, over the algorithms ``entries``."""
+    return {flag(option_name(f)): f.name for entry in entries
+            for f in dataclasses.fields(entry.options)}
+
+
 _NODES = re.compile(r"--ranks-per-node( [0-9]+| K| N)?")
 _FLAG_VALUE = re.compile(r"(--[a-z0-9][a-z0-9-]*)( [0-9][0-9.e+-]*)?")
 
@@ -145,10 +151,7 @@ def api_words(text: str) -> str:
         return (f"hadpsgd.init(ranks_per_node={value}) (or HADPSGD_RANKS_PER_NODE={value})")
 
     text = _NODES.sub(nodes, text)
-    by_flag: dict[str, str] = {}
-    for name in names():
-        by_flag.update({flag(option_name(f)): f.name
-                        for f in dataclasses.fields(spec(name).options)})
+    by_flag = _keywords_by_flag(*(spec(name) for name in names()))
 
     def keyword(m: re.Match[str]) -> str:
         name = by_flag.get(m.group(1))
@@ -164,7 +167,7 @@ def in_keywords(err: ConfigError, entry: AlgoSpec, prefix: bool = True) -> Optio
 
     ``prefix``: start it with ``<algorithm> option`` (a message about one option's value).
     """
-    by_flag = {flag(option_name(f)): f.name for f in dataclasses.fields(entry.options)}
+    by_flag = _keywords_by_flag(entry)
     message = str(err)
     found = [by_flag[m] for m in _FLAG.findall(message) if m in by_flag]
     text = _FLAG.sub(lambda m: by_flag.get(m.group(0), m.group(0)), message)
