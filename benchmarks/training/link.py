@@ -96,14 +96,23 @@ def measure(name: str, flags: list[str], hosts: TwoHosts, steps: tuple[int, int]
     def both_ways(run: dict[str, Any]) -> float:
         # A byte between two ranks is one rank's "sent" and the other's "received": the
         # link carries it once, so the world's sent plus control is what crossed.
+        # The start's broadcast of the model (said apart by the run) crossed too.
         c = run["counted"]
-        return c.get("world_internode_bytes", 0.0) + c.get("world_control_bytes", 0.0)
+        return (c.get("world_internode_bytes", 0.0) + c.get("world_control_bytes", 0.0)
+                + c.get("startup_bytes", 0.0))
 
+    link_per_step = (long["link_bytes"] - short["link_bytes"]) / span
+    counted_per_step = (both_ways(long) - both_ways(short)) / span
     return {"config": name, "flags": flags,
-            "link_per_step": (long["link_bytes"] - short["link_bytes"]) / span,
+            "link_per_step": link_per_step,
             "link_whole_run": long["link_bytes"],
-            "counted_per_step": (both_ways(long) - both_ways(short)) / span,
+            "counted_per_step": counted_per_step,
             "counted_whole_run": both_ways(long),
+            # What does not grow with the steps (start, closing averages, MPI's own start):
+            # the whole run less its steps at the per-step rate.
+            "link_fixed": long["link_bytes"] - long["steps"] * link_per_step,
+            "counted_fixed": both_ways(long) - long["steps"] * counted_per_step,
+            "counted_startup": long["counted"].get("startup_bytes", 0.0),
             "control_per_step": (long["counted"].get("world_control_bytes", 0.0)
                                  - short["counted"].get("world_control_bytes", 0.0)) / span,
             "counted": long["counted"], "runs": [short, long]}
@@ -136,13 +145,15 @@ def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
 def table(rows: list[dict[str, Any]]) -> str:
     """The stdout table: one line per configuration."""
     lines = [f"{'config':<14} {'link B/step':>12} {'vs ssgd':>8} {'counted B/step':>15} "
-             f"{'of it control':>13} {'link/counted':>12} {'link, run':>12} {'vs ssgd':>8}"]
+             f"{'of it control':>13} {'link/counted':>12} {'link, run':>12} {'vs ssgd':>8} "
+             f"{'link fixed':>11} {'counted fixed':>13}"]
     for r in rows:
         lines.append(f"{r['config']:<14} {r['link_per_step']:>12,.0f} "
                      f"{ratio(r['ssgd_over_link_per_step']):>8} "
                      f"{r['counted_per_step']:>15,.0f} {r['control_per_step']:>13,.0f} "
                      f"{ratio(r['link_over_counted']):>12} "
-                     f"{r['link_whole_run']:>12,.0f} {ratio(r['ssgd_over_link_whole_run']):>8}")
+                     f"{r['link_whole_run']:>12,.0f} {ratio(r['ssgd_over_link_whole_run']):>8} "
+                     f"{r.get('link_fixed', 0):>11,.0f} {r.get('counted_fixed', 0):>13,.0f}")
     return "\n".join(lines)
 
 

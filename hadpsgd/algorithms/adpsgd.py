@@ -67,6 +67,13 @@ class ADPSGDOptions(WireOptions):
     Default: exponential (16 flat learners on the ring ended 1.9 WER points behind SSGD on
     speechocean762, on it 0.1 behind: docs/results.md); ring with --wire topk or sign, whose
     CHOCO estimates are kept per edge and were measured on the ring."""
+    eval_model: str | None = field(default=None, metadata={"choices": ("average", "replicas")})
+    """ADPSGD: what an epoch's held-out evaluation and checkpoint take: average (the replicas'
+    mean, one model across the nodes each time: int8 on a compressed wire) or replicas (each
+    learner scores its share of the held-out set with its own replica, and nothing but the
+    sums crosses; the run's end still averages them, in fp32, into the deployed model).
+    Default: replicas with --wire topk or sign (a slow link, where an epoch's average weighed
+    as much as the gossip: docs/benchmarks.md), else average."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -119,6 +126,12 @@ class ADPSGDOptions(WireOptions):
     def ranks_per_node(self) -> int | None:
         """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
         return self.super_learner_size
+
+    def evaluates_average(self) -> bool:
+        """Whether an epoch's evaluation takes the replicas' average (``eval_model``)."""
+        if self.eval_model is not None:
+            return self.eval_model == "average"
+        return self.wire not in CHOCO_WIRES
 
 
 def average_wire(wire: str) -> str:
@@ -224,6 +237,8 @@ class ADPSGD(Algorithm):
         against (None: the next is sent whole, in fp32)."""
         self._fresh = True
         """Built and not loaded: every replica is still rank 0's broadcast model."""
+        self._finished = False
+        """:meth:`finish` was called: the replicas are averaged whatever ``eval_model``."""
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
         # rank makes it, the leaders use it.
@@ -395,8 +410,14 @@ class ADPSGD(Algorithm):
         epoch's change, not of the weights. Each is sent against the last, so the rounding
         does not add up. The first is free where every replica is still the broadcast
         start (agreed), else it is sent whole in fp32, as after a resume.
+
+        With ``eval_model replicas`` (the default on ``--wire topk`` and ``sign``) nothing is
+        averaged before :meth:`finish`: the evaluation model is this replica as it is.
         """
         self._check_thread()
+        if not (self.options.evaluates_average() or self._finished):
+            self._take_own_replica()
+            return
         # The replica changes at a step (its update, the gossip's delta) and when closing.
         now = (self.steps, int(self._closed))
         if self._average is not None:
@@ -417,6 +438,36 @@ class ADPSGD(Algorithm):
             nbytes += sum(b.nbytes for b in self._average_buffers)
         self.sync_bytes += internode_share(nbytes, self.topo) + sent
         self._synced_at = now
+
+    def _take_own_replica(self) -> None:
+        """Hold this replica, as it is, for :meth:`evaluation_parameters` (``replicas``).
+
+        No average and nothing across nodes: each learner scores its share of the held-out
+        set with its own replica; the consensus distance is not measured.
+        """
+        if self._average is None:
+            self._average = torch.empty_like(self.flat)
+        with self.lock:
+            self._average.copy_(self.flat)
+        self._average_buffers = None  # this replica's own buffers
+        self._synced_at = None  # the next average is taken, whatever changed
+
+    def finish(self) -> None:
+        """End of training: the replicas' average, whatever ``eval_model`` (the deployed model).
+
+        With ``eval_model replicas`` this is the run's one average: in fp32 on every wire
+        (no earlier average to send it against), a fixed cost of one model, as the start's
+        broadcast.
+        """
+        self._finished = True
+        self.sync()
+
+    def evaluation_note(self) -> str:
+        """Says when the held-out line scores the replicas as they are, not their average."""
+        if (self.options.evaluates_average() or self._finished or self.topo.num_nodes == 1
+                or (self._fresh and self.steps == 0)):  # every replica the broadcast start
+            return ""
+        return " (each learner's own replica on its share; their average at the run's end)"
 
     def _average_replicas(self) -> int:
         """Make :attr:`_average` (this replica on entry) the replicas' mean; bytes sent."""

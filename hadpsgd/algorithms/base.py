@@ -169,6 +169,13 @@ class Algorithm:
         self.buffers = ModelBuffers(model, topo)
         """The model's buffers in one memory per device (none: every agreement is free)."""
         self.buffers.broadcast()  # the replicas start from rank 0's buffers too, as DDP's
+        model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()
+                          if isinstance(t, torch.Tensor))
+        self.startup_bytes = (topo.num_nodes - 1) * model_bytes if topo.num_nodes > 1 else 0
+        """The start's broadcast of rank 0's model (parameters, frozen ones, buffers) to the
+        other nodes, every rank's together: each other node receives it at least once. A
+        fixed cost, not in :meth:`internode_bytes` (what training sends, growing with the
+        steps): the run's last line says it apart (issue 57)."""
         wanted = bool(getattr(self.options, "sync_buffers", True))  # an Options without it
         self.syncs_buffers = bool(self.buffers) and wanted
         """Whether the buffers are kept in agreement (the model has some, and the option)."""
@@ -348,6 +355,7 @@ class Algorithm:
         """
         self.gradsync.wire_bytes += old.gradsync.wire_bytes
         self.gradsync.internode_bytes += old.gradsync.internode_bytes
+        self.startup_bytes += old.startup_bytes  # and the rebuilt run broadcast again
 
     @contextlib.contextmanager
     def evaluation_parameters(self) -> Iterator[nn.Module]:

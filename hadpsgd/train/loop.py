@@ -309,8 +309,9 @@ class Trainer:
 
         Rank 0 ends with the bytes it sent and received across nodes, per trained frame and
         against SSGD in fp32, and every rank's together, payload and control (pairing, data
-        pool) apart (:func:`~hadpsgd.train.progress.internode_line`); the totals also go
-        into ``metrics.jsonl`` (a ``bytes`` record).
+        pool) apart, and the start's broadcast of the model apart from those
+        (:func:`~hadpsgd.train.progress.internode_line`); the totals also go into
+        ``metrics.jsonl`` (a ``bytes`` record, ``startup_bytes`` the broadcast's).
         """
         history = self._run()
         control = self.algo.control_bytes() + self._plan_bytes + self.plan.control_bytes()
@@ -322,7 +323,8 @@ class Trainer:
             line = internode_line(self.algo, self.pos.global_step, frames, mine, total)
             print(f"[hadpsgd] {line}", flush=True)
             self.metrics.write("bytes", self.pos.global_step, ranks=len(counts),
-                               **total.record("world_"), **mine.record("rank0_"))
+                               **total.record("world_"), **mine.record("rank0_"),
+                               startup_bytes=self.algo.startup_bytes)
         return history
 
     def _run(self) -> list[EvalResult]:

@@ -91,6 +91,9 @@ def internode_line(algo: Algorithm, steps: int, frames: int, mine: ByteCount | N
         line += (f"; all ranks: {byte_text(everyone.sent)} sent, "
                  f"{byte_text(everyone.received)} received, {byte_text(everyone.control)} of "
                  f"control (pairing, data pool)")
+    if algo.startup_bytes:
+        line += (f"; apart from these, at start rank 0's model to the other nodes: "
+                 f"{byte_text(algo.startup_bytes)}")
     return line
 
 

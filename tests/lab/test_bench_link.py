@@ -47,3 +47,9 @@ def test_link_bytes_beside_the_runs_count(tmp_path):
     assert topk["link_whole_run"] >= topk["counted_whole_run"] > 0
     assert topk["ssgd_over_link_whole_run"] > 2
     assert "all ranks:" in topk["runs"][1]["last_line"]
+    # The start's broadcast of the model, said apart, crossed the link at least once: what
+    # does not grow with the steps is at least that on the link, and is all of SSGD's count
+    assert ssgd["counted_startup"] > 0
+    assert "at start rank 0's model" in ssgd["runs"][1]["last_line"]
+    assert ssgd["counted_fixed"] == pytest.approx(ssgd["counted_startup"], rel=1e-6)
+    assert ssgd["link_fixed"] >= 0.9 * ssgd["counted_startup"]
