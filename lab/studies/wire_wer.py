@@ -8,6 +8,8 @@ seeds' range as error bars, SSGD fp32 as the reference line. Usage::
 
     python -m lab.studies.wire_wer docs/data/wire-wer-espeak.json --png docs/img/wire-wer-espeak.png
     python -m lab.studies.wire_wer docs/data/gossip-wer-espeak.json --reference adpsgd-fp32
+    python -m lab.studies.wire_wer docs/data/wire-wer-so762-w16.json --from-study \
+        docs/data/speechocean-study/results.jsonl --workers 16 --configs ssgd bmuf ...
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def summarise(rows: Sequence[dict[str, Any]], reference: str = "ssgd") -> list[d
     return sorted(out, key=lambda e: -e["bytes_per_frame"])
 
 
-def table(summary: Sequence[dict[str, Any]], reference: str = "ssgd") -> str:
+def table(summary: Sequence[dict[str, Any]], reference: str = "ssgd",
+          column: str = "bytes a trained frame") -> str:
     """A markdown table of :func:`summarise`'s entries (a column against ``reference``)."""
     extra = reference != "ssgd" and any(e["ref_ratio"] for e in summary)
-    head = "| run | bytes a trained frame | vs SSGD fp32 |"
+    head = f"| run | {column} | vs SSGD fp32 |"
     rows = [head + (f" vs {reference} |" if extra else "") + " WER by seed | mean |",
             "|---|---|---|" + ("---|" if extra else "") + "---|---|"]
     for e in summary:
@@ -58,7 +61,37 @@ def table(summary: Sequence[dict[str, Any]], reference: str = "ssgd") -> str:
     return "\n".join(rows)
 
 
-def plot(summary: Sequence[dict[str, Any]], png: Path, reference: str = "ssgd") -> None:
+X_LABEL = "inter-node bytes a trained frame (one rank, log)"
+"""The curve's x axis where the record names none (its ``x_label``)."""
+
+
+def study_rows(results: Sequence[dict[str, Any]], workers: int,
+               configs: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of a wire record from a speech study's ``results.jsonl`` (its finished runs).
+
+    A study's run records rank 0's inter-node bytes over the whole run, not its frames; every
+    configuration of one worker count trains the same frames (the same data, epochs and
+    batch), so those bytes stand in for bytes a frame (the record says so in its
+    ``x_label``) and the ratio is against SSGD's bytes in the same record.
+
+    Args:
+        results: The study's records (one per run).
+        workers: Keep the runs of this many workers.
+        configs: Keep these configurations (an SSGD one named ``ssgd`` among them).
+    """
+    runs = [r for r in results if r.get("workers") == workers and r.get("status") == "ok"
+            and r.get("config") in configs and r.get("wer") is not None]
+    ssgd = [r["internode_bytes"] for r in runs if r["config"] == "ssgd"]
+    if not ssgd:
+        raise SystemExit(f"no finished ssgd run at {workers} workers: nothing to compare with")
+    reference = statistics.mean(ssgd)
+    return [{"config": r["config"], "seed": r["seed"], "wer": round(r["wer"], 2),
+             "bytes_per_frame": r["internode_bytes"],
+             "ratio_to_ssgd_fp32": reference / r["internode_bytes"]} for r in runs]
+
+
+def plot(summary: Sequence[dict[str, Any]], png: Path, reference: str = "ssgd",
+         x_label: str = X_LABEL) -> None:
     """The curve as a PNG (matplotlib, without a display)."""
     import matplotlib
 
@@ -77,7 +110,7 @@ def plot(summary: Sequence[dict[str, Any]], png: Path, reference: str = "ssgd") 
                    label=f"{reference} (mean)")
         ax.legend(loc="upper right", fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("inter-node bytes a trained frame (one rank, log)")
+    ax.set_xlabel(x_label)
     ax.set_ylabel("WER on unseen voices (%), mean and range of seeds")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -96,11 +129,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reference", default="ssgd",
                         help="the configuration the bytes are also compared with, and the "
                              "figure's reference line (default ssgd)")
+    parser.add_argument("--from-study", type=Path, default=None, metavar="RESULTS",
+                        help="make RECORD from a speech study's results.jsonl first (its "
+                             "finished runs of --workers and --configs), then read it")
+    parser.add_argument("--workers", type=int, default=16, help="with --from-study")
+    parser.add_argument("--configs", nargs="+", default=[], help="with --from-study")
     opts = parser.parse_args(argv)
-    summary = summarise(json.loads(opts.record.read_text())["rows"], opts.reference)
-    print(table(summary, opts.reference))
+    if opts.from_study is not None:
+        results = [json.loads(line) for line in opts.from_study.read_text().splitlines()
+                   if line.strip()]
+        record = {"set": f"{opts.from_study} at {opts.workers} workers",
+                  "column": "bytes a rank over the run",
+                  "x_label": "inter-node bytes one rank sent over the run (log)",
+                  "rows": study_rows(results, opts.workers, opts.configs)}
+        opts.record.write_text(json.dumps(record, indent=1) + "\n")
+    record = json.loads(opts.record.read_text())
+    summary = summarise(record["rows"], opts.reference)
+    print(table(summary, opts.reference, record.get("column", "bytes a trained frame")))
     if opts.png is not None:
-        plot([e for e in summary if len(e["wers"]) >= opts.min_runs], opts.png, opts.reference)
+        plot([e for e in summary if len(e["wers"]) >= opts.min_runs], opts.png, opts.reference,
+             record.get("x_label", X_LABEL))
     return 0
 
 

@@ -30,3 +30,26 @@ def test_bytes_are_means_over_seeds_and_compared_with_a_reference():
     text = table(got, reference="adpsgd-fp32")
     assert "| vs adpsgd-fp32 |" in text and "| choco | 20 | 400.0x | 195.0x | 3.00 / 5.00 |" in text
     assert "vs adpsgd-fp32" not in table(summarise(rows))  # SSGD is the default reference
+
+
+def test_a_study_record_becomes_rows_against_its_own_ssgd():
+    from lab.studies.wire_wer import study_rows
+
+    results = [
+        {"config": "ssgd", "workers": 16, "seed": 0, "status": "ok", "wer": 70.0,
+         "internode_bytes": 4000.0},
+        {"config": "ssgd", "workers": 16, "seed": 1, "status": "ok", "wer": 68.0,
+         "internode_bytes": 4000.0},
+        {"config": "sign", "workers": 16, "seed": 0, "status": "ok", "wer": 69.123,
+         "internode_bytes": 40.0},
+        {"config": "sign", "workers": 16, "seed": 1, "status": "train exit 4", "wer": None,
+         "internode_bytes": 40.0},  # a run that did not finish is no point
+        {"config": "sign", "workers": 4, "seed": 0, "status": "ok", "wer": 60.0,
+         "internode_bytes": 10.0},  # another worker count
+        {"config": "other", "workers": 16, "seed": 0, "status": "ok", "wer": 1.0,
+         "internode_bytes": 1.0}]  # not asked for
+    rows = study_rows(results, 16, ["ssgd", "sign"])
+    assert [(r["config"], r["seed"]) for r in rows] == [("ssgd", 0), ("ssgd", 1), ("sign", 0)]
+    assert rows[2]["ratio_to_ssgd_fp32"] == 100.0 and rows[2]["wer"] == 69.12
+    got = summarise(rows)
+    assert [e["config"] for e in got] == ["ssgd", "sign"] and got[0]["mean"] == 69.0
