@@ -31,6 +31,14 @@ Device tensors (of an MPI type) take it too (issue 44 item 4's GPU route):
 - where the node's ranks share a GPU (no NCCL), the piece is copied to a page-locked buffer
   once and runs the host route there, then is copied back.
 
+Where the node's phases are not MPI's (NCCL on the device route, gloo), no MPI call runs
+between a piece's start and its wait, and a started allreduce would advance only there: the
+serial route plus copies (issue 59 item 4). So the pipeline tests its pieces in flight
+around every phase of the node (``MPI_Test``, which progresses every pending request):
+cheap where MPI's own node phases progress them anyway, and what moves the link where they
+are not. :attr:`GradPipeline.early` counts the pieces whose allreduce had ended before its
+wait.
+
 A page-locked buffer is written again only after the copy that last read it (an event per
 slot of buffers). The copies run on the calling thread's current stream: the reduction
 thread's while backward runs, the training thread's when :meth:`GradPipeline.drain` ends
@@ -109,6 +117,11 @@ class GradPipeline:
         self._slot = 0
         self.pieces = 0
         """Pieces averaged so far (for tests and benchmarks)."""
+        self.early = 0
+        """Pieces whose inter-node allreduce had ended before their last phase waited."""
+        self.progress = True
+        """Test the pieces in flight around every node phase (see the module docstring);
+        off only to measure what it buys (benchmarks/comm/pipeline_progress.py)."""
 
     def applies(self, t: torch.Tensor) -> bool:
         """Whether ``t`` takes the pipeline: a contiguous tensor of an MPI type."""
@@ -153,6 +166,7 @@ class GradPipeline:
             device = False
         intra = red.device_intra if device else red.intra
         assert intra is not None
+        self._progress()
         if red.algo == "shard":
             ls = red.local_size
             shard = -(-t.numel() // ls)
@@ -178,6 +192,7 @@ class GradPipeline:
                     wire = self._pinned(mine.dtype, mine.numel(), 3)
                     _to_host(wire, mine)
                 request = self.inter.Iallreduce(in_place, wire.numpy(), op_sum)
+        self._progress()  # the pieces before this one moved while its node phase ran
         self._open.append(_Piece(t, padded, mine, count, request, wire, back, self._slot))
         self._slot = (self._slot + 1) % len(self._scratch)
         if len(self._open) > self.depth:
@@ -187,6 +202,11 @@ class GradPipeline:
         """Wait for a piece's allreduce, then its last intra-node phase."""
         red = self.reducer
         mine = piece.mine
+        if piece.request is not None and piece.request.Test():  # (a wait's first poll)
+            piece.request = None
+        if mine is not None and red.num_nodes > 1 and piece.request is None:
+            self.early += 1  # ended by the time its last phase began
+        self._progress()
         if piece.request is not None:
             self.watchdog.wait(piece.request,
                                f"inter-node allreduce of {mine.numel()} {mine.dtype} "  # type: ignore[union-attr]
@@ -211,6 +231,17 @@ class GradPipeline:
             piece.back.copy_(piece.t, non_blocking=True)
             self._copied_out(piece.slot)
         self.pieces += 1
+
+    def _progress(self) -> None:
+        """Test every piece's allreduce in flight (``MPI_Test`` progresses all of them).
+
+        A request that has ended is dropped from its piece: its last phase need not wait.
+        """
+        if not self.progress:
+            return
+        for piece in self._open:
+            if piece.request is not None and piece.request.Test():
+                piece.request = None
 
     def _buffer(self, dtype: torch.dtype, numel: int, kind: int,
                 device: torch.device | None = None) -> torch.Tensor:

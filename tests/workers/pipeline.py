@@ -6,7 +6,8 @@ Checks on every rank:
 1. Means of tensors of several sizes and dtypes (some not a multiple of the node size, so the
    shard form pads; tiny pieces, so each tensor is many pieces in flight at once) equal an
    independent reference, every rank's tensor gathered as objects and averaged in float64,
-   and are bit-identical on every rank and to the serial route (``HADPSGD_PIPELINE_MB=0``).
+   and are bit-identical on every rank, to the serial route (``HADPSGD_PIPELINE_MB=0``) and
+   to the pipeline without its progress tests between node phases.
 2. Two SSGD replicas on the same batches, one through the pipeline and one through the
    serial route, end bit-identical after several steps, overlapped with backward or not.
 On ``HADPSGD_TEST_DEVICE=cuda`` (tests/gpu) 1 and 2 run on device tensors: the device route
@@ -60,6 +61,17 @@ for i, t in enumerate(tensors):
     topo.allreduce_(serial, op="avg")
     if not torch.equal(serial, t):
         failures.append(f"tensor {i}: pipelined and serial means differ in their bits")
+# The progress tests between node phases (issue 59 item 4) only move requests: the same bits
+pipe.progress = False
+untested = [t.clone() for t in originals]
+for t in untested:
+    pipe.mean_(t, topo.size)
+pipe.drain()
+pipe.progress = True
+if any(not torch.equal(a, b) for a, b in zip(untested, tensors, strict=True)):
+    failures.append("the pipelined means differ with and without the progress tests")
+if not 0 <= pipe.early <= pipe.pieces:
+    failures.append(f"{pipe.early} of {pipe.pieces} pieces counted as ended early")
 digests = topo.allgather_object([hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
                                  for t in tensors])
 if any(d != digests[0] for d in digests):
