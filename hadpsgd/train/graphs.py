@@ -20,17 +20,54 @@ path is the one the eager loop takes. The capture needs what a graph needs:
 ``make_graphed_callables`` warms up and captures with ``torch.autograd.grad`` on its own
 sample, so nothing reaches the parameters' gradients (nor the reduction hooks) until the
 first replayed step.
+
+The capture is in CUDA's thread-local mode (issue 59 item 2). In the global mode torch
+captures in by default, a CUDA call of *another* thread that is unsafe during a capture
+invalidates it: the loader's pin-memory thread pinning the next batch (a page-locked
+allocation) made the capture fail at the first fetch that overlapped it (an H200 run passed
+only because the prefetch had ended first). No other thread launches work on the capture's
+stream, so only this thread's calls need the check. ``make_graphed_callables`` takes no
+mode, so :func:`thread_local_capture` gives the ``torch.cuda.graph`` it opens that default
+while it runs (as torch's own CUDA graph trees capture).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from hadpsgd.precision import autocast
+
+CAPTURE_MODE = "thread_local"
+"""The ``cudaStreamCaptureMode`` of the model's capture (see the module's docstring)."""
+
+
+@contextlib.contextmanager
+def thread_local_capture() -> Iterator[None]:
+    """``torch.cuda.graph`` captures in :data:`CAPTURE_MODE` unless told otherwise, meanwhile.
+
+    ``make_graphed_callables`` opens ``torch.cuda.graph(...)`` without a mode; the name is
+    looked up at the call, so a subclass with another default takes its place while the
+    capture runs (on the capturing thread; no other thread captures) and the original is put
+    back afterwards, whatever happened.
+    """
+    original = torch.cuda.graph
+
+    class _Graph(original):  # type: ignore[misc,valid-type] - torch's context manager
+        def __init__(self, *args: Any, capture_error_mode: str = CAPTURE_MODE,
+                     **kwargs: Any) -> None:
+            super().__init__(*args, capture_error_mode=capture_error_mode, **kwargs)
+
+    torch.cuda.graph = _Graph  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        torch.cuda.graph = original  # type: ignore[misc]
 
 
 class GraphedForward:
@@ -82,7 +119,7 @@ class GraphedForward:
         """Capture the passes on a copy of the first batch; warn and stay eager if they cannot."""
         sample = feats.detach().clone()
         try:
-            with autocast(self.precision, self.device, cache=False):
+            with autocast(self.precision, self.device, cache=False), thread_local_capture():
                 graphed = torch.cuda.make_graphed_callables(self.model, (sample,))
         except Exception as err:  # noqa: BLE001 - the run goes on without graphs, said once
             self.failed = f"{type(err).__name__}: {err}"
@@ -99,4 +136,4 @@ class GraphedForward:
         self._shape = tuple(feats.shape)
 
 
-__all__ = ["GraphedForward"]
+__all__ = ["CAPTURE_MODE", "GraphedForward", "thread_local_capture"]

@@ -74,3 +74,36 @@ def test_a_captured_run_follows_the_eager_one(tiny_data, tmp_path):
     a, b = _losses(eager), _losses(graph)
     assert len(a) == len(b) > 4
     assert a == pytest.approx(b, rel=1e-3)
+
+
+def test_a_thread_pinning_batches_does_not_break_the_capture():
+    """The loader's pin-memory thread pins while the model is captured (issue 59 item 2).
+
+    In CUDA's global capture mode another thread's page-locked allocation invalidates the
+    capture; hadpsgd captures thread-locally. Sizes grow so that every pin is a new
+    allocation, not a block the host cache hands back.
+    """
+    import threading
+
+    stop, pinned = threading.Event(), []
+
+    def pin() -> None:
+        i = 0
+        while not stop.is_set():
+            pinned.append(torch.empty((1 << 18) + 1024 * i).pin_memory().numel())
+            i += 1
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = build_model("tiny", 40, 12).to(dev)
+    graphed = GraphedForward(model, "fp32", dev)
+    thread = threading.Thread(target=pin, daemon=True)
+    thread.start()
+    try:
+        x = torch.randn(8, 21, 40, device=dev)
+        graphed(x).float().square().mean().backward()
+    finally:
+        stop.set()
+        thread.join()
+    assert graphed.captured and graphed.failed is None, graphed.failed
+    assert len(pinned) > 1  # the thread pinned while the capture ran
