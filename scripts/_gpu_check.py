@@ -185,13 +185,14 @@ def rerun_hint(checks: Sequence[Check], report: str, budget: float) -> str | Non
 def part_report(report: str, part: str) -> str:
     """The report path of plan part ``part`` beside ``report`` (the report of any part).
 
-    Part 1 keeps the name (``gpu-check-report.md``); part 2 and ``all`` add ``-part2`` and
-    ``-all`` to it, so that running the other part does not overwrite this part's report.
+    Part 1 keeps the name (``gpu-check-report.md``); parts 2 and 3 and ``all`` add
+    ``-part2``, ``-part3`` and ``-all`` to it, so that running another part does not
+    overwrite this part's report.
     """
     head, sep, name = report.rpartition("/")
     stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
-    stem = re.sub(r"-(part2|all)$", "", stem)
-    suffix = {"1": "", "2": "-part2"}.get(part, f"-{part}")
+    stem = re.sub(r"-(part[23]|all)$", "", stem)
+    suffix = "" if part == "1" else f"-part{part}" if part.isdigit() else f"-{part}"
     return f"{head}{sep}{stem}{suffix}{dot}{ext}"
 
 

@@ -32,7 +32,7 @@ on two ranks 43 s resumed, ~25 s in one launch.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -85,9 +85,28 @@ PART_TARGET_S = 420.0
 """What each part's checks may need on one H100, in all: the rest of the budget (two
 minutes) is for a slower machine or start, and for tests added to tests/gpu since the
 estimates were measured."""
-PARTS = ("1", "2", "all")
-"""Values of ``--part``: ``all`` is both parts in one command (about 685 s on one H100: past
-the default budget, so give it ``--budget``)."""
+PARTS = ("1", "2", "3", "all")
+"""Values of ``--part``: ``3`` is the shared-GPU plan (NCCL between ranks on one GPU); ``all``
+is every part in one command (past the default budget, so give it ``--budget``)."""
+
+SHARE_ENV = {"HADPSGD_SHARE_GPU": "1"}
+"""Part 3's setting: the ranks on the one GPU as GPUs of their own, on one pretend host."""
+
+SHARE_VERSIONS = """
+import torch
+from hadpsgd.comm.nccl import nccl_available
+ok, why = nccl_available()
+print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'NCCL',
+      '.'.join(map(str, torch.cuda.nccl.version())), 'GPUs', torch.cuda.device_count(),
+      torch.cuda.get_device_name(0))
+assert ok, why
+print('NCCL available; HADPSGD_SHARE_GPU=1 runs the ranks on this GPU as GPUs of their own '
+      '(sockets on loopback): bits, not speed')
+"""
+
+SHARE_TESTS = ("tests/gpu/test_gpu_comm.py", "tests/gpu/test_gpu_elastic.py",
+               "tests/gpu/test_gpu_share.py")
+"""tests/gpu's files with NCCL between two or more ranks: run in the shared mode by part 3."""
 
 
 class Runner(Protocol):
@@ -100,8 +119,10 @@ class Runner(Protocol):
     def machine(self) -> None:
         """``python -m hadpsgd.comm`` on one rank."""
 
-    def pytest(self, limit: float) -> None:
-        """``pytest tests/gpu`` within ``limit`` seconds."""
+    def pytest(self, limit: float, paths: Sequence[str] = ("tests/gpu",),
+               keyword: str | None = None, env: Mapping[str, str] | None = None,
+               name: str = "pytest tests/gpu") -> None:
+        """``pytest tests/gpu`` within ``limit`` seconds (or ``paths``, ``-k keyword``, ``env``)."""
 
     def train(self, name: str, nprocs: int, args: list[str], steps: int,
               resume: bool = True, preset: str = "small", timeout: float = 150,
@@ -259,4 +280,15 @@ def plan(run: Runner, gpus: int, work: Path, quick: bool) -> list[Item]:
         Item("ttp", "train_throughput swb fp32 vs bf16 vs DDP", 300, 90, lambda t: run.bench(
             "train_throughput swb fp32 vs bf16 vs DDP autocast", ttp_cmd, work / "ttp.json",
             t, ("8", "fp32, bf16", "torch default")), part=2),
+        # ---- part 3: NCCL between ranks on the one GPU (HADPSGD_SHARE_GPU; issue 59). Not
+        # run on a GPU yet: the needs are guesses (a launch ~15 s, NCCL's sockets ~15 ms a
+        # collective), to be replaced by the first run's times.
+        Item("sversions", "versions and NCCL (shared-GPU plan)", 60, 10, lambda t: run.python(
+            "versions and NCCL for the shared-GPU plan", SHARE_VERSIONS, t), part=3),
+        Item("sgraph", "capture beside a pinning thread", 120, 30, lambda t: run.pytest(
+            t, ("tests/gpu/test_gpu_graphs.py",), keyword="pinning",
+            name="the model's capture beside a thread that pins"), part=3),
+        Item("snccl", "NCCL between ranks on one GPU (HADPSGD_SHARE_GPU=1)", 400, 300,
+             lambda t: run.pytest(t, SHARE_TESTS, env=SHARE_ENV,
+                                  name="tests/gpu's NCCL tests, HADPSGD_SHARE_GPU=1"), part=3),
     ]

@@ -1,6 +1,6 @@
 """The checks behind ``scripts/gpu_check.sh``: prove a GPU machine in two commands.
 
-The plan (``scripts/_gpu_check_plan.py``) is cut in two parts that each fit one command of a
+The plan (``scripts/_gpu_check_plan.py``) is cut in parts that each fit one command of a
 lent machine (the budget, statuses and report are the pure functions of
 ``scripts/_gpu_check.py``). Each check runs under its own time limit and in a fresh
 directory, most telling first:
@@ -19,6 +19,15 @@ directory, most telling first:
   the checkpoint) and bf16; BMUF-Adam on ``swb``; bf16 gradients on the wire; fp16
   BMUF-Adam; ``train_throughput`` of ``swb`` at fp32 against bf16 against DDP under the same
   autocast (one rank).
+- **part 3** (``--part 3``, ~6 minutes, never run yet): the NCCL paths between ranks on the
+  machine's one GPU, in the shared-GPU test mode (``HADPSGD_SHARE_GPU``: each rank a GPU of
+  its own, NCCL over sockets on loopback; issue 59). Versions first; the model's capture
+  beside a thread that pins; then tests/gpu's NCCL tests (NCCL inside a node and between the
+  super-learners of a host against NumPy, the gossip's conservation over NCCL, the pipeline's
+  NCCL route, the communicator at start-up and a late rank at the deadline, the refusal of
+  NCCL under ``--on-failure continue`` and the staged fix through a kill, SSGD over NCCL with
+  the bf16 wire against MPI, BMUF overlapped on the host link against
+  ``HADPSGD_HOST_LINK=0``). It shows paths and bits, never speed.
 
 ``--budget`` (seconds) bounds the command: a check starts only while the time it needs is
 left, and its commands end at the budget. A check of the part that the budget leaves out, or
@@ -41,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -86,12 +96,16 @@ class Runner:
             self.env.pop(name, None)
 
     # ------------------------------------------------------------------ plumbing
-    def sh(self, cmd: list[str], timeout: float) -> tuple[int, str]:
-        """Run ``cmd``; its exit code (124 on timeout) and output. Ends at the budget."""
+    def sh(self, cmd: list[str], timeout: float,
+           env: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """Run ``cmd``; its exit code (124 on timeout) and output. Ends at the budget.
+
+        ``env`` is set on top of the checks' own environment.
+        """
         limit, cut = launch_limit(time.monotonic(), self.deadline, timeout)
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
-                                 cwd=ROOT, env=self.env)
+                                 cwd=ROOT, env={**self.env, **(env or {})})
             return res.returncode, res.stdout + res.stderr
         except subprocess.TimeoutExpired as err:
             out = (err.stdout or b"") + (err.stderr or b"")
@@ -135,10 +149,16 @@ class Runner:
         check.lines = [x for x in out.splitlines() if x.strip()][-30:]
         self.record(check, start)
 
-    def pytest(self, limit: float) -> None:
-        """``pytest tests/gpu`` with a row per test from its JUnit record."""
+    def pytest(self, limit: float, paths: Sequence[str] = ("tests/gpu",),
+               keyword: str | None = None, env: Mapping[str, str] | None = None,
+               name: str = "pytest tests/gpu") -> None:
+        """``pytest tests/gpu`` with a row per test from its JUnit record.
+
+        ``paths``, ``keyword`` (``-k``) and ``env`` choose other tests and their setting;
+        ``name`` is the summary's row.
+        """
         start = time.monotonic()
-        xml = self.work / "gpu-tests.xml"
+        xml = self.work / f"gpu-tests-{len(self.checks)}.xml"
         workers = ["-n", str(min(4, max(1, (os.cpu_count() or 2) // 4)))]
         if not _has_module("xdist"):
             # In one process tests/gpu takes ~3 x its estimate: it will be cut; say why.
@@ -146,15 +166,16 @@ class Runner:
                   flush=True)
             workers = []
         whole, per_test = pytest_limits(limit)
-        code, out = self.sh([sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rA",
+        select = ["-k", keyword] if keyword else []
+        code, out = self.sh([sys.executable, "-m", "pytest", *paths, *select, "-q", "-rA",
                              "-p", "no:cacheprovider", "--timeout", f"{per_test:.0f}",
-                             *workers, f"--junitxml={xml}"], whole)
+                             *workers, f"--junitxml={xml}"], whole, env)
         cases = junit_checks(xml.read_text()) if xml.exists() else []
         self.checks += cases
         counts = {s: sum(c.status == s for c in cases) for s in (PASS, FAIL)}
         counts["needs more GPUs"] = sum(c.status.startswith("needs") for c in cases)
         counts["skipped"] = len(cases) - sum(counts.values())
-        summary = Check("pytest tests/gpu", PASS if code == 0 else FAIL,
+        summary = Check(name, PASS if code == 0 else FAIL,
                         detail=f"exit {code}: {counts}, {per_test:.0f} s per test")
         if code != 0 and not cases:
             summary.lines = out.splitlines()[-60:]
@@ -323,7 +344,8 @@ def main() -> int:
     parser.add_argument("--part", choices=PARTS, default="1",
                         help="the part of the plan to run: 1 (default; the machine, NCCL, "
                              "tests/gpu, every algorithm, mixed precision), 2 (the benchmarks, "
-                             "the LSTM layouts, TF32, the rest), all (both: give it --budget)")
+                             "the LSTM layouts, TF32, the rest), 3 (NCCL between ranks on one "
+                             "GPU, HADPSGD_SHARE_GPU), all (every part: give it --budget)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help="seconds all checks may take: a check starts only while the "
                              "time it needs is left, and one the budget leaves out fails")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from hadpsgd import env
+from hadpsgd.comm import share_gpu
 from hadpsgd.comm.backends import GlooIntra, IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog, timeout_from_env
 from hadpsgd.comm.hierarchical import HierAlgo, Reducer
@@ -97,7 +98,7 @@ def agree_routes(verdicts: list[tuple[str, bool]]) -> tuple[list[str], bool]:
 
 
 def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ranks: list[int],
-                  device: torch.device, cuda_aware: bool, notes: list[str]
+                  device: torch.device, cuda_aware: bool, notes: list[str], share: int = 0
                   ) -> tuple[IntraBackend | None, bool]:
     """NCCL for device tensors when it can run on every node, and the agreed CUDA-awareness.
 
@@ -113,6 +114,9 @@ def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ra
         ok, why = nccl_available()
         why = "" if ok else why
         labels = allgather_object(intra, watchdog, device_label(device), node_ranks)
+        if share:  # HADPSGD_SHARE_GPU: each rank a GPU of its own (tests)
+            labels = [share_gpu.label(lab, r, world.Get_size(), share)
+                      for lab, r in zip(labels, node_ranks, strict=True)]
         if not why and len(set(labels)) < len(labels):
             why = (f"ranks of a node share a GPU ({', '.join(labels)}); NCCL needs one GPU "
                    "per rank: launch at most one rank per GPU")
@@ -237,6 +241,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     problem = disagreements(allgather_object(world, watchdog, {
         "the intra-node backend (--intra-backend, HADPSGD_INTRA_BACKEND)": backend_name,
         "HADPSGD_HOST_LINK": env.host_link(),
+        "HADPSGD_SHARE_GPU": env.share_gpu(),
         "the ranks per node (--ranks-per-node, HADPSGD_RANKS_PER_NODE)": rpn,
     } if node_hint is None else {}, list(range(size))))
     if problem:
@@ -303,6 +308,12 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     elif backend_name == "nccl":
         raise TopologyError("the nccl intra-node backend needs --device cuda; on CPU use "
                             "mpi or gloo")
+    share = env.share_gpu()  # agreed above
+    if share:
+        why = share_gpu.problem(dev.type, host_size, size, share)
+        if why:
+            raise TopologyError(why)
+        share_gpu.set_nccl_environment(rank)  # before any NCCL communicator exists
     if "OMP_NUM_THREADS" not in os.environ:
         # Ranks sharing a machine would otherwise each start one thread per core; on a GPU
         # rank those threads only contend with the loader and MPI for the host's cores.
@@ -311,17 +322,19 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     labels, pids = zip(*allgather_object(world, watchdog, (device_label(dev), os.getpid())),
                        strict=True)
     labels = list(labels)
+    if share:
+        labels = [share_gpu.label(lab, r, size, share) for r, lab in enumerate(labels)]
     kinds = sorted({label.split(":")[1] for label in labels})
     if len(kinds) > 1:
         gpu_less = sorted({label.partition(":")[0] for label in labels if ":cpu" in label})
         raise TopologyError(f"the learners do not agree on a device: {', '.join(gpu_less)} "
                             "found no GPU for --device auto while others did; pass --device "
                             "cuda (and fix those hosts) or --device cpu")
-    notes: list[str] = []
+    notes: list[str] = [share_gpu.note(size, share)] if share else []
     backend = _host_backend(backend_name, intra, watchdog, node_ranks.tolist())
     cuda_aware, aware_why = cuda_support() if dev.type == "cuda" else (False, "")
     device_backend, agreed = _device_route(backend_name, world, intra, watchdog,
-                                           node_ranks.tolist(), dev, cuda_aware, notes)
+                                           node_ranks.tolist(), dev, cuda_aware, notes, share)
     if dev.type == "cuda" and cuda_aware and not agreed:
         notes.append("MPI is CUDA-aware here but not on every host: every rank stages "
                      "device tensors through host memory, so that all cut them alike")

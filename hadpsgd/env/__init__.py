@@ -25,6 +25,10 @@ HADPSGD_CUDA_AWARE      0 or 1      ask the library   declare the MPI library CU
 HADPSGD_HOST_LINK       bool        on                NCCL between super-learners that share a
                                                       host (``0``: MPI between every two;
                                                       :mod:`hadpsgd.comm.hostlink`)
+HADPSGD_SHARE_GPU       int >= 0    0 (off)           tests on one GPU: the ranks that share it run
+                                                      as GPUs of their own on this many pretend
+                                                      hosts, NCCL over sockets on loopback; timings
+                                                      mean nothing (:mod:`hadpsgd.comm.share_gpu`)
 HADPSGD_CACHE           directory   ~/.cache/hadpsgd  where the synthetic default data set is cached
 HADPSGD_DEBUG           bool        off               print full tracebacks for user errors too
                                                       (``1``/``true``/``yes``/``on`` or
@@ -78,6 +82,7 @@ BUCKET_MB = "HADPSGD_BUCKET_MB"
 PIPELINE_MB = "HADPSGD_PIPELINE_MB"
 CUDA_AWARE = "HADPSGD_CUDA_AWARE"
 HOST_LINK = "HADPSGD_HOST_LINK"
+SHARE_GPU = "HADPSGD_SHARE_GPU"
 CACHE = "HADPSGD_CACHE"
 DEBUG = "HADPSGD_DEBUG"
 FAULT = "HADPSGD_FAULT"
@@ -88,8 +93,8 @@ FT_DETECTOR = "HADPSGD_FT_DETECTOR"
 FROZEN_S = "HADPSGD_FROZEN_S"
 
 NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, PIPELINE_MB,
-                          CUDA_AWARE, HOST_LINK, CACHE, DEBUG, FAULT, TRACE_CHUNKS, EMULATE_STEP,
-                          STDOUT_TTY, FT_DETECTOR, FROZEN_S)
+                          CUDA_AWARE, HOST_LINK, SHARE_GPU, CACHE, DEBUG, FAULT, TRACE_CHUNKS,
+                          EMULATE_STEP, STDOUT_TTY, FT_DETECTOR, FROZEN_S)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -322,6 +327,20 @@ def host_link() -> bool:
                    "1 or unset it for NCCL where they share a host")
 
 
+def share_gpu() -> int:
+    """``HADPSGD_SHARE_GPU``: run ranks that share one GPU as GPUs of their own (tests).
+
+    Returns:
+        The pretend hosts the ranks are cut into (consecutive ranks); 0 (default): off.
+
+    Raises:
+        EnvError: If it is set but is not an integer >= 0.
+    """
+    number = _number(SHARE_GPU, int, "set it to the number of pretend hosts (e.g. 1 or 2) to "
+                     "test NCCL between ranks on one GPU, or 0 / unset it", at_least=0)
+    return 0 if number is None else int(number)
+
+
 def cache_dir() -> Path:
     """``HADPSGD_CACHE``: where the synthetic default data set is cached.
 
@@ -496,6 +515,7 @@ def check() -> None:
     pipeline_mb()
     cuda_aware()
     host_link()
+    share_gpu()
     cache_dir()
     debug()
     trace_chunks_dir()

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from tests._mpi import assert_ok, run_mpi, run_worker
+from tests.gpu._gpus import NCCL_GPUS, SHARED, nccl_gpus, real_gpus
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+two_gpus = nccl_gpus(2)  # NCCL between two ranks: real GPUs, or HADPSGD_SHARE_GPU on one
 
 
 def test_staging_pipeline_on_device():
@@ -51,7 +52,7 @@ def test_ranks_sharing_one_gpu_take_the_staged_path(nprocs, per_node):
                                               "HADPSGD_TEST_DEVICE": "cuda"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs
-    if per_node != "1" and torch.cuda.device_count() == 1:
+    if per_node != "1" and torch.cuda.device_count() == 1 and not SHARED:
         assert "intra-node mpi via host" in res.stdout
 
 
@@ -73,13 +74,15 @@ def test_nccl_intra_node():
     # Ranks take GPU "host rank mod GPUs" (round robin). Two emulated nodes of k <= GPUs
     # ranks each: every rank of a node has its own GPU, so NCCL runs inside both nodes and
     # MPI between them.
-    gpus = torch.cuda.device_count()
-    k = min(gpus, 4)
+    gpus = NCCL_GPUS
+    k = min(gpus, 4) if not SHARED else 2  # shared: 4 ranks on the one GPU, 2 nodes of 2
     res = run_worker(2 * k, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": str(k),
                                              "HADPSGD_INTRA_BACKEND": "nccl",
                                              "HADPSGD_TEST_DEVICE": "cuda"})
     assert_ok(res)
     assert "intra-node nccl" in res.stdout
+    if SHARED:  # every rank is a GPU of its own there: no two share one to refuse
+        return
     # One node of GPUs + 1 ranks: two of them share GPU 0, and --intra-backend nccl must
     # refuse at start-up with the fix, not hang or crash inside NCCL.
     res = run_worker(gpus + 1, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": str(gpus + 1),
@@ -96,7 +99,7 @@ def test_super_learners_sharing_a_host_exchange_over_nccl(tiny_data, tmp_path):
     # NCCL group of the host, not pinned host copies and MPI; every collective of comm_ops
     # must still equal its reference bit for bit on every rank. Super-learners of 1 (BMUF-
     # Adam's layout), then of 2 where there are 4 GPUs (NCCL inside and between them).
-    gpus = min(torch.cuda.device_count(), 4)
+    gpus = min(NCCL_GPUS, 4)
     layouts = ["1"] + (["2"] if gpus >= 4 else [])
     for per_node in layouts:
         res = run_worker(gpus, "comm_ops", env={"HADPSGD_RANKS_PER_NODE": per_node,
@@ -166,7 +169,7 @@ def test_one_rank_nccl_group_reduces_blocking_and_deferred():
     assert "OK" in res.stdout
 
 
-@two_gpus
+@real_gpus(2)
 def test_device_follows_the_physical_host_not_the_emulated_node():
     # --ranks-per-node 1: every rank is local rank 0 of its emulated node, yet each must
     # get its own GPU (the BMUF-Adam layout of one worker per GPU).
@@ -228,7 +231,7 @@ def test_grad_wire_bf16_across_nodes_on_device(algo):
                           "HADPSGD_CUDA_AWARE": "0"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == 4
-    if torch.cuda.device_count() >= 2:
+    if NCCL_GPUS >= 2:
         assert "intra-node nccl" in res.stdout, res.stdout
     else:
         assert "intra-node mpi via host" in res.stdout, res.stdout
@@ -246,7 +249,7 @@ def _gpu_pids(stop, seen: set[tuple[str, str]]) -> None:
         stop.wait(0.3)
 
 
-@two_gpus
+@real_gpus(2)
 @pytest.mark.parametrize("args", [
     ["--algo", "adpsgd", "--super-learner-size", "1"],  # the gossip thread and its copies
     ["--algo", "bmuf", "--ranks-per-node", "1", "--bmuf-overlap"],  # the side channel's jobs

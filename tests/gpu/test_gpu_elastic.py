@@ -14,13 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.gpu._gpus import nccl_gpus
 from tests.mpi.test_elastic import _launch, _records
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank")
+@nccl_gpus(2)  # NCCL needs a GPU per rank (or HADPSGD_SHARE_GPU)
 def test_nccl_inside_a_node_is_refused_under_continue(tiny_data, tmp_path):
     """Two learners on two GPUs of one node (NCCL): exit 2 before training, naming NCCL,
     the kernel that never ends and the fix."""

@@ -15,6 +15,8 @@ sys.path.insert(0, str(SCRIPTS))
 import _gpu_check as gc  # noqa: E402 - scripts/ is no package: found through sys.path
 import _gpu_check_plan as gp  # noqa: E402
 
+PART_3 = {"sversions", "sgraph", "snccl"}
+"""The shared-GPU plan (issue 59): NCCL between ranks on one GPU."""
 PART_1 = {"machine", "nccl1", "nccl", "pytest", "ssgdn", "adpsgd", "hadpsgd", "bmuf",
           "swbbf16"}
 """What the default command must run: what proves the GPU (docs/gpu.md)."""
@@ -32,8 +34,9 @@ class _Recorder:
     def python(self, name: str, code: str, timeout: float) -> None:
         self.calls.append(("python", name, code))
 
-    def pytest(self, limit: float) -> None:
-        self.calls.append(("pytest", limit))
+    def pytest(self, limit: float, paths: tuple = ("tests/gpu",), keyword: str | None = None,
+               env: dict | None = None, name: str = "pytest tests/gpu") -> None:
+        self.calls.append(("pytest", limit, tuple(paths), keyword, env or {}))
 
     def train(self, name: str, nprocs: int, args: list[str], steps: int, resume: bool = True,
               timeout: float = 150, **kw: object) -> None:
@@ -182,9 +185,10 @@ def test_read_steady_passes_over_a_half_written_last_record(tmp_path):
 def test_every_check_is_in_one_part_and_the_default_one_proves_the_gpu(tmp_path):
     items, _ = _plan(tmp_path)
     keys = [item.key for item in items]
-    assert len(keys) == len(set(keys)) and {item.part for item in items} == {1, 2}
+    assert len(keys) == len(set(keys)) and {item.part for item in items} == {1, 2, 3}
     assert {item.key for item in _part(items, "1")} == PART_1
-    assert {item.key for item in _part(items, "2")} == set(keys) - PART_1
+    assert {item.key for item in _part(items, "3")} == PART_3
+    assert {item.key for item in _part(items, "2")} == set(keys) - PART_1 - PART_3
     assert _part(items, "all") == items
     # Part 1 runs first in --part all; in each part the order is the plan's.
     assert [item.part for item in items] == sorted(item.part for item in items)
@@ -219,7 +223,7 @@ def test_the_default_part_runs_every_algorithm_and_the_bf16_lstm(tmp_path):
 def test_the_default_part_fits_its_budget_on_one_h100(tmp_path):
     for gpus in (1, 2, 8):
         items, _ = _plan(tmp_path, gpus)
-        for part in ("1", "2"):
+        for part in ("1", "2", "3"):
             mine = _part(items, part)
             est = gp.estimate(mine, gpus)
             assert est <= gp.DEFAULT_BUDGET_S, (gpus, part, est)
@@ -260,6 +264,8 @@ def test_each_part_has_its_own_report_and_the_command_of_the_other():
     assert gc.part_report("/r/gpu-check-report-part2.md", "1") == "/r/gpu-check-report.md"
     assert gc.part_report("/r/gpu-check-report-part2.md", "all") == "/r/gpu-check-report-all.md"
     assert gc.part_report("r", "2") == "r-part2"
+    assert gc.part_report("/r/gpu-check-report-part2.md", "3") == "/r/gpu-check-report-part3.md"
+    assert gc.part_report("/r/gpu-check-report-part3.md", "1") == "/r/gpu-check-report.md"
     assert gc.part_command("/r/a.md", "2") == "bash scripts/gpu_check.sh /r/a-part2.md --part 2"
     assert gc.part_command("/r/a-part2.md", "1") == "bash scripts/gpu_check.sh /r/a.md --part 1"
     # A part-2 report named without its suffix is not overwritten by part 1.
@@ -317,3 +323,24 @@ def test_the_dry_run_prints_the_plan_and_each_part_fits_one_command(part, gpus):
     assert "set-up" in out.stdout and out.stdout.rstrip().endswith("fits")
     if gpus == 1 and part == "1":
         assert "needs 2 GPUs: not run, no failure" in out.stdout
+
+
+def test_the_shared_gpu_part_runs_the_nccl_tests_with_the_mode_on(tmp_path):
+    """Part 3 (issue 59): on one GPU, tests/gpu's NCCL tests under HADPSGD_SHARE_GPU=1, after
+    the versions and the capture beside a pinning thread; no other check sets the mode."""
+    items, rec = _plan(tmp_path)
+    for item in _part(items, "3"):
+        item.run(item.limit)
+    kinds = [c[0] for c in rec.calls]
+    assert kinds == ["python", "pytest", "pytest"]
+    _, _, paths, keyword, env = rec.calls[1]
+    assert paths == ("tests/gpu/test_gpu_graphs.py",) and keyword == "pinning" and not env
+    _, _, paths, keyword, env = rec.calls[2]
+    assert env == {"HADPSGD_SHARE_GPU": "1"} and keyword is None
+    assert "tests/gpu/test_gpu_share.py" in paths and "tests/gpu/test_gpu_comm.py" in paths
+    rec.calls.clear()
+    for item in _part(items, "1") + _part(items, "2"):
+        item.run(item.limit)
+    assert all(not c[4] for c in rec.calls if c[0] == "pytest")
+    for item in _part(items, "3"):  # each on one GPU: a lent machine has one
+        assert item.gpus == 1

@@ -145,3 +145,14 @@ def test_ranks_with_different_settings_are_refused_alike_before_any_acts():
     for _, msg in lines:
         assert ("disagree on the intra-node backend" in msg and "rank 0 has 'mpi'" in msg
                 and "rank 1 'gloo'" in msg and "rank 2" not in msg), msg
+
+
+def test_the_shared_gpu_test_mode_is_refused_on_cpu_by_every_rank():
+    """HADPSGD_SHARE_GPU (ranks on one GPU as GPUs of their own, issue 59) means nothing on
+    CPU: every rank refuses at start, naming the variable and the fix."""
+    res = run_worker(2, "settings_differ", env={"HADPSGD_SHARE_GPU": "1",
+                                                "HADPSGD_TIMEOUT": "20"}, timeout=120)
+    lines = re.findall(r"REFUSED rank (\d): (.*)", res.stdout)
+    assert sorted(int(r) for r, _ in lines) == [0, 1], res.output[-3000:]
+    for _, msg in lines:
+        assert "HADPSGD_SHARE_GPU=1" in msg and "on cpu: unset it" in msg, msg

@@ -36,6 +36,7 @@ CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
     ("HADPSGD_PIPELINE_MB", env.pipeline_mb, 0.0, "4", 4.0, ["big", "-1", "nan", "inf"]),
     ("HADPSGD_CUDA_AWARE", env.cuda_aware, None, "0", False, ["yes", "2", "true"]),
     ("HADPSGD_HOST_LINK", env.host_link, True, "0", False, ["maybe", "2"]),
+    ("HADPSGD_SHARE_GPU", env.share_gpu, 0, "2", 2, ["two", "-1", "1.5"]),
     ("HADPSGD_CACHE", env.cache_dir, Path.home() / ".cache" / "hadpsgd", "/tmp/hadpsgd-c",
      Path("/tmp/hadpsgd-c"), ["<a file>"]),
     ("HADPSGD_DEBUG", env.debug, False, "1", True, ["maybe", "2"]),
