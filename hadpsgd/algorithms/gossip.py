@@ -25,7 +25,6 @@ import time
 
 import torch
 
-from hadpsgd import faults
 from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP, ChocoEdges
 from hadpsgd.comm.codec import decode, encode, payload_bytes
 from hadpsgd.comm.copies import CopyStream
@@ -320,8 +319,6 @@ class GossipThread(threading.Thread):
     def _exchange(self, p: int, apply_now: bool) -> None:
         """Swap snapshots with partner ``p`` and publish (or apply) the delta."""
         self.partners[p] += 1
-        if faults.active():  # tests: an exception in this thread, not the main one
-            faults.hit("gossip", self.world_ranks[self.node], self._steps)
         if self.jitter:
             time.sleep(self.rng.uniform(0, self.jitter))
         delta = (self._swap(p) if self.wire == "fp32" else

@@ -26,6 +26,7 @@ from hadpsgd.assembly.resume_config import allowed, flatten, resume_checkpoint, 
 from hadpsgd.assembly.runlock import RunDirBusy, RunDirUnwritable, lock_run
 from hadpsgd.cli import ConfigError, flag, to_dict
 from hadpsgd.comm import Topology
+from hadpsgd.comm.faulty import FaultyWorld, Injection
 from hadpsgd.config import OptimConfig, RunConfig
 from hadpsgd.data import PRIORS_FILE, priors_of, save_priors
 from hadpsgd.models import build_model
@@ -85,8 +86,12 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
                                 train_set.file.num_classes,
                                 per_layer=per_layer_lstm(cfg.model.lstm_layout, topo.device)
                                 ).to(topo.device)
-        dist = build_distributed(cfg, model, build_optimizer(cfg.optim, model), topo)
+        # HADPSGD_FAULT's faults in the gossip thread go in at the world's face (the pair
+        # channel's exchanges), not as hooks in the algorithm.
+        world, clock = gossip_faults(topo)
+        dist = build_distributed(cfg, model, build_optimizer(cfg.optim, model), world)
     algo = dist.algorithm
+    clock.append(algo)
     with topo.startup("run directory"):
         out_dir = make_out_dir(cfg, topo, train_set.file.path)
     metrics = MetricsWriter(out_dir, enabled=topo.rank == 0, tensorboard=cfg.train.tensorboard)
@@ -96,6 +101,27 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
                           cfg.optim.warmup_epochs, cfg.optim.anneal, cfg.optim.gradual_warmup)
     return Trainer(dist, topo, train_set, heldout_set, schedule, loop_options(cfg), out_dir,
                    metrics, config={**to_dict(cfg), resume_data.IDENTITY_KEY: data_identity})
+
+
+def gossip_faults(topo: Topology) -> tuple[Any, list[Algorithm]]:
+    """``topo``, or a world that injects ``HADPSGD_FAULT``'s faults at the gossip's exchanges.
+
+    ``raise-gossip`` (an exception in the gossip thread) goes in through a
+    :class:`~hadpsgd.comm.faulty.FaultyWorld` at the pair channel's ``exchange``.
+
+    Returns:
+        The world to build the algorithm on, and a list to append the algorithm to once
+        built: the faults fire by its step count (the step about to be taken), as the
+        other points of ``HADPSGD_FAULT`` do.
+    """
+    built: list[Algorithm] = []
+    if not any(f.at == "gossip" for f in faults.plan()):
+        return topo, built
+
+    def hit() -> None:
+        faults.hit("gossip", topo.rank, built[0].steps if built else 0)
+
+    return FaultyWorld(topo, [Injection("exchange", when=lambda: True, action=hit)]), built
 
 
 def check_same_config(cfg: RunConfig, topo: Topology) -> None:

@@ -181,15 +181,22 @@ class ThreadPairChannel:
         """Leave ``send`` for ``peer``, take ``peer``'s into ``recv`` (both call it)."""
         if send.numel() != recv.numel() or send.dtype != recv.dtype:
             raise ValueError("exchange: send and recv must have the same size and dtype")
-        boxes = self._boxes
+        boxes, who = self._boxes, self.world_ranks[peer]
+        end = time.monotonic() + self.watchdog.timeout
         with boxes.cond:
             boxes.boxes.setdefault((self.rank, peer, tag), deque()).append(send.clone())
             boxes.cond.notify_all()
-            if not boxes.cond.wait_for(lambda: boxes.boxes.get((peer, self.rank, tag)),
-                                       self.watchdog.timeout):
-                who = self.world_ranks[peer]
-                raise CommTimeoutError(f"{what or 'pair exchange'}: rank {who} never sent "
-                                       f"within {self.watchdog.timeout} s", missing=[who])
+            while not boxes.boxes.get((peer, self.rank, tag)):
+                # A learner that failed breaks its job's meetings (ThreadJob.break_all): the
+                # partner of a swap then ends now, as MPI's abort ends it, not at its deadline.
+                if self._group.barrier.broken:
+                    raise CommTimeoutError(f"{what or 'pair exchange'}: a learner failed "
+                                           f"while rank {who} was awaited", missing=[who])
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise CommTimeoutError(f"{what or 'pair exchange'}: rank {who} never sent "
+                                           f"within {self.watchdog.timeout} s", missing=[who])
+                boxes.cond.wait(min(left, 0.05))
             recv.copy_(boxes.boxes[(peer, self.rank, tag)].popleft())
 
     def board(self, slots: int) -> ThreadSlots:

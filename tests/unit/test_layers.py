@@ -16,7 +16,9 @@ ALLOWED = {
     "comm": {"env", "exit_codes"},
     "data": {"env"},
     "faults": {"cli", "env"},
-    "algorithms": {"cli", "comm", "faults", "precision"},
+    # No test hooks in the algorithms: HADPSGD_FAULT reaches the gossip thread through the
+    # world it is given (comm/faulty.py), not through a hook in its code.
+    "algorithms": {"cli", "comm", "precision"},
     "config_file": {"cli"},
     "config": {"cli", "config_file", "models", "algorithms", "precision"},
     # The loop takes built parts and knows no flags: neither cli nor config. It drives the
