@@ -12,7 +12,8 @@ import pytest
 
 from hadpsgd.launch import launch_env
 from hadpsgd.run import EXIT_STOPPED
-from tests._mpi import MPI_TIMEOUT_S, ROOT, run_mpi
+from tests._commands import run_command
+from tests._mpi import MPI_TIMEOUT_S, ROOT
 from tests.mpi._resume import run_args
 
 pytestmark = pytest.mark.mpi
@@ -42,8 +43,9 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_first(tiny_d
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.2)
         for extra in (["--seed", "2", "--overwrite"], ["--resume", "auto"]):
-            res = run_mpi(2, run_args(tiny_data, out, "--max-steps", "30", "--batch-size",
-                                      "4", *extra))
+            # A refusal (exit 2): a warm world's ranks take it as a launch's would.
+            res = run_command(2, run_args(tiny_data, out, "--max-steps", "30",
+                                          "--batch-size", "4", *extra))
             assert res.returncode == 2, res.output[-3000:]
             assert "is in use by another run: pid" in res.stderr and "on host" in res.stderr
             assert "Traceback" not in res.output
