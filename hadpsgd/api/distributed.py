@@ -329,8 +329,10 @@ class Distributed:
 
         SSGD: the replica. BMUF: the global model theta_n swapped in, with the buffers of its
         last block sync (the local model comes back after the block). ADPSGD: a copy holding
-        the replicas' average, their buffers' too (the replicas are not changed). Every
-        learner enters it at the same point (after an epoch).
+        the replicas' average, their buffers' too (the replicas are not changed); with
+        ``eval_model="replicas"`` (the default on a ``topk`` or ``sign`` wire) a copy of this
+        learner's own replica until :meth:`finish` averages them. Every learner enters it at
+        the same point (after an epoch).
         """
         with self._doing("averaging for evaluation"):
             self.algorithm.sync()

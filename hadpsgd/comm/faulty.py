@@ -45,6 +45,10 @@ OPS = ("allreduce_", "intra_allreduce_", "inter_allreduce_", "broadcast_", "intr
 """The calls an injection may name: the world's collectives, and the pair channel's swap."""
 
 
+KEPT = 100
+"""How many of an injection's firings it records."""
+
+
 class InjectedCommFault(RuntimeError):
     """The error a ``raise`` injection throws (this learner's own, not a deadline's)."""
 
@@ -69,7 +73,8 @@ class Injection:
     when: Callable[[], bool] | None = None
     action: Callable[[], None] | None = None
     fired: list[int] = field(default_factory=list)
-    """The calls (counted from 1) at which it fired."""
+    """The calls (counted from 1) at which it fired: the first :data:`KEPT` of them (one
+    that fires at every call, as the run's gossip faults do, must not grow for ever)."""
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -113,7 +118,8 @@ class FaultyWorld:
         for inj in self.injections:
             if inj.op != op or not inj.due(count):
                 continue
-            inj.fired.append(count)
+            if len(inj.fired) < KEPT:
+                inj.fired.append(count)
             if inj.action is not None:
                 inj.action()
             elif inj.kind == "raise":
