@@ -15,7 +15,7 @@ SCRIPT = str(ROOT / "benchmarks" / "train_throughput.py")
 TINY = ["--presets", "tiny", "--batch", "4", "--classes", "8", "--steps", "2", "--warmup", "1"]
 
 
-def run_driver(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
+def run_driver(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the driver (it starts its own mpirun jobs), failing on a hang."""
     try:
         return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,

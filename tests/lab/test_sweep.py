@@ -385,7 +385,7 @@ def test_a_cell_whose_launcher_failed_to_start_is_started_again(
     monkeypatch.setattr(runner, "local_command", lambda *a: [
         sys.executable, str(script), str(tries), str(start_failures), str(code)])
     cell = expand(spec())[0]
-    row = runner.run_cell(cell, tmp_path / "sweep", FAKE_LAUNCHER, timeout=60)
+    row = runner.run_cell(cell, tmp_path / "sweep", FAKE_LAUNCHER, timeout=300)
     assert len(tries.read_text()) == launches
     assert row["exit_code"] == recorded
     # The stand-in writes no metrics, so even exit 0 is not "ok"; the error says which.
