@@ -212,7 +212,8 @@ class ADPSGD(Algorithm):
         self.copies = CopyStream(self.flat.device)
         self.consensus_distance = float("nan")
         self._average: torch.Tensor | None = None
-        """The replicas' average at the last :meth:`sync` (what is evaluated and deployed)."""
+        """The replicas' average at the last :meth:`sync` (what is evaluated and deployed); with
+        ``eval_model replicas`` before :meth:`finish`, this replica as it was then."""
         self._average_buffers: list[torch.Tensor] | None = None
         """The mean of every learner's buffers at the last :meth:`sync` (``sync_buffers``)."""
         self._synced_at: tuple[int, int] | None = None
@@ -415,7 +416,7 @@ class ADPSGD(Algorithm):
         averaged before :meth:`finish`: the evaluation model is this replica as it is.
         """
         self._check_thread()
-        if not (self.options.evaluates_average() or self._finished):
+        if not self._averages():
             self._take_own_replica()
             return
         # The replica changes at a step (its update, the gossip's delta) and when closing.
@@ -438,6 +439,10 @@ class ADPSGD(Algorithm):
             nbytes += sum(b.nbytes for b in self._average_buffers)
         self.sync_bytes += internode_share(nbytes, self.topo) + sent
         self._synced_at = now
+
+    def _averages(self) -> bool:
+        """Whether :meth:`sync` averages the replicas now (``eval_model``, or the run's end)."""
+        return self.options.evaluates_average() or self._finished
 
     def _take_own_replica(self) -> None:
         """Hold this replica, as it is, for :meth:`evaluation_parameters` (``replicas``).
@@ -464,7 +469,7 @@ class ADPSGD(Algorithm):
 
     def evaluation_note(self) -> str:
         """Says when the held-out line scores the replicas as they are, not their average."""
-        if (self.options.evaluates_average() or self._finished or self.topo.num_nodes == 1
+        if (self._averages() or self.topo.num_nodes == 1
                 or (self._fresh and self.steps == 0)):  # every replica the broadcast start
             return ""
         return " (each learner's own replica on its share; their average at the run's end)"

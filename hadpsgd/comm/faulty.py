@@ -110,11 +110,11 @@ class FaultyWorld:
         return getattr(self._inner, name)
 
     # ------------------------------------------------------------------ the faults
-    def _before(self, op: str) -> Injection | None:
-        """Count a call of ``op``; act on what is due; the ``nan`` due, for the caller."""
+    def _before(self, op: str) -> bool:
+        """Count a call of ``op`` and act on what is due; whether a ``nan`` is (the caller's)."""
         with self._lock:
             self._counts[op] = count = self._counts.get(op, 0) + 1
-        after = None
+        poison = False
         for inj in self.injections:
             if inj.op != op or not inj.due(count):
                 continue
@@ -131,12 +131,12 @@ class FaultyWorld:
             elif inj.kind == "delay":
                 time.sleep(inj.seconds)
             else:
-                after = inj
-        return after
+                poison = True
+        return poison
 
     def _collective(self, op: str, tensor: torch.Tensor | None,
                     run: Callable[[], Any]) -> Any:
-        if self._before(op) is not None and tensor is not None:
+        if self._before(op) and tensor is not None:
             tensor.fill_(float("nan"))  # this learner's contribution
         return run()
 

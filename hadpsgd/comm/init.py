@@ -98,14 +98,15 @@ def agree_routes(verdicts: list[tuple[str, bool]]) -> tuple[list[str], bool]:
 
 
 def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ranks: list[int],
-                  device: torch.device, cuda_aware: bool, notes: list[str], share: int = 0
-                  ) -> tuple[IntraBackend | None, bool]:
+                  device: torch.device, cuda_aware: bool, notes: list[str],
+                  world_labels: list[str]) -> tuple[IntraBackend | None, bool]:
     """NCCL for device tensors when it can run on every node, and the agreed CUDA-awareness.
 
     NCCL needs one GPU per rank of the node: ranks that share a GPU (more ranks than GPUs,
-    as in the tests on one GPU) take the host-staged path instead. Each node decides over
-    ``intra``, then the world agrees (:func:`agree_routes`), so every rank builds the same
-    routes. Every rank calls this (collectively), whatever its device.
+    as in the tests on one GPU) take the host-staged path instead. Each node decides from its
+    members' device labels (``world_labels``, by world rank, as the start-up gathered them),
+    then the world agrees (:func:`agree_routes`), so every rank builds the same routes. Every
+    rank calls this (collectively), whatever its device.
     """
     why = ""
     if device.type == "cuda" and intra.Get_size() > 1 and name not in ("mpi", "gloo"):
@@ -113,10 +114,7 @@ def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ra
 
         ok, why = nccl_available()
         why = "" if ok else why
-        labels = allgather_object(intra, watchdog, device_label(device), node_ranks)
-        if share:  # HADPSGD_SHARE_GPU: each rank a GPU of its own (tests)
-            labels = [share_gpu.label(lab, r, world.Get_size(), share)
-                      for lab, r in zip(labels, node_ranks, strict=True)]
+        labels = [world_labels[r] for r in node_ranks]
         if not why and len(set(labels)) < len(labels):
             why = (f"ranks of a node share a GPU ({', '.join(labels)}); NCCL needs one GPU "
                    "per rank: launch at most one rank per GPU")
@@ -334,7 +332,7 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
     backend = _host_backend(backend_name, intra, watchdog, node_ranks.tolist())
     cuda_aware, aware_why = cuda_support() if dev.type == "cuda" else (False, "")
     device_backend, agreed = _device_route(backend_name, world, intra, watchdog,
-                                           node_ranks.tolist(), dev, cuda_aware, notes, share)
+                                           node_ranks.tolist(), dev, cuda_aware, notes, labels)
     if dev.type == "cuda" and cuda_aware and not agreed:
         notes.append("MPI is CUDA-aware here but not on every host: every rank stages "
                      "device tensors through host memory, so that all cut them alike")
