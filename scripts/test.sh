@@ -6,6 +6,10 @@
 # (CI runs them after the suite); they are left out unless an argument names tests/lab.
 # HADPSGD_MPI=mpich uses ./.venv-mpich (the mpich wheel) instead: the multi-rank tests under
 # MPICH are `HADPSGD_MPI=mpich bash scripts/test.sh tests/mpi`.
+# Tests run in HADPSGD_TEST_WORKERS pytest processes at once (pytest-xdist, whole files to a
+# process, default 2; 0 runs them in this one): much of the multi-rank suite waits on
+# deadlines, frozen ranks and launches with cores idle, so two processes took the suite from
+# 15:22 to 10:35 on the 2-core CI machine. `-n 0` among the arguments overrides it too.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 cd "$root"
@@ -13,4 +17,5 @@ apart=(--ignore=tests/lab)
 for arg in "$@"; do
   case $arg in tests/lab*) apart=() ;; esac
 done
-exec "$venv/bin/python" -m pytest -ra --durations=25 "${apart[@]}" "$@"
+workers=(-n "${HADPSGD_TEST_WORKERS:-2}" --dist loadfile)
+exec "$venv/bin/python" -m pytest -ra --durations=25 "${workers[@]}" "${apart[@]}" "$@"

@@ -123,6 +123,18 @@ class CommandServer:
 
 
 _SERVERS: dict[int, CommandServer] = {}
+"""The warm worlds of this pytest process by size, the most recently used last."""
+
+WARM_RANKS = 12
+"""Most ranks kept warm by one pytest process (~250 MB each): a world that would take more
+ends the least recently used ones first (two test processes, ``pytest -n 2``, would
+otherwise keep a world of every size each)."""
+
+
+def _make_room(nprocs: int) -> None:
+    """End the least recently used worlds until one of ``nprocs`` ranks fits."""
+    while _SERVERS and sum(_SERVERS) + nprocs > WARM_RANKS:
+        _SERVERS.pop(next(iter(_SERVERS))).close()
 
 
 def run_command(nprocs: int, args: list[str], env: dict[str, str] | None = None,
@@ -131,9 +143,11 @@ def run_command(nprocs: int, args: list[str], env: dict[str, str] | None = None,
     if not args or (args[0] == "-m" and len(args) < 2):
         raise ValueError(f"run_command needs -m module or a script, got {args}")
     for _ in range(LAUNCH_TRIES):
-        server = _SERVERS.get(nprocs)
+        server = _SERVERS.pop(nprocs, None)
         if server is None or not server.alive:
-            server = _SERVERS[nprocs] = CommandServer(nprocs)
+            _make_room(nprocs)
+            server = CommandServer(nprocs)
+        _SERVERS[nprocs] = server  # the most recently used, last
         res = server.run(list(args), dict(env or {}), timeout, cwd)
         # The launcher's own start-up failure: no rank ran, the command neither (as run_mpi)
         if server.alive or not launcher_failed_to_start(res.output):

@@ -22,10 +22,33 @@ FILE_SECONDS: dict[str, float] = {}
 """Seconds of setup, call and teardown, summed by test file (the terminal summary's table)."""
 
 
+REPORTED_LAUNCHES: list[dict] = []
+"""The launches the test reports carried (``pytest -n``'s workers send them in their reports)."""
+
+_SENT = [0]
+"""How many of this process's ``LAUNCHES`` a report has carried already."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    """Carry the launches made since the last report in this one (a worker's reach the
+    controller that way under ``pytest -n``; without it the same path is taken)."""
+    from tests._mpi import LAUNCHES
+
+    outcome = yield
+    report = outcome.get_result()
+    new, _SENT[0] = LAUNCHES[_SENT[0]:], len(LAUNCHES)
+    if new:
+        report.user_properties.append(("launches", [dict(launch) for launch in new]))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add each phase's time to its test file's total."""
+    """Add each phase's time to its test file's total, and its launches to the table."""
     name = report.nodeid.split("::")[0]
     FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
+    for key, value in report.user_properties:
+        if key == "launches":
+            REPORTED_LAUNCHES.extend(value)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -35,18 +58,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     about 5-7 s of CPU on the 2-core CI machine, so the multi-rank suite's time follows the
     ranks it starts more than the tests it counts: this table says where CI's minutes go.
     """
-    from tests._mpi import LAUNCHES
-
     if FILE_SECONDS:  # every test, launches or not: where the suite's minutes go
         terminalreporter.section("time by test file (slowest 25)")
         for name, secs in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
             terminalreporter.write_line(f"{secs:8.1f} s  {name}")
         terminalreporter.write_line(f"{sum(FILE_SECONDS.values()):8.1f} s  in all "
                                     f"({len(FILE_SECONDS)} files)")
-    if not LAUNCHES:
+    if not REPORTED_LAUNCHES:
         return
     files: dict[str, list[float]] = {}
-    for launch in LAUNCHES:
+    for launch in REPORTED_LAUNCHES:
         row = files.setdefault(launch["test"].split("::")[0] or "?", [0, 0, 0.0])
         row[0] += 1
         row[1] += launch["nprocs"]
