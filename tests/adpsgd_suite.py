@@ -130,7 +130,6 @@ def run_case(topo: World, mode: str, out: Path, setting: dict[str, str],
     record["exchanges"] = algo.thread.exchanges if algo.thread else 0
     record["partners"] = sorted(algo.thread.partners) if algo.thread else []
     record["rounds"] = algo.thread.rounds if algo.thread else 0
-    record["linked"] = algo.thread.channel.linked if algo.thread else 0  # on a host group
     record["wire_bytes"] = algo.metrics()["wire_bytes"]
     record["stale_waits"] = algo.stale_waits
     (out / f"rank{r}.json").write_text(json.dumps(record))

@@ -65,16 +65,15 @@ class GossipThread(threading.Thread):
     the main thread has stepped and applied the previous delta: at most one exchange per step.
 
     The snapshot, the exchange and the delta's arithmetic live in host memory (page-locked
-    with CUDA, allocated once), except where the channel swaps on the device (leaders that
-    share a host, each on its own GPU: NCCL, fp32 wire): then in device buffers, the
-    snapshot a device copy, the delta made on this thread's stream and copied after it.
-    On a GPU the two copies run on a copy stream of their own
-    (:class:`~hadpsgd.comm.copies.CopyStream`): the snapshot is queued under the lock behind
-    the main thread's latest write of the parameters (the weights after its last step, read
-    while the next step computes; its next write waits for the copy, on the device, not on
-    the host), and only this thread sleeps until it has arrived; the delta is uploaded to
-    the device by this thread, and the main thread's stream waits for the upload before it
-    adds it. The main thread wraps its writes of ``flat`` in ``copies.writing()``.
+    with CUDA, allocated once), also between leaders that share a host: this thread
+    launches no NCCL (comm/hostlink.py, *One thread launches NCCL*). On a GPU the two
+    copies run on a copy stream of their own (:class:`~hadpsgd.comm.copies.CopyStream`):
+    the snapshot is queued under the lock behind the main thread's latest write of the
+    parameters (the weights after its last step, read while the next step computes; its
+    next write waits for the copy, on the device, not on the host), and only this thread
+    sleeps until it has arrived; the delta is uploaded to the device by this thread, and the
+    main thread's stream waits for the upload before it adds it. The main thread wraps its
+    writes of ``flat`` in ``copies.writing()``.
 
     A compressed ``wire`` (``bf16``, ``int8``) sends ``encode(w + e)`` and keeps the rounding
     error ``e = (w + e) - decode(own payload)`` for the next exchange (error feedback); the
@@ -125,12 +124,7 @@ class GossipThread(threading.Thread):
         self.copies = copies if copies is not None else CopyStream(flat.device)
         # One extra slot: 1.0 when the snapshot is finite. A non-finite model is never sent;
         # both partners then skip the round, which keeps the pair's deltas opposite.
-        if wire == "fp32" and channel.on_device(flat):
-            # Leaders that share a host swap on the device (NCCL between their GPUs): the
-            # snapshot is a device copy on the copy stream, the delta made on the device.
-            self._send = torch.empty(n + 1, dtype=flat.dtype, device=flat.device)
-            self._recv = torch.empty(n + 1, dtype=flat.dtype, device=flat.device)
-        elif wire == "fp32":
+        if wire == "fp32":
             self._send = self.copies.host(n + 1, flat.dtype)
             self._recv = self.copies.host(n + 1, flat.dtype)
         else:  # the payload's bytes and one flag byte (CHOCO: and "I hold our edge")
@@ -238,7 +232,7 @@ class GossipThread(threading.Thread):
         try:
             bind_thread(self.flat.device)  # else the copy stream's contexts switch to GPU 0
             # A stream of this thread's own: its kernels (the finiteness sum, a device
-            # delta, NCCL's swap) neither wait for training's queued kernels nor hold them.
+            # delta) neither wait for training's queued kernels nor hold them.
             stream = torch.cuda.Stream(self.flat.device) if self.flat.is_cuda else None
             try:
                 with (torch.cuda.stream(stream) if stream is not None

@@ -260,22 +260,6 @@ class TorchIntra(IntraBackend):
         opts.rootRank = root
         self._wait(self.pg.broadcast([t], opts), "broadcast")
 
-    def exchange_(self, send: torch.Tensor, recv: torch.Tensor, peer: int,
-                  what: str = "pair exchange") -> None:
-        """Send ``send`` to group rank ``peer`` and receive its buffer into ``recv``.
-
-        Both sides call it with the other's rank. The lower rank sends first and the higher
-        receives first, so the two never wait for each other's receive (NCCL's point-to-point
-        calls block until matched).
-        """
-        self._admit(send, recv)
-        first, second = ((self.pg.send, send, f"{what} (send)"),
-                         (self.pg.recv, recv, f"{what} (receive)"))
-        if self.rank > peer:
-            first, second = second, first
-        for call, t, label in (first, second):
-            self._wait(call([t], peer, 0), label)
-
     def close(self) -> None:  # noqa: D102
         if self.rank == 0 and self._path and os.path.exists(self._path):
             try:

@@ -18,6 +18,17 @@ through pinned host copies and MPI's shared memory although the GPUs share NVLin
 Every member ends with the same bits: across hosts a sum is made once, then copied; on one
 host NCCL's allreduce gives them (its ring and tree reduce each element once). The plan
 (:func:`plan_host_link`) is pure, so which ranks meet where is tested without a GPU.
+
+*One thread launches NCCL* (issue 59 item 5). NCCL's kernels on different communicators of
+one GPU may deadlock unless every rank launches them in the same order; a background thread
+launching on its own communicator beside the main thread's would interleave differently on
+different ranks (in H-ADPSGD the gradient buckets, the host link and the gossip's swap were
+three communicators from three threads). So only the main thread launches NCCL (and
+autograd's thread during backward, which the main thread waits on): in program order, the
+same on every rank. The exchanges of background threads take MPI, which
+MPI_THREAD_MULTIPLE makes safe from any thread: ADPSGD's gossip swap (also between leaders
+on one host: CUDA-aware MPI, or staged through pinned host buffers) and BMUF's overlapped
+block average; a side channel whose means run on the caller's thread keeps a :meth:`twin`.
 """
 
 from __future__ import annotations
@@ -139,10 +150,10 @@ class HostLink:
     def twin(self, inter: Any, watchdog: Watchdog) -> HostLink:
         """The same link over ``inter``, a duplicate of its communicator (collective).
 
-        A channel whose means run beside the main thread's (BMUF's overlapped block
-        average, :meth:`~hadpsgd.comm.topology.Topology.side_channel`) needs groups of its
-        own, waited on by its own ``watchdog``: two threads' collectives on one NCCL group
-        would interleave differently on different ranks.
+        A channel of its own (:meth:`~hadpsgd.comm.topology.Topology.side_channel` whose
+        means run on the caller's thread) needs groups of its own, waited on by its own
+        ``watchdog``; a channel driven by a background thread gets none (the module's text,
+        *One thread launches NCCL*).
         """
         inter_ranks, hosts, factory = self.plan  # type: ignore[misc] - set by build
         return HostLink.build(inter, watchdog, inter_ranks, hosts, self.kind, self.name,
@@ -171,10 +182,6 @@ class HostLink:
             mpi_sum(self.leaders, t, f"{what} between hosts", self.leader_ranks)
         if local is not None:
             local.bcast_(t, root=0)
-
-    def pairs(self, send: torch.Tensor, peer: int) -> bool:
-        """Whether a pair exchange of ``send`` with inter rank ``peer`` takes the host group."""
-        return self.local is not None and self.takes(send) and peer in self.members
 
     def communicators(self) -> list[Any]:
         """The MPI communicators this link waits on (a failure revokes them)."""

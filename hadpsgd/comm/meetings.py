@@ -167,14 +167,8 @@ class ThreadPairChannel:
         self.rank, self.size = group.members.index(rank), len(group.members)
         self.world_ranks = list(group.members)
         self.watchdog = _Watchdog(timeout)
-        self.linked = 0
-        """Exchanges that took a host group (none here: for the tests' counts)."""
         self._boxes: _Mailboxes = _made_together(group, rank, _Mailboxes, "pair channel set-up")
         self._barriers = 0
-
-    def on_device(self, t: torch.Tensor) -> bool:
-        """No host groups here."""
-        return False
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int = 0,
                  what: str | None = None, progress: Callable[[], None] | None = None) -> None:

@@ -19,7 +19,6 @@ import torch
 
 from hadpsgd.comm.counter import OwnedSlots
 from hadpsgd.comm.deadline import Watchdog
-from hadpsgd.comm.hostlink import HostLink
 from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager, wait_device
 
@@ -47,13 +46,10 @@ class PairChannel:
         world_ranks: World rank of each of ``comm``'s ranks (for error messages).
         cuda_aware: Whether MPI accepts device buffers.
         stager: Host buffers for device tensors (a channel's own: it may run in a thread).
-        link: Groups of the channel's ranks that share a host (its own, NCCL): exchanges
-            between two of them, of the tensors it takes, go there; None: MPI throughout.
     """
 
     def __init__(self, comm: Any, watchdog: Watchdog, world_ranks: list[int],
-                 cuda_aware: bool = False, stager: Stager | None = None,
-                 link: HostLink | None = None) -> None:
+                 cuda_aware: bool = False, stager: Stager | None = None) -> None:
         self.comm = comm
         self.watchdog = watchdog
         self.world_ranks = world_ranks
@@ -62,13 +58,6 @@ class PairChannel:
         self.cuda_aware = cuda_aware
         self.stager = stager or Stager()
         self._landed: Any = None  # the last staged receive's copy onto the device (an event)
-        self.link = link
-        self.linked = 0
-        """Exchanges that took the host group (for tests and the log)."""
-
-    def on_device(self, t: torch.Tensor) -> bool:
-        """Whether exchanges of tensors like ``t`` may stay on the device (a host group)."""
-        return self.link is not None and self.link.local is not None and self.link.takes(t)
 
     def _wire(self, t: torch.Tensor, slot: int) -> tuple[Any, torch.Tensor | None]:
         """What MPI sends from / receives into for ``t``, and the host copy if one is used."""
@@ -96,14 +85,6 @@ class PairChannel:
         """
         if send.numel() != recv.numel() or send.dtype != recv.dtype:
             raise ValueError("exchange: send and recv must have the same size and dtype")
-        link = self.link
-        if link is not None and link.pairs(send, peer):
-            # Both ends on this host, each on its own GPU: NCCL's point-to-point calls on
-            # the current stream, under this channel's deadline (its watchdog).
-            link.local.exchange_(send, recv, link.members.index(peer),  # type: ignore[union-attr]
-                                 what or f"pair exchange with rank {self.world_ranks[peer]}")
-            self.linked += 1
-            return
         sbuf, shost = self._wire(send, slot=3)
         rbuf, rhost = self._wire(recv, slot=4)
         if self._landed is not None:  # MPI overwrites the host buffer the last copy read

@@ -419,10 +419,9 @@ class Topology:
         """
         control, pairs = self._track(*self._dup("pair channel", self.comm, self.inter))
         watchdog = self._channel_watchdog(control, thread_multiple=True)
-        # The leaders' exchanges between super-learners that share a host take NCCL groups
-        # of the channel's own (every leader builds them: one agreed layout).
-        link = self._twin(pairs, watchdog) if self.local_rank == 0 else None
-        return PairChannel(pairs, watchdog, self.inter_ranks, self.cuda_aware, link=link)
+        # MPI only, also between super-learners that share a host: the gossip thread
+        # launches no NCCL (comm/hostlink.py: *One thread launches NCCL*).
+        return PairChannel(pairs, watchdog, self.inter_ranks, self.cuda_aware)
 
     def side_channel(self, wire: str = "fp32", background: bool = True) -> SideChannel:
         """A private cross-node channel whose reductions may run beside the main thread's.
@@ -437,12 +436,14 @@ class Topology:
         intra = (self._track(*self._dup("side channel", self.intra))[0]
                  if self.local_size > 1 else None)
         watchdog = self._channel_watchdog(control, self.thread_multiple)
+        threaded = background and self.thread_multiple
         # Super-learners of one that share a host: the channel's fp32 means take NCCL groups
-        # of its own (the same layout agreed at start-up, so every member builds it).
-        link = (self._twin(inter, watchdog) if wire == "fp32" and max(self.node_sizes) == 1
-                else None)
-        return SideChannel(inter, watchdog, self.inter_ranks,
-                           wire, background and self.thread_multiple,
+        # of its own (the same layout agreed at start-up, so every member builds it), but
+        # only where they run on the caller's thread (comm/hostlink.py: *One thread launches
+        # NCCL*).
+        link = (self._twin(inter, watchdog)
+                if wire == "fp32" and max(self.node_sizes) == 1 and not threaded else None)
+        return SideChannel(inter, watchdog, self.inter_ranks, wire, threaded,
                            intra=intra, node_ranks=self.node_ranks, link=link)
 
     def _channel_watchdog(self, control: Any, thread_multiple: bool) -> Watchdog:

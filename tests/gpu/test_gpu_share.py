@@ -4,7 +4,7 @@ Needs two GPUs, or one in the shared-GPU test mode (``HADPSGD_SHARE_GPU``: each 
 its own, NCCL over sockets on loopback; ``scripts/gpu_check.sh --part 3``), so that the
 NCCL paths the machines lent here never ran (issue 59) run on one GPU: NCCL inside a node
 (SSGD's gradient buckets on the bf16 wire) and NCCL between super-learners that share a host
-(BMUF's overlapped block averages through the side channel's twin groups). Each is checked
+(BMUF's block averages on the host link, blocking and overlapped). Each is checked
 against the same run with MPI on that leg: the same losses to rounding. Timings in the
 shared mode mean nothing and are not read.
 """
@@ -54,11 +54,13 @@ def test_ssgd_over_nccl_inside_a_node_follows_the_mpi_route(tiny_data, tmp_path)
     assert nccl == pytest.approx(mpi, rel=2e-3)
 
 
-def test_bmuf_overlapped_over_the_host_link_follows_mpi_between_nodes(tiny_data, tmp_path):
-    """Two super-learners of one rank on one host: the block averages (overlapped, in the
-    side channel's thread) on the host link's NCCL group against HADPSGD_HOST_LINK=0."""
+@pytest.mark.parametrize("overlap", [[], ["--bmuf-overlap"]], ids=["blocking", "overlapped"])
+def test_bmuf_over_the_host_link_follows_mpi_between_nodes(overlap, tiny_data, tmp_path):
+    """Two super-learners of one rank on one host: the block averages on the host link's NCCL
+    group (blocking, on the main thread; overlapped, the side channel's thread takes MPI,
+    only the main thread launching NCCL) against HADPSGD_HOST_LINK=0."""
     out, nccl, mpi = _pair(tiny_data, tmp_path, ["--algo", "bmuf", "--ranks-per-node", "1",
-                                                 "--sync-period", "3", "--bmuf-overlap"],
+                                                 "--sync-period", "3", *overlap],
                            {}, {"HADPSGD_HOST_LINK": "0"}, [])
     assert "nccl between super-learners of one host" in out, out[-3000:]
     assert len(nccl) == len(mpi) > 4

@@ -125,15 +125,13 @@ def test_gossip_conserves_mass(n, per_node, graph, case_records):
 
 
 @pytest.mark.parametrize(("n", "per_node", "hosts"), [(4, 1, "2"), (4, 2, "1")])
-def test_gossip_between_leaders_of_one_host_takes_the_host_group(n, per_node, hosts, tmp_path):
-    # Issue 44 item 3: leaders whose super-learners share a host swap on the host's group of
-    # the gossip's own channel (NCCL between their GPUs; gloo stands in here, the same
-    # TorchIntra calls), across hosts over MPI. 4 super-learners of 1 on 2 hosts: ring
-    # neighbours 0-1 and 2-3 share a host, 1-2 and 3-0 do not; 2 of 2 on one host (H-ADPSGD).
-    # Gossip still conserves the replicas' sum, and exactly the exchanges with a host-mate
-    # took the host group. Which neighbours pair is the board's race: on 2 hosts a ring can
-    # settle into the crossing pairs 1-2 and 3-0 for every round (seen on CI), so the count
-    # is checked against each leader's own partners, not assumed to be above 0.
+def test_gossip_between_leaders_of_one_host_stays_on_mpi(n, per_node, hosts, tmp_path):
+    # Issue 59 item 5: the gossip thread launches no NCCL. Leaders whose super-learners share
+    # a host, with the host group built between them (NCCL on GPUs; gloo stands in here),
+    # still swap over the gossip channel's MPI communicator: the main thread alone launches
+    # on NCCL, in program order, the same on every rank. 4 super-learners of 1 on 2 hosts
+    # (ring neighbours 0-1 and 2-3 share a host), 2 of 2 on one host (H-ADPSGD). Gossip
+    # still conserves the replicas' sum and the replicas are identical within a super-learner.
     env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
            "ADPSGD_TEST_STEPS": "30", "HOST_LINK_HOSTS": hosts}
     res = run_worker(n, "gossip_link", "conserve", str(tmp_path), env=env)
@@ -141,17 +139,11 @@ def test_gossip_between_leaders_of_one_host_takes_the_host_group(n, per_node, ho
     recs = _records(tmp_path, n)
     _assert_conserved(recs)
     assert all(x["identical"] for x in recs)
-    nodes, per_host = n // per_node, -(-(n // per_node) // int(hosts))
-    counts = re.findall(r"gossip rank (\d+) linked (\d+) mpi (-?\d+) partners (\{.*\})",
-                        res.stdout)
-    assert len(counts) == nodes, res.stdout
-    for rank, linked, mpi, partners in counts:
-        node = int(rank) // per_node
-        swaps = {int(p): k for p, k in json.loads(partners).items()}
-        mates = sum(k for p, k in swaps.items() if p // per_host == node // per_host)
-        assert (int(linked), int(mpi)) == (mates, sum(swaps.values()) - mates), res.stdout
-    if hosts == "1":
-        assert all(int(linked) > 0 and int(mpi) == 0 for _, linked, mpi, _ in counts), res.stdout
+    said = re.findall(r"gossip rank \d+ host link (\w+) channel MPI (\w+) rounds (\d+)",
+                      res.stdout)
+    assert len(said) == n // per_node, res.stdout  # every leader
+    assert all(link == "True" and mpi == "True" for link, mpi, _ in said), res.stdout
+    assert sum(int(rounds) for _, _, rounds in said) > 0, res.stdout
 
 
 @pytest.mark.parametrize(("n", "per_node"), [(4, 2), (8, 2)])

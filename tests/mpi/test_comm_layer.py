@@ -130,7 +130,8 @@ def test_cross_node_leg_cut_by_host(nprocs, per_node, hosts):
     assert len(calls) == nprocs and calls[0] > 0, res.stdout
     if hosts != "1":
         assert "leader True" in res.stdout and "between hosts" in res.stdout
-    if per_node == "1":  # the overlapped block average's channel: a twin link of its own
+    if per_node == "1":  # the block average's channel: a twin link of its own on the caller's
+        # thread, MPI where its background thread runs the means (one thread launches NCCL)
         assert res.stdout.count("ok True") == nprocs, res.stdout
 
 

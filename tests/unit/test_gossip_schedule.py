@@ -44,9 +44,6 @@ class Channel:
     def board(self, slots: int) -> Board:
         return self._board
 
-    def on_device(self, t: torch.Tensor) -> bool:
-        return False  # no host group: the gossip's buffers are host ones
-
 
 def test_neighbours_on_rings():
     assert neighbours(0, 1) == []

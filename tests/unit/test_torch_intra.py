@@ -174,18 +174,3 @@ def test_a_join_can_leave_its_host_wait_to_settle():
     backend.join()  # the default: the host waits at once, nothing left owed
     backend.settle()
     assert group.calls[2:] == [("host wait", "gradient allreduce", False)]
-
-
-def test_a_pair_exchange_sends_first_from_the_lower_rank():
-    # NCCL's point-to-point calls block until matched: the lower rank sends, then receives,
-    # the higher receives, then sends, so the two never both wait in a send.
-    for rank, peer, want in ((0, 1, ["send", "recv"]), (1, 0, ["recv", "send"])):
-        backend, group = _nccl()
-        backend.rank = rank
-        group.send = lambda t, dst, tag, g=group: g.calls.append(("send", dst)) or "sent"
-        group.recv = lambda t, src, tag, g=group: g.calls.append(("recv", src)) or "received"
-        waited: list[str] = []
-        backend._wait = lambda work, what, w=waited: w.append(work)
-        backend.exchange_(torch.zeros(2), torch.zeros(2), peer)
-        assert [c[0] for c in group.calls] == want and all(c[1] == peer for c in group.calls)
-        assert waited == [{"send": "sent", "recv": "received"}[k] for k in want]

@@ -3,8 +3,9 @@
 :func:`install` wraps ``comm.init`` so that, once a topology is built, a
 :class:`~hadpsgd.comm.hostlink.HostLink` whose host groups are gloo groups (NCCL's twin,
 :class:`~hadpsgd.comm.backends.TorchIntra`) takes every host tensor's cross-node leg, as
-NCCL takes device tensors where super-learners share a GPU host; the channels made after it
-(the side channel, the gossip's pair channel) build their own twins from it. ``hosts``
+NCCL takes device tensors where super-learners share a GPU host; a side channel made after
+it whose means run on the caller's thread builds its own twin from it (a background thread's
+channel, and the gossip's, take MPI: one thread launches NCCL). ``hosts``
 spreads the super-learners over that many pretend hosts, nodes in consecutive blocks.
 """
 

@@ -2,8 +2,9 @@
 
 See ``_standin.py``: ``HOST_LINK_HOSTS=k`` spreads the super-learners over k pretend hosts,
 so the host leaders' MPI leg runs too. With super-learners of one, the side channel of
-BMUF's overlapped average gets its own twin link, checked first. Prints ``link rank r ...``
-(and ``side rank r ok True``).
+BMUF's block average gets its own twin link where its means run on the caller's thread, and
+none where a background thread runs them (only one thread launches NCCL: comm/hostlink.py),
+checked first. Prints ``link rank r ...`` (and ``side rank r ok True``).
 """
 
 import os
@@ -19,13 +20,16 @@ import _standin  # noqa: E402 - the workers' folder, above
 def side_channel(topo: object) -> None:
     if max(topo.node_sizes) > 1:  # BMUF-Adam's layout only: the overlapped average's channel
         return
-    side = topo.side_channel("fp32", background=True)
-    t = torch.full((1001,), float(topo.node + 1))  # the mean of 1..N: exact in fp32
-    side.wait(side.submit(lambda: side.mean_("pack", t), "side mean", uses=[t]))
-    ok = (side.link is not None and side.link.calls == 1
-          and torch.equal(t, torch.full_like(t, (topo.num_nodes + 1) / 2)))
+    ok = True
+    for background in (False, True):
+        side = topo.side_channel("fp32", background=background)
+        t = torch.full((1001,), float(topo.node + 1))  # the mean of 1..N: exact in fp32
+        side.wait(side.submit(lambda s=side, t=t: s.mean_("pack", t), "side mean", uses=[t]))
+        linked = side.link is not None and side.link.calls == 1
+        ok &= (linked != side.background  # the twin on the caller's thread, MPI beside it
+               and torch.equal(t, torch.full_like(t, (topo.num_nodes + 1) / 2)))
+        side.close()
     print(f"side rank {topo.rank} ok {ok}", flush=True)
-    side.close()
 
 
 _standin.install(int(os.environ.get("HOST_LINK_HOSTS", "1")), after=side_channel)
