@@ -10,9 +10,14 @@ through pinned host copies and MPI's shared memory although the GPUs share NVLin
 - the members of the inter-node communicator on this host sum over a torch.distributed
   group of their own (NCCL on GPUs; any :class:`~hadpsgd.comm.backends.TorchIntra`, gloo in
   the CPU tests);
-- where the communicator spans several hosts, the first member on each host (its host
-  leader) carries the host's sum to the other hosts' leaders over MPI, then shares the
-  result on its host (reduce, MPI allreduce, broadcast);
+- where the communicator spans several hosts with as many members on each (the usual
+  8-GPU hosts), in the shard form: the host group reduce-scatters, each member sums its
+  shard over MPI with the members of the same place on the other hosts (every rank's NIC
+  carries a share, as the hierarchical reducer's shard form does), and the host group
+  allgathers the sums (issue 59 item 7);
+- where the hosts hold different numbers of members, the first member on each host (its
+  host leader) carries the host's sum to the other hosts' leaders over MPI, then shares
+  the result on its host (reduce, MPI allreduce, broadcast);
 - where it lies on one host, that is one allreduce.
 
 Every member ends with the same bits: across hosts a sum is made once, then copied; on one
@@ -97,6 +102,9 @@ class HostLink:
         calls: Sums made through it (for tests and the log).
         members: This host group's members, by rank in the inter-node communicator (a
             member's rank in ``local`` is its index here).
+        shards: MPI communicator of the members at this member's place on every host (the
+            shard form), or None (one host, or hosts with different numbers of members).
+        shard_ranks: World ranks in ``shards``.
         plan: How it was built (``inter_ranks``, host of each member, factory): a
             :meth:`twin` over a duplicate communicator repeats it.
     """
@@ -110,6 +118,8 @@ class HostLink:
     calls: int = 0
     members: list[int] = field(default_factory=list)
     plan: tuple[list[int], list[Any], Factory] | None = None
+    shards: Any = None
+    shard_ranks: list[int] = field(default_factory=list)
 
     @classmethod
     def build(cls, inter: Any, watchdog: Watchdog, inter_ranks: list[int],
@@ -139,13 +149,21 @@ class HostLink:
         else:
             local.Free()  # alone on its host: its leg is the host leaders' MPI call
         leaders, leader_ranks = None, [inter_ranks[groups.index(g)] for g in range(count)]
-        if count > 1:
+        shards, shard_ranks = None, []
+        sizes = {groups.count(g) for g in range(count)}
+        if count > 1 and len(sizes) == 1 and sizes != {1}:  # equal host groups: shard form
+            place = members.index(me)
+            with watchdog.guard("super-learners' shard communicator (Split)", inter_ranks):
+                shards = inter.Split(color=place, key=me)
+            shard_ranks = [inter_ranks[[i for i, g in enumerate(groups) if g == h][place]]
+                           for h in range(count)]
+        elif count > 1:
             with watchdog.guard("super-learners' host leaders' communicator (Split)",
                                 inter_ranks):
                 split = inter.Split(color=0 if first else MPI.UNDEFINED, key=me)
             leaders = split if first else None
         return cls(backend, leaders, leader_ranks, kind, name, count, members=members,
-                   plan=(inter_ranks, hosts, factory))
+                   plan=(inter_ranks, hosts, factory), shards=shards, shard_ranks=shard_ranks)
 
     def twin(self, inter: Any, watchdog: Watchdog) -> HostLink:
         """The same link over ``inter``, a duplicate of its communicator (collective).
@@ -176,6 +194,9 @@ class HostLink:
         if self.hosts == 1:
             local.allreduce_(t)  # type: ignore[union-attr] # one host: a group of >= 2
             return
+        if self.shards is not None and local is not None:
+            self._shard_allreduce_(local, t, what, mpi_sum)
+            return
         if local is not None:
             local.reduce_(t, root=0)
         if self.leaders is not None:
@@ -183,9 +204,31 @@ class HostLink:
         if local is not None:
             local.bcast_(t, root=0)
 
+    def _shard_allreduce_(self, local: IntraBackend, t: torch.Tensor, what: str,
+                          mpi_sum: MpiSum) -> None:
+        """The shard form: reduce-scatter on the host, each shard over MPI, allgather.
+
+        ``t`` is padded with zeros to a multiple of the host group's size (a copy only where
+        it is not one already); each element is summed once on its host and once across
+        the hosts, then copied, so every member ends with the same bits.
+        """
+        size = local.size
+        shard = -(-t.numel() // size)
+        padded = t
+        if shard * size != t.numel():
+            padded = torch.zeros(shard * size, dtype=t.dtype, device=t.device)
+            padded[:t.numel()].copy_(t)
+        mine = torch.empty(shard, dtype=t.dtype, device=t.device)
+        local.reduce_scatter_(padded, mine)
+        mpi_sum(self.shards, mine, f"{what} between hosts (shard {local.rank} of {size})",
+                self.shard_ranks)
+        local.allgather_(mine, padded)
+        if padded is not t:
+            t.copy_(padded[:t.numel()])
+
     def communicators(self) -> list[Any]:
         """The MPI communicators this link waits on (a failure revokes them)."""
-        found = [self.leaders] if self.leaders is not None else []
+        found = [x for x in (self.leaders, self.shards) if x is not None]
         if self.local is not None:
             found.append(self.local.comm)
         return found

@@ -153,7 +153,8 @@ class Topology:
         link = self.reducer.host_link
         if link is not None and link.kind == self.device.type:
             cross = f"{link.name} between super-learners of one host" + (
-                f", MPI ({inter}) between hosts" if link.hosts > 1 else "")
+                f", MPI ({inter}) between hosts" if link.hosts > 1 else "") + (
+                " (each member its shard)" if link.shards is not None else "")
         nodes = f"{kind}node{'s' if self.num_nodes != 1 else ''}"
         line = (f"{self.size} learner{'s' if self.size != 1 else ''} on {self.num_nodes} "
                 f"{nodes} {self.node_sizes}, "

@@ -37,5 +37,6 @@ sys.argv = [os.path.join(os.path.dirname(__file__), "comm_ops.py")]
 done = runpy.run_path(sys.argv[0], run_name="__main__")
 link = _standin.made[0]
 print(f"link rank {done['r']} hosts {link.hosts} calls {link.calls} "
-      f"group {link.local.size if link.local else 1} leader {link.leaders is not None}",
+      f"group {link.local.size if link.local else 1} leader {link.leaders is not None} "
+      f"shard {link.shards is not None}",
       flush=True)
