@@ -165,9 +165,36 @@ class Topology:
         if sites:
             line += (f"; each node spans {sites} hosts: a site, with its mean inside it "
                      "and the algorithm between sites")
+        groups = self.torch_groups()
+        if groups:
+            kinds = sorted({kind for kind, _ in groups})
+            line += (f"; {len(groups)} torch.distributed group{'s' if len(groups) != 1 else ''}"
+                     f" on this rank ({', '.join(kinds)}: "
+                     f"{', '.join(what for _, what in groups)})")
         if self.placement:
             line += f"; ranks: {self.placement}"
         return line
+
+    def torch_groups(self) -> list[tuple[str, str]]:
+        """The torch.distributed groups this rank holds now (NCCL communicators on GPUs).
+
+        Each NCCL communicator takes device memory of its own (0.5-1.6 GB with NVLink
+        SHARP), so the start-up line counts them: (backend, what it carries) pairs. Only
+        the main thread launches on them (comm/hostlink.py: *One thread launches NCCL*).
+        """
+        found: list[tuple[str, str]] = []
+        seen: set[int] = set()
+        r = self.reducer
+        candidates = [(r.intra, "node"), (r.device_intra, "node's device tensors")]
+        links = [r.host_link, *self._links]
+        candidates += [(link.local, "host link" if i == 0 else "a channel's host link")
+                       for i, link in enumerate(links) if link is not None]
+        for backend, what in candidates:
+            if backend is None or getattr(backend, "pg", None) is None or id(backend) in seen:
+                continue
+            seen.add(id(backend))
+            found.append((backend.name, what))
+        return found
 
     def sites(self) -> str | None:
         """Hosts per super-learner where emulated nodes span several hosts, else None.
