@@ -173,37 +173,61 @@ class Reducer:
         """Start the mean of device tensor ``t`` over ``scope`` without waiting, if possible.
 
         Possible when the whole route is one NCCL allreduce (``intra``, or ``world`` in a
-        one-node world): it runs on NCCL's stream while the caller's stream goes on, and
+        one-node world, or ``world`` of super-learners of one that all share a host: the
+        host link's group, issue 59 item 7): it runs on NCCL's stream while the caller's
+        stream goes on, and
         :meth:`join_deferred` ends it. Anything else (an MPI leg, staging) must wait and is
         left to the caller (False): the gradient buckets' background thread then runs it on
         its own stream (:class:`~hadpsgd.comm.streams.ReadyEvents`), where NCCL and the
         copies wait for that bucket only and the host waits only for that stream's events.
         """
-        if not (t.is_cuda and self.deferrable(scope)):
+        group = self._deferring(scope) if t.is_cuda else None
+        if group is None:
             return False
-        self.device_intra.allreduce_deferred_(t, avg=True)  # type: ignore[union-attr]
+        group.allreduce_deferred_(t, avg=True)  # type: ignore[attr-defined]
         return True
+
+    def _deferring(self, scope: str) -> IntraBackend | None:
+        """The NCCL group whose one allreduce is the whole mean over ``scope``, or None."""
+        if self.local_size > 1:
+            dev = self.device_intra
+            whole = scope == "intra" or (scope == "world" and self.num_nodes == 1)
+            return dev if whole and hasattr(dev, "allreduce_deferred_") else None
+        link = self.host_link  # super-learners of one: the world is ``inter``
+        group = link.local if link is not None and link.hosts == 1 else None
+        if (scope == "world" and self.num_nodes > 1 and group is not None
+                and group.size == self.num_nodes and hasattr(group, "allreduce_deferred_")):
+            return group
+        return None
 
     def deferrable(self, scope: str) -> bool:
         """Whether :meth:`mean_deferred_` takes a device tensor over ``scope``.
 
         Ask first where the tensor to send is a copy made for it (a bf16 cast).
         """
-        dev = self.device_intra
-        return (dev is not None and hasattr(dev, "allreduce_deferred_")
-                and (scope == "intra" or (scope == "world" and self.num_nodes == 1))
-                and self.local_size > 1)
+        return self._deferring(scope) is not None
+
+    def _deferred_groups(self) -> list[Any]:
+        """The groups a deferred mean may be pending on (the node's, the host link's)."""
+        link = self.host_link
+        found = [self.device_intra, link.local if link is not None else None]
+        return [g for i, g in enumerate(found) if g is not None and g not in found[:i]]
 
     def join_deferred(self, host_wait: bool = True) -> None:
         """Make the current stream wait for every deferred mean (one host wait, or owed)."""
-        join = getattr(self.device_intra, "join", None)
-        if join is not None:
-            join(host_wait=host_wait)
+        for group in self._deferred_groups():
+            join = getattr(group, "join", None)
+            if join is not None:
+                join(host_wait=host_wait)
 
     def settle_deferred(self) -> bool:
         """Make the host wait that :meth:`join_deferred` left owed, if any; whether it did."""
-        settle = getattr(self.device_intra, "settle", None)
-        return bool(settle()) if settle is not None else False
+        settled = False
+        for group in self._deferred_groups():
+            settle = getattr(group, "settle", None)
+            if settle is not None and settle():
+                settled = True
+        return settled
 
     # ------------------------------------------------------------------ direct path
     def _plan(self, scope: str) -> Direct | None:

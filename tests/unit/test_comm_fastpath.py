@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -340,3 +341,48 @@ def test_a_wait_during_which_this_rank_was_stopped_knows_it():
     assert stalled_for() < 0.04  # checked every millisecond or so
     assert not poll(lambda: time.sleep(0.3) or False, 0.2)  # one check took 0.3 s
     assert stalled_for() >= 0.29
+
+
+class DeferringGroup:
+    """An NCCL group's deferral calls, logged (what NCCLIntra's join and settle do)."""
+
+    def __init__(self, size: int, log: list[str], name: str) -> None:
+        self.size, self.log, self.name = size, log, name
+
+    def allreduce_deferred_(self, t: torch.Tensor, avg: bool = True) -> None:
+        self.log.append(f"{self.name} deferred")
+
+    def join(self, host_wait: bool = True) -> None:
+        self.log.append(f"{self.name} join host_wait={host_wait}")
+
+    def settle(self) -> bool:
+        self.log.append(f"{self.name} settle")
+        return self.name == "host link"
+
+
+def test_the_world_mean_of_super_learners_of_one_on_one_host_defers_on_the_host_link():
+    # Issue 59 item 7: with super-learners of one GPU all on one host the world's mean is
+    # the host link's one NCCL allreduce, so it defers as the node's does (backward runs on
+    # while NCCL reduces); across hosts (an MPI leg) or with several learners a node it
+    # does not, and the node's own deferral is unchanged.
+    log: list[str] = []
+    red, _, _ = make([1, 1, 1, 1])
+    assert not red.deferrable("world")  # no host link
+    red.host_link = SimpleNamespace(hosts=1, local=DeferringGroup(4, log, "host link"))
+    assert red.deferrable("world") and not red.deferrable("intra")
+    assert red._deferring("world") is red.host_link.local
+    red.join_deferred(host_wait=False)
+    assert red.settle_deferred() is True
+    assert log == ["host link join host_wait=False", "host link settle"]
+    red.host_link = SimpleNamespace(hosts=2, local=DeferringGroup(2, log, "host link"))
+    assert not red.deferrable("world")  # two hosts: the leaders' MPI leg must wait
+    red.host_link = SimpleNamespace(hosts=1, local=None)
+    assert not red.deferrable("world")
+    node, _, _ = make([2, 2])
+    node.device_intra = DeferringGroup(2, log, "node")
+    node.host_link = SimpleNamespace(hosts=1, local=DeferringGroup(2, log, "host link"))
+    assert node.deferrable("intra") and not node.deferrable("world")
+    assert node._deferring("intra") is node.device_intra
+    one, _, _ = make([4])
+    one.device_intra = DeferringGroup(4, log, "node")
+    assert one.deferrable("world")  # one node: its allreduce is the world's
