@@ -22,29 +22,6 @@ FILE_SECONDS: dict[str, float] = {}
 """Seconds of setup, call and teardown, summed by test file (the terminal summary's table)."""
 
 
-LONGEST_FIRST = ("test_elastic", "test_comm_layer", "test_faults", "test_adpsgd",
-                 "test_many_ranks", "test_resume", "test_startup_deadline", "test_run_cli",
-                 "test_two_hosts", "test_exit_contract", "test_bad_input", "test_sites")
-"""The multi-rank files that took longest in CI (pytest's table), in that order."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, then the other multi-rank ones, then the rest as collected.
-
-    ``pytest -n 2`` (scripts/test.sh) hands whole files to its processes in this order: a
-    long file handed out last would run alone at the end while the other process idles
-    (longest processing time first; a stale list costs time, never a test).
-    """
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::")[0]
-        if not path.startswith("tests/mpi/"):
-            return len(LONGEST_FIRST) + 1
-        stem = path.removeprefix("tests/mpi/").removesuffix(".py")
-        return LONGEST_FIRST.index(stem) if stem in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: the collected order within each rank
-
-
 REPORTED_LAUNCHES: list[dict] = []
 """The launches the test reports carried (``pytest -n``'s workers send them in their reports)."""
 

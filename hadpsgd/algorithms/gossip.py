@@ -231,8 +231,8 @@ class GossipThread(threading.Thread):
     def run(self) -> None:  # noqa: D102
         try:
             bind_thread(self.flat.device)  # else the copy stream's contexts switch to GPU 0
-            # A stream of this thread's own: its kernels (the finiteness sum, a device
-            # delta) neither wait for training's queued kernels nor hold them.
+            # A stream of this thread's own: its kernels (the closing delta's add) neither
+            # wait for training's queued kernels nor hold them.
             stream = torch.cuda.Stream(self.flat.device) if self.flat.is_cuda else None
             try:
                 with (torch.cuda.stream(stream) if stream is not None

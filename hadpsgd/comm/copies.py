@@ -109,10 +109,7 @@ class CopyStream:
         """
         if not self.cuda:
             return dst.copy_(host)
-        caller = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.stream):
-            if host.is_cuda:  # made on the caller's stream (a delta on the device): after it
-                self.stream.wait_stream(caller)
             dst.copy_(host, non_blocking=True)
         self._put.record(self.stream)
         if dst.is_cuda:

@@ -1,6 +1,6 @@
 """The lab's and the benchmarks' own tests (``lab/``, ``benchmarks/``): marked ``lab`` and
-run apart from the product's suite (``bash scripts/test.sh tests/lab``; CI runs them as a
-step of their own after it). Their hang guards and deadlines allow minutes where a job takes
+run apart from the product's suite (``bash scripts/test.sh tests/lab``; CI runs them after
+it, beside the MPICH subset). Their hang guards and deadlines allow minutes where a job takes
 seconds here: a loaded or slower machine must not fail them. Their multi-rank tests are
 marked ``mpi`` as well."""
 
