@@ -1,8 +1,9 @@
 """``--config FILE``: options from a JSON file with the sections of ``config.json``.
 
-A run's ``config.json`` can be given back as it is: its sections (``data``, ``model``,
-``optim``, ``train``, ``algo``, ``comm``) hold the options by their field names, and what is
-not an option (``world``, ``provenance``) is skipped. Options given on the command line win
+A run's ``config.json`` can be given back as it is: its sections (:data:`SECTIONS`) hold the
+options by their field names, and what is not an option (``world``, ``provenance``) is
+skipped; a file written before an option moved section holds it in its former one, and is
+read as it was (``former``). Options given on the command line win
 over the file; the file wins over the defaults and over an algorithm's recipe.
 """
 
@@ -18,7 +19,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from hadpsgd.cli import MAX_INT, ConfigError
 
-SECTIONS = ("data", "model", "optim", "train", "algo", "comm")
+SECTIONS = ("data", "model", "optim", "train", "checkpoint", "failure", "precision", "algo",
+            "comm")
 """The sections of ``config.json`` that hold options."""
 SKIPPED = ("world", "provenance")
 """Top-level keys of ``config.json`` that record the run rather than configure it."""
@@ -80,7 +82,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any],
-                     sections: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     sections: Mapping[str, str] | None = None,
+                     former: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The options in the JSON file ``path``, flattened to ``{field name: value}``.
 
     Args:
@@ -89,6 +92,8 @@ def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any],
             to its type, every value is checked against it (:func:`checked_value`).
         sections: Every option's section (``lr`` -> ``optim``); given, an option in another
             section than its own is refused.
+        former: The section an option was in before it moved (``precision`` -> ``train``),
+            where an older ``config.json`` holds it: accepted there too.
 
     Raises:
         ConfigError: For a missing or malformed file, a key that is no option, or a value of
@@ -124,14 +129,17 @@ def read_config_file(path: str, options: Iterable[str] | Mapping[str, Any],
                 raise ConfigError(f"--config {path}: {key}.{name} is no option of "
                                   "python -m hadpsgd.run (see --print-config for the keys)")
             own = sections.get(name, key) if sections is not None else key
-            if key in SECTIONS and isinstance(value, dict) and own != key:
+            moved = former is not None and former.get(name) == key
+            if key in SECTIONS and isinstance(value, dict) and own != key and not moved:
                 raise ConfigError(f"--config {path}: {key}.{name} belongs to the section "
                                   f"{own}: move it to {own}.{name}")
             if name in flat:
                 raise ConfigError(f"--config {path}: {name} is given twice (flat and in its "
                                   f"section {own}); keep one")
             if isinstance(options, Mapping):
-                where = f"--config {path}: {key}.{name}" if key != name else (
+                # "precision" is a section and an option: its object holds precision.precision
+                in_section = key in SECTIONS and isinstance(value, dict)
+                where = f"--config {path}: {key}.{name}" if in_section else (
                     f"--config {path}: {name}")
                 try:
                     val = checked_value(where, val, options[name])

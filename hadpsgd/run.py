@@ -59,15 +59,15 @@ USER_ERRORS = (ConfigError, FeatureFileError, FileNotFoundError, comm.TopologyEr
 
 def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
     """Every part, and the resumed state if asked for; then the start-up lines."""
-    if cfg.train.resume:
+    if cfg.checkpoint.resume:
         with topo.startup("resume layout check"):
             check_layout(cfg, topo)  # another -np or layout: refused before anything is written
     with topo.startup("set-up"):  # build_trainer names its own phases inside
         trainer = build_trainer(cfg, topo)
     if topo.rank == 0:  # the run directory stands: rank 0's console goes to train.log too
-        CONSOLE.attach(trainer.ckpt_dir.parent, f"resume (--resume {cfg.train.resume})"
-                       if cfg.train.resume else "start")
-    if cfg.train.resume:
+        CONSOLE.attach(trainer.ckpt_dir.parent, f"resume (--resume {cfg.checkpoint.resume})"
+                       if cfg.checkpoint.resume else "start")
+    if cfg.checkpoint.resume:
         with topo.startup("resume"):
             resume(trainer, cfg, topo)
     clock.mark("data, model and algorithm")
@@ -83,7 +83,7 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
         if short:
             print(f"[hadpsgd] note: {short}", flush=True)
         print(f"[hadpsgd] {startup_line(*map(list, zip(*every, strict=True)))}", flush=True)
-        if cfg.train.precision == "fp16" and topo.device.type == "cpu":
+        if cfg.precision.precision == "fp16" and topo.device.type == "cpu":
             print("[hadpsgd] note: --precision fp16 on CPU runs the LSTM in fp32 (oneDNN has "
                   "no fp16 LSTM) and the layers after it in fp16; on CPU use fp32 or bf16",
                   flush=True)
@@ -106,7 +106,7 @@ def _check_failure_mode(cfg: RunConfig, topo: comm.Topology) -> None:
     Raises:
         ConfigError: Naming the launch to use.
     """
-    if cfg.train.on_failure != "continue" or topo.size == 1:
+    if cfg.failure.on_failure != "continue" or topo.size == 1:
         return
     if not ulfm.enabled():
         raise ConfigError("--on-failure continue needs MPI's failure mitigation (ULFM): launch "
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _train(trainer, topo)
                 break
             except BaseException as err:  # noqa: BLE001 - only a peer's failure is handled
-                if cfg.train.on_failure != "continue" or not ulfm.is_peer_failure(err):
+                if cfg.failure.on_failure != "continue" or not ulfm.is_peer_failure(err):
                     raise
                 # The survivors drop the dead learner(s) and go on (hadpsgd.assembly.elastic).
                 STATE.survived = True

@@ -227,9 +227,10 @@ def run_settings(config: Mapping[str, Any] | None, args: Sequence[str]) -> tuple
         ``(batch, precision, "on" | "off")`` as strings for the report.
     """
     train = (config or {}).get("train") or {}
-    if train:
-        return (str(train.get("batch_size", "-")), str(train.get("precision", "-")),
-                "on" if train.get("tf32") else "off")
+    if train:  # "precision" holds precision and tf32 (in "train" before it had its section)
+        arith = (config or {}).get("precision") or train
+        return (str(train.get("batch_size", "-")), str(arith.get("precision", "-")),
+                "on" if arith.get("tf32") else "off")
     tf32 = "--tf32" in args and "--no-tf32" not in args
     return (flag_value(args, "--batch-size") or "32", flag_value(args, "--precision") or "fp32",
             "on" if tf32 else "off")

@@ -116,10 +116,10 @@ def train_on_threads(flags: list[str], size: int, fault: str | None = None,
     per_node = cfg.algo_options().ranks_per_node() or cfg.comm.ranks_per_node or size
 
     def learner(world: ThreadWorld) -> dict[str, Any]:
-        if cfg.train.resume:
+        if cfg.checkpoint.resume:
             check_layout(cfg, world)
         trainer = build_trainer(cfg, world)
-        if cfg.train.resume:
+        if cfg.checkpoint.resume:
             resume(trainer, cfg, world)
         return train(trainer, world)
 

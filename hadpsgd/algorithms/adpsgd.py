@@ -52,7 +52,7 @@ class ADPSGDOptions(WireOptions):
 
     super_learner_size: int | None = None
     """ADPSGD: learners per super-learner (consecutive ranks; 1 = flat ADPSGD); default: the
-    nodes (or --ranks-per-node)."""
+    nodes. The same setting as --ranks-per-node (a super-learner is a node): give one."""
     max_staleness: int = 0
     """ADPSGD: a learner more than this many local steps past the snapshot of its exchange in
     flight waits for that exchange and applies it before stepping on (0: never wait)."""

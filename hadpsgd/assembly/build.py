@@ -42,9 +42,10 @@ _SEEDED_INIT = threading.Lock()
 
 def loop_options(cfg: RunConfig) -> LoopOptions:
     """The loop's view of the configuration: each field from the section that holds it."""
+    sections = (cfg.train, cfg.checkpoint, cfg.failure, cfg.precision, cfg.data)
     values = {}
     for f in dataclasses.fields(LoopOptions):
-        section = cfg.train if hasattr(cfg.train, f.name) else cfg.data
+        section = next(sec for sec in sections if hasattr(sec, f.name))
         values[f.name] = getattr(section, f.name)
     return LoopOptions(**values)
 
@@ -69,11 +70,11 @@ def build_trainer(cfg: RunConfig, topo: Topology) -> Trainer:
         data_identity = resume_data.identity(train_set.file, heldout_set.file)
         if topo.size > 1:  # a host's own copy of the files may be stale or partial
             resume_data.check_same_data(topo.allgather_object(data_identity), list(topo.hosts))
-        if cfg.train.resume is not None:  # the same paths may hold other data by now
+        if cfg.checkpoint.resume is not None:  # the same paths may hold other data by now
             path = resume_checkpoint(cfg)
             resume_data.check_resume_data(path, saved_config(path) if path else None,
                                           data_identity, allowed(cfg))
-    set_tf32(topo.device, cfg.train.tf32)
+    set_tf32(topo.device, cfg.precision.tf32)
     with topo.startup("model broadcast"):
         faults.startup("startup-model", topo.rank)
         # Only rank 0's initial values matter (the algorithm broadcasts them), but seeding all
@@ -164,7 +165,7 @@ def check_out_dir(cfg: RunConfig, topo: Topology) -> None:
         # A fresh start where a run is stops here, before it writes even the lock file; any
         # start that may go on (a resume, --overwrite) takes the lock first, so a live run
         # there is named (and two fresh starts racing into an empty directory meet below).
-        problem = rundir.start_problem(out, cfg.train.resume, cfg.train.overwrite)
+        problem = rundir.start_problem(out, cfg.checkpoint.resume, cfg.checkpoint.overwrite)
         # Writable before the lock: the lock file is the first thing written there.
         problem = problem or rundir.writable_problem(out)
         problem = problem or (_lock_problem(out) if out.is_dir() else None)
@@ -230,7 +231,7 @@ def _write_run_files(cfg: RunConfig, topo: Topology, out: Path,
     Raises:
         OSError: As a write fails (the caller says it on every rank).
     """
-    if cfg.train.overwrite:
+    if cfg.checkpoint.overwrite:
         removed = rundir.clear_run(out)
         if removed:
             print(f"[hadpsgd] --overwrite: deleted {', '.join(removed)} of the run in "
@@ -240,12 +241,12 @@ def _write_run_files(cfg: RunConfig, topo: Topology, out: Path,
     resolved["world"] = {"size": topo.size, "num_nodes": topo.num_nodes,
                          "node_sizes": topo.node_sizes, "device": str(topo.device)}
     changed = provenance.write_config(out / "config.json", resolved,
-                                      provenance.entry(topo, cfg.train.resume))
-    if changed and cfg.train.resume is not None:
+                                      provenance.entry(topo, cfg.checkpoint.resume))
+    if changed and cfg.checkpoint.resume is not None:
         print(f"[hadpsgd] note: this resume runs other software than the run's previous "
               f"start ({'; '.join(changed)}); it goes on, but its steps may differ in the "
               "last bits from an uninterrupted run", flush=True)
-    if train_path is not None and (cfg.train.resume is None
+    if train_path is not None and (cfg.checkpoint.resume is None
                                    or not (out / PRIORS_FILE).exists()):
         save_priors(priors_of(train_path), out / PRIORS_FILE)
 
@@ -290,4 +291,4 @@ def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """
     return {"options": cfg.algo_options(), "max_grad_norm": cfg.optim.max_grad_norm,
             "overlap": cfg.comm.overlap, "grad_bucket_mb": cfg.comm.grad_bucket_mb,
-            "precision": cfg.train.precision, "grad_wire": cfg.comm.grad_wire}
+            "precision": cfg.precision.precision, "grad_wire": cfg.comm.grad_wire}

@@ -133,7 +133,7 @@ def check_backend(topo: comm.Topology) -> None:
 
 def min_learners(cfg: RunConfig, started: int) -> int:
     """``--min-learners`` as a count: itself (>= 1), or that fraction of ``started``."""
-    value = cfg.train.min_learners
+    value = cfg.failure.min_learners
     return int(value) if value >= 1 else max(1, math.ceil(value * started))
 
 
@@ -322,8 +322,8 @@ def _continuing(cfg: RunConfig) -> RunConfig:
 
     cont = copy.copy(cfg)
     cont.train = copy.copy(cfg.train)
-    cont.train.resume = "auto"  # the directory holds this very run: no "run exists" refusal
-    cont.train.overwrite = False
+    cont.checkpoint.resume = "auto"  # the directory holds this very run: no "run exists" refusal
+    cont.checkpoint.overwrite = False
     return cont
 
 

@@ -44,7 +44,7 @@ def _find(trainer: Trainer, cfg: RunConfig, topo: Topology) -> str | None:
     """
     path, problem = None, None
     if topo.rank == 0:
-        if cfg.train.resume == "auto":
+        if cfg.checkpoint.resume == "auto":
             skipped: list[str] = []
             found = latest_checkpoint(trainer.ckpt_dir, report=skipped.append)
             for line in skipped:
@@ -57,7 +57,7 @@ def _find(trainer: Trainer, cfg: RunConfig, topo: Topology) -> str | None:
                     "restore one (from a copy), or start the run over with --overwrite (it "
                     "deletes the run's files), or start a new run in another --out-dir")
         else:
-            path = cfg.train.resume
+            path = cfg.checkpoint.resume
             load_checkpoint(path, verify=True)  # fail here, naming it, if it is bad
     path, problem = topo.bcast_object((path, problem), root=0)
     if problem is not None:

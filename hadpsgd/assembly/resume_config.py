@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from hadpsgd.cli import ConfigError, flag, from_namespace, option_name
-from hadpsgd.config import RunConfig, check_read
+from hadpsgd.config import FORMER_SECTION, RunConfig, check_read
 from hadpsgd.train.checkpoint import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -49,18 +49,24 @@ def _sections(cls: type = RunConfig) -> dict[str, tuple[str, str]]:
 
 
 def flatten(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved configuration (``config.json``'s sections) as option name -> value."""
+    """A saved configuration (``config.json``'s sections) as option name -> value.
+
+    A run saved before an option moved section holds it in its former one
+    (:data:`~hadpsgd.config.FORMER_SECTION`: ``train.precision`` for ``precision.precision``).
+    """
     flat = {}
     for name, (sec, field_name) in _sections().items():
-        section = saved.get(sec)
-        if isinstance(section, dict) and field_name in section:
-            flat[name] = section[field_name]
+        for where in (sec, FORMER_SECTION.get(name)):
+            section = saved.get(where) if where else None
+            if isinstance(section, dict) and field_name in section:
+                flat[name] = section[field_name]
+                break
     return flat
 
 
 def allowed(cfg: RunConfig) -> set[str]:
     """The option names ``--allow-resume-change`` lets differ ('all': every one, 'np')."""
-    text = cfg.train.allow_resume_change or ""
+    text = cfg.checkpoint.allow_resume_change or ""
     return {part.strip().lstrip("-").replace("-", "_") for part in text.split(",")
             if part.strip()}
 
@@ -80,7 +86,7 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     Picked by its manifest, without checksums yet (rank 0 verifies the one it loads); None
     means a fresh start.
     """
-    resume = cfg.train.resume
+    resume = cfg.checkpoint.resume
     if resume != "auto":
         return Path(resume) if resume else None
     for path in reversed(list_checkpoints(Path(cfg.train.out_dir or ".") / "checkpoints")):
@@ -131,7 +137,7 @@ def differences(cfg: RunConfig, saved: dict[str, Any]) -> tuple[dict[str, Any], 
             continue
         refused.append(f"{flag(name)} {value} (the run has {run[name]})")
     for name in START_ONLY:  # what this start said, or the default: never the old start's
-        values[name] = getattr(cfg.train, name)
+        values[name] = getattr(cfg.train if name == "out_dir" else cfg.checkpoint, name)
     return values, refused
 
 

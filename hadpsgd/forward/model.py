@@ -72,8 +72,12 @@ class LoadedModel:
 
     @property
     def precision(self) -> str:
-        """The training's ``--precision``."""
-        return str(self.config.get("train", {}).get("precision", "fp32"))
+        """The training's ``--precision`` (in ``train`` where the run predates its section)."""
+        for section in ("precision", "train"):
+            value = (self.config.get(section) or {}).get("precision")
+            if value is not None:
+                return str(value)
+        return "fp32"
 
     @property
     def train_file(self) -> str | None:

@@ -176,7 +176,9 @@ def continues_on_failure(argv: list[str]) -> bool:
         return False
     try:
         saved = json.loads((Path(out_dir) / "config.json").read_text())
-        return saved.get("train", {}).get("on_failure") == "continue"
+        # "train" held it before the failure options had their section.
+        section = saved.get("failure") or saved.get("train", {})
+        return section.get("on_failure") == "continue"
     except (OSError, ValueError, AttributeError):
         return False  # no readable run there: hadpsgd.run says what is wrong
 

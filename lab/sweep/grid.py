@@ -122,7 +122,9 @@ class Cell:
                             ("--seed", self.seed)):
             if value is not None:
                 args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
-        if emulate_nodes and self.ranks_per_node is not None:
+        # ADPSGD's --super-learner-size is its node size: the two flags are one setting, and
+        # the command refuses them differing.
+        if emulate_nodes and self.ranks_per_node is not None and self.super_learner_size is None:
             args += ["--ranks-per-node", str(self.ranks_per_node)]
         # Logs go to a file: a progress bar would fill it with carriage returns.
         return [*args, "--no-progress", *self.extra, "--out-dir", out_dir]

@@ -110,8 +110,10 @@ def test_counts_and_the_command_that_runs_what_the_budget_left_out():
 
 # ---------------------------------------------------------------------------- settings
 def test_batch_precision_and_tf32_come_from_the_run_config_first():
-    config = {"train": {"batch_size": 16, "precision": "bf16", "tf32": True}}
+    config = {"train": {"batch_size": 16}, "precision": {"precision": "bf16", "tf32": True}}
     assert gc.run_settings(config, []) == ("16", "bf16", "on")
+    old = {"train": {"batch_size": 16, "precision": "bf16", "tf32": True}}  # before its section
+    assert gc.run_settings(old, []) == ("16", "bf16", "on")
     args = ["--algo", "ssgd", "--batch-size", "16", "--precision=fp16", "--tf32"]
     assert gc.run_settings(None, args) == ("16", "fp16", "on")
     assert gc.run_settings(None, ["--algo", "ssgd"]) == ("32", "fp32", "off")

@@ -51,7 +51,7 @@ def bf16_run(layout: str, tiny_data: tuple[Path, Path], out: Path,
     res = run_command(nprocs, run_args(tiny_data, out, *algo, "--batch-size", "4",
                                    "--max-steps", "12", "--precision", "bf16"), env=env)
     assert_ok(res)
-    assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"
+    assert json.loads((out / "config.json").read_text())["precision"]["precision"] == "bf16"
     evals = [m for m in metrics(out) if m["kind"] == "eval"]
     assert evals and all(math.isfinite(m["heldout_loss"]) for m in evals)
     return res

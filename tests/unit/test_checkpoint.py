@@ -333,14 +333,14 @@ def test_keep_best_zero_prunes_as_before_and_ties_pick_the_newer(tmp_path):
 def test_keep_best_may_change_on_a_resume_and_must_not_be_negative():
     from hadpsgd.assembly.resume_config import differences
     from hadpsgd.cli import ConfigError, to_dict
-    from hadpsgd.config import TrainConfig, parse_config
+    from hadpsgd.config import CheckpointConfig, parse_config
 
     saved = to_dict(parse_config([]))
     values, refused = differences(parse_config(["--keep-best", "4", "--batch-size", "16"]),
                                   saved)
     assert values["keep_best"] == 4 and [r.split()[0] for r in refused] == ["--batch-size"]
     with pytest.raises(ConfigError, match="--keep-best must be >= 0"):
-        TrainConfig(keep_best=-1)
+        CheckpointConfig(keep_best=-1)
 
 
 def test_a_state_of_views_is_saved_at_the_size_of_its_tensors():

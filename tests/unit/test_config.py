@@ -12,10 +12,13 @@ from hadpsgd.cli import (
     to_dict,
 )
 from hadpsgd.config import (
+    CheckpointConfig,
     CommConfig,
     ConfigError,
     DataConfig,
+    FailureConfig,
     OptimConfig,
+    PrecisionConfig,
     RunConfig,
     TrainConfig,
 )
@@ -32,7 +35,8 @@ def test_every_field_has_a_docstring_and_a_flag():
     import dataclasses
 
     help_text = _parser().format_help()
-    for cls in (DataConfig, OptimConfig, TrainConfig, CommConfig):
+    for cls in (DataConfig, OptimConfig, TrainConfig, CheckpointConfig, FailureConfig,
+                PrecisionConfig, CommConfig):
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
@@ -63,9 +67,11 @@ def test_unknown_algo_lists_registered(capsys):
         ({"beta1": 1.0}, OptimConfig, "--beta1"),
         ({"anneal": 0.0}, OptimConfig, "--anneal"),
         ({"batch_size": 0}, TrainConfig, "--batch-size"),
-        ({"max_loss_ratio": 0.5}, TrainConfig, "--max-loss-ratio"),
+        ({"max_loss_ratio": 0.5}, FailureConfig, "--max-loss-ratio"),
         ({"optimizer": "lamb"}, OptimConfig, "--optimizer"),
-        ({"resume": "auto"}, TrainConfig, "--out-dir"),
+        ({"checkpoint": CheckpointConfig(resume="auto")}, RunConfig, "--out-dir"),
+        ({"precision": "fp8"}, PrecisionConfig, "--precision"),
+        ({"resume": "auto", "overwrite": True}, CheckpointConfig, "--overwrite"),
         ({"train": "a.h5"}, DataConfig, "--heldout"),
         ({"chunk_len": 0}, DataConfig, "--chunk-len"),
         ({"ranks_per_node": 0}, CommConfig, "--ranks-per-node"),

@@ -92,7 +92,7 @@ def test_whole_numbers_are_valid_floats_and_null_is_valid_where_optional(tmp_pat
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"optim": {"lr": 1}, "train": {"resume": None}}))
     cfg = parse_config(["--config", str(path)])
-    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float) and cfg.train.resume is None
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float) and cfg.checkpoint.resume is None
 
 
 @pytest.mark.parametrize("text", ['{"optim": {"lr": NaN}}', '{"optim": {"lr": 1e400}}',

@@ -20,7 +20,7 @@ ALLOWED = {
     # world it is given (comm/faulty.py), not through a hook in its code.
     "algorithms": {"cli", "comm", "precision"},
     "config_file": {"cli"},
-    "config": {"cli", "config_file", "models", "algorithms", "precision"},
+    "config": {"cli", "config_file", "env", "models", "algorithms", "precision"},
     # The loop takes built parts and knows no flags: neither cli nor config. It drives the
     # algorithm through the public API, as a user's loop does.
     "train": {"exit_codes", "env", "models", "comm", "data", "faults", "algorithms",

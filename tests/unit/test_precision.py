@@ -114,7 +114,8 @@ def test_unknown_precision_is_named() -> None:
 
 def test_flags_reach_the_configuration() -> None:
     cfg = parse_config(["--precision", "bf16", "--grad-wire", "bf16", "--tf32"])
-    assert (cfg.train.precision, cfg.comm.grad_wire, cfg.train.tf32) == ("bf16", "bf16", True)
+    assert (cfg.precision.precision, cfg.comm.grad_wire, cfg.precision.tf32) == \
+        ("bf16", "bf16", True)
     with pytest.raises(SystemExit):
         parse_config(["--precision", "fp8"])
     with pytest.raises(SystemExit):

@@ -83,7 +83,7 @@ def test_a_float_flag_is_finite_and_in_range_or_refused_naming_it(capsys, name, 
         assert exc.code == 2 and name in capsys.readouterr().err
         return
     field = name.lstrip("-").replace("-", "_")
-    for section in (cfg.optim, cfg.train, cfg.comm):
+    for section in (cfg.optim, cfg.train, cfg.failure, cfg.comm):
         if hasattr(section, field):
             assert math.isfinite(getattr(section, field))
 
