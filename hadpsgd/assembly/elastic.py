@@ -321,7 +321,7 @@ def _continuing(cfg: RunConfig) -> RunConfig:
     import copy
 
     cont = copy.copy(cfg)
-    cont.train = copy.copy(cfg.train)
+    cont.checkpoint = copy.copy(cfg.checkpoint)  # the caller's configuration stays as it was
     cont.checkpoint.resume = "auto"  # the directory holds this very run: no "run exists" refusal
     cont.checkpoint.overwrite = False
     return cont

@@ -129,3 +129,15 @@ def test_the_super_learner_size_is_one_setting_under_two_flags(capsys):
         parse_config(["--algo", "adpsgd", "--super-learner-size", "2", "--ranks-per-node", "4"])
     err = capsys.readouterr().err
     assert "--super-learner-size 2 and --ranks-per-node 4" in err and "give one" in err
+
+
+def test_the_rebuilt_runs_configuration_leaves_the_callers_alone():
+    """A recovery rebuilds the run from a copy that continues it (``--resume auto``); the
+    split moved ``resume`` to a section the shallow copy shared with the caller's."""
+    from hadpsgd.assembly.elastic import _continuing
+
+    cfg = parse_config(["--out-dir", "r", "--overwrite"])
+    cont = _continuing(cfg)
+    assert (cont.checkpoint.resume, cont.checkpoint.overwrite) == ("auto", False)
+    assert (cfg.checkpoint.resume, cfg.checkpoint.overwrite) == (None, True)
+    assert cont.train.out_dir == "r"
