@@ -3,7 +3,9 @@
 Every "inter-node" link of a one-machine run is shared memory. This harness puts half of the
 ranks in network namespace A and half in B (each with its own host name, so Open MPI and
 ``hadpsgd.comm.init`` see two nodes), joins them by a veth pair with a token-bucket rate
-limit (``tc tbf``) and, where the kernel has it, ``tc netem`` latency, and starts the job with
+limit (``tc tbf``) and, where the kernel has it, ``tc netem`` latency (where it has not, a
+link with latency is two TAP devices joined in user space: :mod:`benchmarks._common.slowlink`),
+and starts the job with
 Open MPI's ``mpirun`` in A, whose daemon for B is launched by an agent that enters B. MPI
 between the hosts then runs over TCP through a real network stack; inside a host it keeps
 shared memory.
@@ -26,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks._common.slowlink import DelayForwarder, open_tap, parse_delay, parse_rate
 from hadpsgd.launch.mpirun import find_launcher
 
 HOSTS = ("hosta", "hostb")
@@ -111,14 +114,19 @@ class TwoHosts:
 
     Args:
         rate: The link's rate each way, in tc's units (``300mbit``); None: unthrottled.
-        delay: One-way latency (``2ms``) through ``tc netem``; None: none. Raises where the
-            kernel lacks netem (see :func:`netem_available`).
+        delay: One-way latency (``2ms``); None: none. Through ``tc netem`` where the kernel
+            has it (see :func:`netem_available`), else through the user-space link.
         env: Environment variables forwarded to every rank (``mpirun -x``), besides
             ``PYTHONPATH``, ``OMP_NUM_THREADS`` and every ``HADPSGD_*`` set.
+        link: ``veth`` (the kernel's pair, shaped by tc), ``tap`` (the user-space link of
+            :mod:`benchmarks._common.slowlink`, rate and delay in this process), or ``auto``:
+            ``tap`` where latency is asked for and the kernel has no netem, else ``veth``.
     """
 
     def __init__(self, rate: str | None = "300mbit", delay: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, link: str = "auto") -> None:
+        if link not in ("auto", "veth", "tap"):
+            raise ValueError(f"link must be auto, veth or tap, got {link!r}")
         tag = os.getpid() % 200 + 20
         self.namespaces = (f"hx{os.getpid()}a", f"hx{os.getpid()}b")
         self.links = (f"hx{tag}a", f"hx{tag}b")
@@ -127,26 +135,47 @@ class TwoHosts:
         self.rate = rate
         self.delay = delay
         self.env = dict(env or {})
+        self.link = link
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._taps: list[int] = []
+        self.forwarder: DelayForwarder | None = None
+        """The user-space link's forwarder (its byte and drop counts), where it is one."""
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> TwoHosts:
-        if self.delay and not netem_available():
-            raise RuntimeError("this kernel has no tc netem (latency emulation); pass "
-                               "delay=None or load the sch_netem module")
+        if self.link == "auto":
+            self.link = "tap" if self.delay and not netem_available() else "veth"
+        if self.link == "tap":  # checked before anything is made
+            parse_delay(self.delay or "0s")
+            if self.rate:
+                parse_rate(self.rate)
         return set_up(self, "two emulated hosts")
+
+    @property
+    def userspace(self) -> bool:
+        """Whether the link is the user-space one (rate and delay in this process)."""
+        return self.link == "tap"
 
     def _create(self) -> None:
         ns_b, (link_a, link_b) = self.namespaces[1], self.links
         for ns in self.namespaces:
             _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", link_a, "type", "veth", "peer", "name", link_b)
+        if self.userspace:
+            # Made here, opened (the descriptors keep them), then moved into the hosts.
+            self._taps = [open_tap(link) for link in self.links]
+        else:
+            _run("ip", "link", "add", link_a, "type", "veth", "peer", "name", link_b)
         for ns, link, addr in zip(self.namespaces, self.links, self.addresses, strict=True):
             _run("ip", "link", "set", link, "netns", ns)
             _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link)
             _run("ip", "-n", ns, "link", "set", link, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            self._shape(ns, link)
+            if not self.userspace:
+                self._shape(ns, link)
+        if self.userspace:
+            self.forwarder = DelayForwarder(
+                *self._taps, parse_rate(self.rate) if self.rate else None,
+                parse_delay(self.delay or "0s")).start()
         self._dir = tempfile.TemporaryDirectory(prefix="hadpsgd-netns-")
         # mpirun starts the daemon of host B through this agent (in place of ssh).
         agent = Path(self._dir.name) / "agent.sh"
@@ -175,6 +204,12 @@ class TwoHosts:
 
     def close(self) -> None:
         """Delete both namespaces (the veth pair goes with them) and the agent; idempotent."""
+        if self.forwarder is not None:
+            self.forwarder.stop()
+            self.forwarder = None
+        for fd in self._taps:  # the TAP devices go with their last descriptor
+            os.close(fd)
+        self._taps = []
         for ns in self.namespaces:
             _run("ip", "netns", "del", ns, check=False)
         if self._dir is not None:
@@ -226,7 +261,13 @@ class TwoHosts:
                  "match", "ip", "dport", str(low), hex(mask), "action", "drop")
 
     def link_bytes(self) -> tuple[int, int]:
-        """Bytes that left host A and host B through the link so far (``tc -s``'s count)."""
+        """Bytes that left host A and host B through the link so far.
+
+        ``tc -s``'s count; on the user-space link its own, of the frames it delivered.
+        """
+        if self.forwarder is not None:
+            a_to_b, b_to_a, _ = self.forwarder.counts()
+            return a_to_b, b_to_a
         out = []
         for ns, link in zip(self.namespaces, self.links, strict=True):
             stats = _run("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", link)

@@ -9,10 +9,19 @@ difference of the two runs, over the difference of their steps, is the link's by
 (start-up and the end's evaluation cancel); the long run is the whole run. Beside them the
 run's own count (its final ``metrics.jsonl`` record, summed over every rank), so a user sees
 whether what hadpsgd reports is what the link carries. Ratios against SSGD fp32 measured in
-the same invocation. Usage::
+the same invocation.
+
+With ``--step-times`` every step is logged (``--log-every 1``) and the long run's steps on
+rank 0 are timed: those that crossed the link (rank 0's inter-node bytes moved: BMUF's block
+syncs, SSGD's every step, ADPSGD's gossip in its thread) and the control points (a tiny
+allreduce of every rank every ``--control-every`` steps) against the same job's steps that
+never communicate across it. A step after an epoch's end (its evaluation) is left out.
+``--delay`` adds one-way latency: through ``tc netem`` where the kernel has it, else through
+the user-space link of :mod:`benchmarks._common.slowlink`. Usage::
 
     python -m benchmarks.training.link [--configs ssgd bmuf-sign hadpsgd-topk] \
-        [--steps 80 240] [--rate 1gbit] [--json out.json] [-- extra hadpsgd.run flags]
+        [--steps 80 240] [--rate 1gbit] [--delay 50ms] [--step-times] [--json out.json] \
+        [-- extra hadpsgd.run flags]
 """
 
 from __future__ import annotations
@@ -57,6 +66,41 @@ def _counted(out_dir: Path) -> dict[str, float]:
     return {}
 
 
+def step_times(out_dir: Path, control_every: int = 10) -> dict[str, Any]:
+    """Rank 0's step times of a run logged every step, those that communicated apart.
+
+    A step communicated when rank 0's inter-node bytes (sent or received) or BMUF's block
+    syncs moved in it, or it ended at a control point; it is quiet otherwise. The first step
+    (its warm-up) and a step after an epoch's end (an evaluation ran between) are left out.
+
+    Returns:
+        ``quiet`` and ``communicating``: each ``{"steps", "mean_s", "median_s"}``; ``all``
+        the same over both; ``overhead``: the mean step over the quiet mean, less one.
+    """
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("kind") == "train"]
+    keys = ("internode_bytes", "internode_bytes_received", "block_syncs")
+    quiet: list[float] = []
+    loud: list[float] = []
+    for prev, cur in zip(train, train[1:], strict=False):
+        if cur["step"] != prev["step"] + 1 or cur.get("epoch") != prev.get("epoch"):
+            continue
+        moved = any(cur.get(k, 0) != prev.get(k, 0) for k in keys)
+        (loud if moved or cur["step"] % control_every == 0 else quiet).append(
+            cur["time"] - prev["time"])
+
+    def stats(values: list[float]) -> dict[str, float]:
+        ordered = sorted(values)
+        return {"steps": len(values),
+                "mean_s": sum(values) / len(values) if values else 0.0,
+                "median_s": ordered[len(ordered) // 2] if values else 0.0}
+
+    out = {"quiet": stats(quiet), "communicating": stats(loud), "all": stats(quiet + loud)}
+    base = out["quiet"]["mean_s"]
+    out["overhead"] = out["all"]["mean_s"] / base - 1 if base > 0 else None
+    return out
+
+
 def run_one(hosts: TwoHosts, flags: list[str], steps: int, nprocs: int,
             timeout: float) -> dict[str, Any]:
     """One run of the main command: seconds, link bytes both ways, the run's own figures."""
@@ -82,10 +126,24 @@ def run_one(hosts: TwoHosts, flags: list[str], steps: int, nprocs: int,
         if counted.get("step", steps) != steps:  # (a version without the record: unchecked)
             raise SystemExit(f"{' '.join(flags)} ended at step {counted.get('step')}, not "
                              f"{steps}: give it more data or --epochs")
+        timed = (step_times(Path(tmp), int(_flag(flags, "--control-every") or 10))
+                 if _flag(flags, "--log-every") == "1" else None)
         return {"steps": steps, "seconds": seconds,
                 "link_bytes": sum(after) - sum(before),
                 "link_bytes_each_way": [a - b for a, b in zip(after, before, strict=True)],
-                "counted": counted, "last_line": lines[-1] if lines else ""}
+                "counted": counted, "last_line": lines[-1] if lines else "",
+                "step_times": timed}
+
+
+def _flag(flags: list[str], name: str) -> str | None:
+    """The value of ``name`` among ``flags`` (the last one given), or None."""
+    value = None
+    for i, flag in enumerate(flags):
+        if flag == name and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif flag.startswith(name + "="):
+            value = flag.split("=", 1)[1]
+    return value
 
 
 def measure(name: str, flags: list[str], hosts: TwoHosts, steps: tuple[int, int],
@@ -115,7 +173,8 @@ def measure(name: str, flags: list[str], hosts: TwoHosts, steps: tuple[int, int]
             "counted_startup": long["counted"].get("startup_bytes", 0.0),
             "control_per_step": (long["counted"].get("world_control_bytes", 0.0)
                                  - short["counted"].get("world_control_bytes", 0.0)) / span,
-            "counted": long["counted"], "runs": [short, long]}
+            "counted": long["counted"], "runs": [short, long],
+            "step_times": long["step_times"]}
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -157,6 +216,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def step_table(rows: list[dict[str, Any]]) -> str:
+    """The step times of each row that has them: quiet steps against communicating ones."""
+    lines = [f"{'config':<14} {'quiet steps':>11} {'quiet ms':>9} {'comm steps':>10} "
+             f"{'comm ms':>8} {'comm median':>11} {'every step ms':>13} {'vs quiet':>9}"]
+    for r in rows:
+        t = r.get("step_times")
+        if not t:
+            continue
+        q, c, a = t["quiet"], t["communicating"], t["all"]
+        over = "-" if t["overhead"] is None else f"{t['overhead']:+.0%}"
+        lines.append(f"{r['config']:<14} {q['steps']:>11} {q['mean_s'] * 1e3:>9.1f} "
+                     f"{c['steps']:>10} {c['mean_s'] * 1e3:>8.1f} {c['median_s'] * 1e3:>11.1f} "
+                     f"{a['mean_s'] * 1e3:>13.1f} {over:>9}")
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration on two emulated hosts; print the table and the JSON record."""
     argv, extra = split_extra(list(sys.argv[1:] if argv is None else argv))
@@ -165,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                    choices=sorted(CONFIGS))
     p.add_argument("--steps", type=int, nargs=2, default=[80, 240], metavar=("SHORT", "LONG"))
     p.add_argument("--rate", default="1gbit", help="the link's rate each way (tc units)")
-    p.add_argument("--delay", default=None, help="one-way latency through tc netem, e.g. 25ms")
+    p.add_argument("--delay", default=None,
+                   help="one-way latency, e.g. 50ms (tc netem, else the user-space link)")
+    p.add_argument("--step-times", action="store_true",
+                   help="log every step and time rank 0's steps that cross the link against "
+                        "those that do not")
     p.add_argument("--preset", default="small")
     p.add_argument("-n", "--ranks", type=int, default=4, help="ranks, half on each host")
     p.add_argument("--json", type=Path, help="also write the JSON record here")
@@ -177,16 +256,22 @@ def main(argv: list[str] | None = None) -> int:
     with TwoHosts(rate=a.rate, delay=a.delay) as hosts:
         for name in a.configs:
             flags = [*CONFIGS[name], "--preset", a.preset, *extra]
+            if a.step_times:
+                flags += ["--log-every", "1"]
             rows.append(measure(name, flags, hosts, (a.steps[0], a.steps[1]), a.ranks,
                                 a.timeout))
             print(f"# {name}: {rows[-1]['runs'][1]['last_line']}", flush=True)
     add_ratios(rows)
     print(f"{a.ranks} ranks on two emulated hosts ({a.rate}"
-          f"{', ' + a.delay + ' each way' if a.delay else ''}), --preset {a.preset}, "
+          f"{', ' + a.delay + ' each way' if a.delay else ''}"
+          f"{', the user-space link' if hosts.userspace else ''}), --preset {a.preset}, "
           f"runs of {a.steps[0]} and {a.steps[1]} steps {' '.join(extra)}")
     print(table(rows))
+    if a.step_times:
+        print(step_table(rows))
     emit({"benchmark": "link", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
           "cpus": os.cpu_count(), "rate": a.rate, "delay": a.delay, "steps": a.steps,
+          "link": hosts.link,
           "extra": extra, "rows": rows}, a.json)
     return 0
 
