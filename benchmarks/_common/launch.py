@@ -163,3 +163,14 @@ def cuda_missing(prog: str, device: str) -> bool:
     print(f"{prog}: --device cuda, but CUDA is not available to torch {torch.__version__}; "
           "use --device cpu", file=sys.stderr)
     return True
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``; the last wins)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common.launch import ROOT, bench_env, emit
+from benchmarks._common.launch import ROOT, bench_env, emit, flag_value
 from benchmarks._common.netns import TwoHosts
 from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start
 
@@ -126,24 +126,14 @@ def run_one(hosts: TwoHosts, flags: list[str], steps: int, nprocs: int,
         if counted.get("step", steps) != steps:  # (a version without the record: unchecked)
             raise SystemExit(f"{' '.join(flags)} ended at step {counted.get('step')}, not "
                              f"{steps}: give it more data or --epochs")
-        timed = (step_times(Path(tmp), int(_flag(flags, "--control-every") or 10))
-                 if _flag(flags, "--log-every") == "1" else None)
+        timed = (step_times(Path(tmp), int(flag_value(flags, "--control-every") or 10))
+                 if flag_value(flags, "--log-every") == "1" else None)
         return {"steps": steps, "seconds": seconds,
                 "link_bytes": sum(after) - sum(before),
                 "link_bytes_each_way": [a - b for a, b in zip(after, before, strict=True)],
                 "counted": counted, "last_line": lines[-1] if lines else "",
                 "step_times": timed}
 
-
-def _flag(flags: list[str], name: str) -> str | None:
-    """The value of ``name`` among ``flags`` (the last one given), or None."""
-    value = None
-    for i, flag in enumerate(flags):
-        if flag == name and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif flag.startswith(name + "="):
-            value = flag.split("=", 1)[1]
-    return value
 
 
 def measure(name: str, flags: list[str], hosts: TwoHosts, steps: tuple[int, int],

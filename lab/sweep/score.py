@@ -22,21 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common.launch import bench_env
+from benchmarks._common.launch import bench_env, flag_value
 
 WER_JSON = "wer.json"
 """The decode's report in the cell's directory."""
-
-
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``; the last wins)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def data_of(extra: Sequence[str]) -> tuple[str, str] | None:
