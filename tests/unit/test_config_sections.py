@@ -141,3 +141,13 @@ def test_the_rebuilt_runs_configuration_leaves_the_callers_alone():
     assert (cont.checkpoint.resume, cont.checkpoint.overwrite) == ("auto", False)
     assert (cfg.checkpoint.resume, cfg.checkpoint.overwrite) == (None, True)
     assert cont.train.out_dir == "r"
+
+
+def test_precision_is_a_section_and_an_option_in_a_config_file(tmp_path):
+    """``{"precision": "bf16"}`` (a flat file) and ``{"precision": {"precision": "bf16"}}``
+    (the section) both name the option; an old file's ``train.precision`` too."""
+    for body in ({"precision": "bf16"}, {"precision": {"precision": "bf16", "tf32": True}},
+                 {"train": {"precision": "bf16"}}):
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(body))
+        assert parse_config(["--config", str(path)]).precision.precision == "bf16"
