@@ -136,8 +136,10 @@ def differences(cfg: RunConfig, saved: dict[str, Any]) -> tuple[dict[str, Any], 
             values[name] = value
             continue
         refused.append(f"{flag(name)} {value} (the run has {run[name]})")
+    where = _sections()
     for name in START_ONLY:  # what this start said, or the default: never the old start's
-        values[name] = getattr(cfg.train if name == "out_dir" else cfg.checkpoint, name)
+        section, field_name = where[name]
+        values[name] = getattr(getattr(cfg, section), field_name)
     return values, refused
 
 

@@ -31,7 +31,7 @@ from hadpsgd.comm.backends import IntraBackend, MPIIntra
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.direct import Direct, mpi_consts
 from hadpsgd.comm.flat import zeros
-from hadpsgd.comm.hostlink import HostLink
+from hadpsgd.comm.hostlink import HostLink, shard_sum_
 from hadpsgd.comm.mpi import MPI_NATIVE
 from hadpsgd.comm.staging import Stager, wait_device
 
@@ -401,13 +401,8 @@ class Reducer:
         intra = self._backend(b)
         what = f"inter-node allreduce of {b.numel()} {b.dtype}"
         if self.algo == "shard":
-            padded, shard = self._padded(b)
-            mine = self._scratch_for(b, shard, slot=1)
-            intra.reduce_scatter_(padded, mine)
-            self._inter_leg_(mine, what)
-            intra.allgather_(mine, padded)
-            if padded.data_ptr() != b.data_ptr():
-                b.copy_(padded[:b.numel()])
+            shard_sum_(intra, b, lambda mine: self._inter_leg_(mine, what),
+                       lambda numel, slot: self._scratch_for(b, numel, slot))
         else:
             intra.reduce_(b, root=0)
             if intra.rank == 0:

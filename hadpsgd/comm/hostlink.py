@@ -85,6 +85,45 @@ def plan_host_link(hosts: list[str], devices: list[str]) -> tuple[list[int], str
     return groups, ""
 
 
+Buffer = Callable[[int, int], torch.Tensor]
+"""A buffer of ``numel`` elements of the summed tensor's dtype and device, by slot: 0 for the
+padded whole, 1 for this member's shard (:func:`shard_sum_`)."""
+
+
+def shard_sum_(group: IntraBackend, t: torch.Tensor, across: Callable[[torch.Tensor], None],
+               buffer: Buffer | None = None) -> None:
+    """Sum ``t`` in the shard form: reduce-scatter, each shard summed across, allgather.
+
+    ``group`` reduce-scatters, ``across`` sums this member's shard with the same shard of the
+    other groups, and ``group`` allgathers the shards. ``t`` is padded with zeros to a
+    multiple of the group's size (a copy only where it is not one already); each element is
+    summed once in the group and once across, then copied, so every member ends with the
+    same bits. The hierarchical reducer's buckets and the host link between hosts both sum
+    this way.
+
+    Args:
+        group: The group of this member (a node, or the super-learners of a host).
+        t: A contiguous 1-D tensor, summed in place.
+        across: Sums a shard in place over the other groups (MPI, or the host link).
+        buffer: Where the padded whole and the shard go (scratch kept by the caller); new
+            tensors where None.
+    """
+    n, size = t.numel(), group.size
+    shard = -(-n // size)
+    make = buffer or (lambda numel, _slot: torch.empty(numel, dtype=t.dtype, device=t.device))
+    padded = t
+    if shard * size != n:
+        padded = make(shard * size, 0)
+        padded[:n].copy_(t)
+        padded[n:].zero_()
+    mine = make(shard, 1)
+    group.reduce_scatter_(padded, mine)
+    across(mine)
+    group.allgather_(mine, padded)
+    if padded is not t:
+        t.copy_(padded[:n])
+
+
 @dataclass
 class HostLink:
     """The cross-node leg of a reduction, cut by host (see the module's docstring).
@@ -195,7 +234,9 @@ class HostLink:
             local.allreduce_(t)  # type: ignore[union-attr] # one host: a group of >= 2
             return
         if self.shards is not None and local is not None:
-            self._shard_allreduce_(local, t, what, mpi_sum)
+            shard_sum_(local, t, lambda mine: mpi_sum(
+                self.shards, mine, f"{what} between hosts (shard {local.rank} of {local.size})",
+                self.shard_ranks))
             return
         if local is not None:
             local.reduce_(t, root=0)
@@ -203,28 +244,6 @@ class HostLink:
             mpi_sum(self.leaders, t, f"{what} between hosts", self.leader_ranks)
         if local is not None:
             local.bcast_(t, root=0)
-
-    def _shard_allreduce_(self, local: IntraBackend, t: torch.Tensor, what: str,
-                          mpi_sum: MpiSum) -> None:
-        """The shard form: reduce-scatter on the host, each shard over MPI, allgather.
-
-        ``t`` is padded with zeros to a multiple of the host group's size (a copy only where
-        it is not one already); each element is summed once on its host and once across
-        the hosts, then copied, so every member ends with the same bits.
-        """
-        size = local.size
-        shard = -(-t.numel() // size)
-        padded = t
-        if shard * size != t.numel():
-            padded = torch.zeros(shard * size, dtype=t.dtype, device=t.device)
-            padded[:t.numel()].copy_(t)
-        mine = torch.empty(shard, dtype=t.dtype, device=t.device)
-        local.reduce_scatter_(padded, mine)
-        mpi_sum(self.shards, mine, f"{what} between hosts (shard {local.rank} of {size})",
-                self.shard_ranks)
-        local.allgather_(mine, padded)
-        if padded is not t:
-            t.copy_(padded[:t.numel()])
 
     def communicators(self) -> list[Any]:
         """The MPI communicators this link waits on (a failure revokes them)."""
@@ -300,4 +319,4 @@ def device_host_link(name: str, inter: Any, watchdog: Watchdog, inter_ranks: lis
     return link
 
 
-__all__ = ["SCOPE", "HostLink", "device_host_link", "plan_host_link"]
+__all__ = ["SCOPE", "Buffer", "HostLink", "device_host_link", "plan_host_link", "shard_sum_"]
