@@ -138,6 +138,8 @@ class TwoHosts:
         self.link = link
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._taps: list[int] = []
+        self._timing: tuple[float | None, float] = (None, 0.0)
+        """The user-space link's rate (bits a second, None: unthrottled) and delay (s)."""
         self.forwarder: DelayForwarder | None = None
         """The user-space link's forwarder (its byte and drop counts), where it is one."""
 
@@ -145,10 +147,9 @@ class TwoHosts:
     def __enter__(self) -> TwoHosts:
         if self.link == "auto":
             self.link = "tap" if self.delay and not netem_available() else "veth"
-        if self.link == "tap":  # checked before anything is made
-            parse_delay(self.delay or "0s")
-            if self.rate:
-                parse_rate(self.rate)
+        if self.link == "tap":  # read (and refused) before anything is made
+            self._timing = (parse_rate(self.rate) if self.rate else None,
+                            parse_delay(self.delay or "0s"))
         return set_up(self, "two emulated hosts")
 
     @property
@@ -173,9 +174,7 @@ class TwoHosts:
             if not self.userspace:
                 self._shape(ns, link)
         if self.userspace:
-            self.forwarder = DelayForwarder(
-                *self._taps, parse_rate(self.rate) if self.rate else None,
-                parse_delay(self.delay or "0s")).start()
+            self.forwarder = DelayForwarder(*self._taps, *self._timing).start()
         self._dir = tempfile.TemporaryDirectory(prefix="hadpsgd-netns-")
         # mpirun starts the daemon of host B through this agent (in place of ssh).
         agent = Path(self._dir.name) / "agent.sh"
