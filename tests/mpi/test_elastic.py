@@ -197,7 +197,13 @@ def test_adpsgd_goes_on_from_its_replicas_and_trains_every_chunk_once(tiny_data,
     assert max(survivors.values()) == 1  # no survivor's chunk twice
     assert dead <= set(survivors)  # the dead learner's chunks were trained again
     assert total - len(survivors) < 3 * 2  # only the last incomplete global batch
-    _assert_counters_go_on(out, "wire_bytes")  # the gossip's, over the recovery
+    # The gossip's counter over the recovery: rank 0's train records come before the failure
+    # (and, on a loaded machine, may hold no round yet), so the survivors' closing `learners`
+    # record (rank 0 first) is the value after it; some survivor must have gossiped.
+    seen = [r["wire_bytes"] for r in _records(out, "train")]
+    final = _records(out, "learners")[-1]["wire_bytes"]
+    seen.append(final[0])
+    assert seen == sorted(seen) and sum(final) > 0, (seen, final)
 
 
 def _detected_after(out: Path, output: str) -> float:
