@@ -79,7 +79,10 @@ def test_link_bytes_beside_the_runs_count(tmp_path):
     # (over the whole run: 8 steps of a tiny model's gossip are too few for a per-step figure,
     # the number of exchanges varies from run to run)
     assert topk["link_whole_run"] >= topk["counted_whole_run"] > 0
-    assert topk["ssgd_over_link_whole_run"] > 2
+    # Far below SSGD in the runs' own count. (Not asserted on the link: on this tiny model
+    # its 12-step runs carried 0.6-3.3 MB against SSGD's 4.0 MB, the spread being thousands
+    # of TCP segments of 40-100 bytes below MPI's messages: docs/benchmarks.md.)
+    assert ssgd["counted_whole_run"] > 5 * topk["counted_whole_run"]
     assert "all ranks:" in topk["runs"][1]["last_line"]
     # The start's broadcast of the model, said apart, crossed the link at least once: what
     # does not grow with the steps is at least that on the link, and is all of SSGD's count
