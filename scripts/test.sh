@@ -17,5 +17,5 @@ apart=(--ignore=tests/lab)
 for arg in "$@"; do
   case $arg in tests/lab*) apart=() ;; esac
 done
-workers=(-n "${HADPSGD_TEST_WORKERS:-2}" --dist loadfile)
+workers=(-n "${HADPSGD_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 exec "$venv/bin/python" -m pytest -ra --durations=25 "${workers[@]}" "${apart[@]}" "$@"

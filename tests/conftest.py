@@ -2,9 +2,43 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+
+SLOW_FILES: tuple[str, ...] = (
+    "tests/mpi/test_comm_layer.py", "tests/mpi/test_elastic.py", "tests/mpi/test_faults.py",
+    "tests/mpi/test_adpsgd.py", "tests/mpi/test_many_ranks.py", "tests/mpi/test_resume.py",
+    "tests/mpi/test_run_cli.py", "tests/mpi/test_exit_contract.py",
+    "tests/mpi/test_startup_deadline.py", "tests/mpi/test_precision.py",
+    "tests/mpi/test_two_hosts.py", "tests/mpi/test_nonfinite.py", "tests/mpi/test_sites.py",
+    "tests/mpi/test_ssgd.py", "tests/mpi/test_bad_input.py", "tests/mpi/test_frozen.py",
+    "tests/mpi/test_script_end.py", "tests/mpi/test_api_errors.py",
+    "tests/mpi/test_compressed.py", "tests/mpi/test_bmuf_cli.py",
+    "tests/mpi/test_checkpoint_faults.py", "tests/mpi/test_overlap.py",
+    "tests/mpi/test_bmuf_stream.py", "tests/mpi/test_soak_findings.py", "tests/mpi/test_api.py",
+    "tests/lab/test_bench_link.py", "tests/lab/test_bench_comm_mpi.py",
+    "tests/lab/test_bench_pipeline_progress.py", "tests/lab/test_bench_throughput.py",
+)
+"""The slowest test files, slowest first (the "time by test file" table of a CI run).
+
+Collected first, so that under ``pytest -n 2 --dist loadfile --no-loadscope-reorder``
+(scripts/test.sh) the two processes start with the long files and end on the many short
+ones, rather than one process finishing a long file alone at the end (xdist's own order
+is by the number of tests a file has, which put one-test files of 40 s last). Only the
+order: a file missing here, or a stale entry, changes nothing else.
+"""
+
+_STARTED = time.monotonic()
+WORKER_LAST: dict[str, float] = {}
+"""Seconds from the session's start to each pytest process's last report (``-n``)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow files first (:data:`SLOW_FILES`), every other test in its collected order."""
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +80,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add each phase's time to its test file's total, and its launches to the table."""
     name = report.nodeid.split("::")[0]
     FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    WORKER_LAST[getattr(worker, "id", "main")] = time.monotonic() - _STARTED
     for key, value in report.user_properties:
         if key == "launches":
             REPORTED_LAUNCHES.extend(value)
@@ -64,6 +100,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{secs:8.1f} s  {name}")
         terminalreporter.write_line(f"{sum(FILE_SECONDS.values()):8.1f} s  in all "
                                     f"({len(FILE_SECONDS)} files)")
+    if len(WORKER_LAST) > 1:  # how evenly the processes shared the files: the idle tail
+        ends = ", ".join(f"{w} {t:.0f} s" for w, t in sorted(WORKER_LAST.items()))
+        terminalreporter.write_line(f"last report of each process: {ends}")
     if not REPORTED_LAUNCHES:
         return
     files: dict[str, list[float]] = {}
