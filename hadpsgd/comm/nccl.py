@@ -48,6 +48,14 @@ def nccl_timeout(deadline_s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=min(2 * deadline_s + NCCL_GRACE_S, 2 * STORE_TIMEOUT_CAP_S))
 
 
+def _free_device_bytes(device: torch.device) -> int | None:
+    """The GPU's free memory now (``cudaMemGetInfo``, every process's use counted), or None."""
+    try:
+        return int(torch.cuda.mem_get_info(device)[0])
+    except (RuntimeError, AssertionError, ValueError):  # no CUDA here: nothing to say
+        return None
+
+
 class NCCLIntra(TorchIntra):
     """NCCL collectives on device tensors among the GPUs of one node.
 
@@ -84,8 +92,17 @@ class NCCLIntra(TorchIntra):
         self._deferred: list[Any] = []
         self._owed: str | None = None  # a joined mean whose host wait is left to settle()
         super().__init__(comm, watchdog, world_ranks, scope)
+        free_before = _free_device_bytes(device)
         self.connect_s = self._connect()
         """Seconds the communicator took to make and to pass its first allreduce."""
+        free_after = _free_device_bytes(device)
+        self.device_bytes: int | None = (max(0, free_before - free_after)
+                                         if free_before is not None and free_after is not None
+                                         else None)
+        """The fall in the GPU's free memory across :meth:`_connect`: the communicator's own
+        buffers, outside torch's allocator (one element of probe besides). The start-up line
+        sums it over the rank's groups (:meth:`~hadpsgd.comm.topology.Topology.
+        torch_group_bytes`)."""
 
     def _connect(self) -> float:
         """Make the NCCL communicator now, under the deadline; return the seconds it took.

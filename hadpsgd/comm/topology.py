@@ -168,9 +168,12 @@ class Topology:
         groups = self.torch_groups()
         if groups:
             kinds = sorted({kind for kind, _ in groups})
+            took = self.torch_group_bytes()
             line += (f"; {len(groups)} torch.distributed group{'s' if len(groups) != 1 else ''}"
                      f" on this rank ({', '.join(kinds)}: "
-                     f"{', '.join(what for _, what in groups)})")
+                     f"{', '.join(what for _, what in groups)}"
+                     + (f"; {took / 2**30:.2f} GiB of device memory at set-up"
+                        if took is not None else "") + ")")
         if self.placement:
             line += f"; ranks: {self.placement}"
         return line
@@ -182,7 +185,24 @@ class Topology:
         SHARP), so the start-up line counts them: (backend, what it carries) pairs. Only
         the main thread launches on them (comm/hostlink.py: *One thread launches NCCL*).
         """
-        found: list[tuple[str, str]] = []
+        return [(backend.name, what) for backend, what in self._torch_backends()]
+
+    def torch_group_bytes(self) -> int | None:
+        """Device memory this rank's NCCL communicators took when made, or None (none made).
+
+        The sum of each one's fall in the GPU's free memory across its set-up
+        (:attr:`~hadpsgd.comm.nccl.NCCLIntra.device_bytes`): NCCL's own buffers, which
+        torch's allocator neither holds nor reports. Where ranks share one GPU
+        (``HADPSGD_SHARE_GPU``) their set-ups overlap and each figure may hold a
+        neighbour's too.
+        """
+        sizes = [getattr(backend, "device_bytes", None) for backend, _ in self._torch_backends()]
+        known = [int(b) for b in sizes if b is not None]
+        return sum(known) if known else None
+
+    def _torch_backends(self) -> list[tuple[Any, str]]:
+        """Each torch.distributed backend of this rank once, with what it carries."""
+        found: list[tuple[Any, str]] = []
         seen: set[int] = set()
         r = self.reducer
         candidates = [(r.intra, "node"), (r.device_intra, "node's device tensors")]
@@ -193,7 +213,7 @@ class Topology:
             if backend is None or getattr(backend, "pg", None) is None or id(backend) in seen:
                 continue
             seen.add(id(backend))
-            found.append((backend.name, what))
+            found.append((backend, what))
         return found
 
     def sites(self) -> str | None:

@@ -50,6 +50,8 @@ def test_ssgd_over_nccl_inside_a_node_follows_the_mpi_route(tiny_data, tmp_path)
                                                  "--grad-wire", "bf16"], {}, {},
                            ["--intra-backend", "mpi"])
     assert "intra-node nccl" in out, out[-3000:]
+    # The start-up line counts the NCCL communicator and the device memory it took
+    assert "torch.distributed group" in out and "GiB of device memory at set-up" in out, out[-3000:]
     assert len(nccl) == len(mpi) > 4
     assert nccl == pytest.approx(mpi, rel=2e-3)
 
