@@ -100,7 +100,8 @@ class NCCLIntra(TorchIntra):
                                          if free_before is not None and free_after is not None
                                          else None)
         """The fall in the GPU's free memory across :meth:`_connect`: the communicator's own
-        buffers, outside torch's allocator (one element of probe besides). The start-up line
+        buffers, outside torch's allocator (besides the probe's block of that allocator, 2 MiB
+        where it is the first on the device). The start-up line
         sums it over the rank's groups (:meth:`~hadpsgd.comm.topology.Topology.
         torch_group_bytes`)."""
 
