@@ -69,6 +69,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-sign": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node", "1"]),
     "bmuf-int4": (None, ["--algo", "bmuf", "--wire", "int4", "--ranks-per-node", "1"]),
     "adpsgd-topk": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1"]),
+    # CHOCO's other code: every value's sign, 1 bit (topk sends 1/64 of them) (issue 57).
+    "adpsgd-sign": (None, ["--algo", "adpsgd", "--wire", "sign", "--ranks-per-node", "1"]),
     # CHOCO's consensus step a quarter of its default (diverged at 0.2 on 16 workers).
     "adpsgd-topk-g005": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1",
                                 "--gossip-step", "0.05"]),
