@@ -91,17 +91,20 @@ class ADPSGDOptions(WireOptions):
         Measured on speechocean762 at 16 flat learners (8 chunks each, docs/results.md):
         ``--wire topk`` diverged on 3 of 3 seeds, with ``--gossip-step 0.05`` too, and with
         the gradient clipped to norm 1 it trained to 82.7 % WER where SSGD reached 70.9 (seed
-        0). Each learner steps alone at the world's rate on 1/N of the batch, and exchanges
-        that carry 1/64 of a difference do not hold the replicas together as fp32 gossip does
-        (which matched SSGD there). At 4 it trained (2 points behind fp32 gossip). None up
-        to 4 super-learners or for a dense wire.
+        0); ``--wire sign`` diverged on 3 of 3 seeds too (2026-12-04: the training loss
+        9e6 by step 80). Each learner steps alone at the world's rate on 1/N of the batch,
+        and compressed differences on the ring do not hold the replicas together as fp32
+        gossip does (which matched SSGD there). At 4 both trained: topk 2 points behind fp32
+        gossip, sign at its WER (FSDD, the espeak set). None up to 4 super-learners or for a
+        dense wire.
         """
         if self.wire not in CHOCO_WIRES or super_learners <= CHOCO_HELD_UP_TO:
             return None
         return (f"adpsgd --wire {self.wire} on {super_learners} super-learners: CHOCO's "
                 f"compressed gossip was measured to hold up to {CHOCO_HELD_UP_TO}; on "
-                "speechocean762 at 16 it diverged on every seed (also with --gossip-step "
-                "0.05), and with --max-grad-norm 1 it ended 12 WER points behind SSGD. At "
+                "speechocean762 at 16 topk and sign both diverged on every seed (topk also "
+                "with --gossip-step 0.05; with --max-grad-norm 1 it ended 12 WER points "
+                "behind SSGD). At "
                 "this size gossip a dense wire (--wire int8, bf16 or fp32) or use --algo bmuf "
                 "--wire sign (127x fewer bytes than SSGD at 16 workers, near its WER)")
 

@@ -202,7 +202,8 @@ def test_chocos_compressed_gossip_past_four_super_learners_is_said_at_start():
     said = ADPSGDOptions(wire="topk").many_learners_warning(16)
     assert said and "16 super-learners" in said and "--wire int8" in said
     assert "--algo bmuf --wire sign" in said
-    assert ADPSGDOptions(wire="sign").many_learners_warning(8)  # CHOCO's too
+    sign = ADPSGDOptions(wire="sign").many_learners_warning(8)  # CHOCO's too (diverged too)
+    assert sign and "topk and sign both diverged" in sign
     assert ADPSGDOptions(wire="topk").many_learners_warning(4) is None
     assert ADPSGDOptions(wire="int8").many_learners_warning(16) is None
     assert ADPSGDOptions().many_learners_warning(16) is None
