@@ -110,6 +110,31 @@ class BLSTM(nn.Module):
         return hidden
 
 
+    def graph_stages(self) -> list[nn.Module]:
+        """The forward as modules called in a chain, each on the last one's output.
+
+        Each LSTM layer (the stacked LSTM as one where it is stacked), then the projection
+        and the output layer: ``--cuda-graph`` captures a graph pair per stage, so a layer's
+        gradients reach their reduction while backward replays the layers below it
+        (:mod:`hadpsgd.train.graphs`). The modules hold this model's parameters (the same
+        tensors) and are not its submodules.
+        """
+        layers = list(self.lstm) if self.per_layer else [self.lstm]  # type: ignore[arg-type]
+        return [_Output(layer) for layer in layers] + [nn.Sequential(self.proj, self.out)]
+
+
+class _Output(nn.Module):
+    """An LSTM module's output sequence alone (not its final states): a chainable stage."""
+
+    def __init__(self, lstm: nn.Module) -> None:
+        super().__init__()
+        self.lstm = lstm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The output of ``lstm`` on ``x``."""
+        return self.lstm(x)[0]
+
+
 def _split_layers(stacked: AutocastLSTM) -> nn.ModuleList:
     """Single-layer bidirectional LSTMs holding ``stacked``'s parameters (the same tensors).
 

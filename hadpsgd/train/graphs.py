@@ -21,6 +21,19 @@ path is the one the eager loop takes. The capture needs what a graph needs:
 sample, so nothing reaches the parameters' gradients (nor the reduction hooks) until the
 first replayed step.
 
+**Stage by stage** (issue 59 item 3). Captured whole, the backward is one replay that hands
+every gradient to autograd at its end: each bucket's reduction then starts after the whole
+backward, and the overlap of backward with communication the eager loop has is lost. A model
+that names its stages (``graph_stages()``: modules whose chained calls, each on the last
+one's output, are its forward; :meth:`hadpsgd.models.blstm.BLSTM.graph_stages` gives each
+LSTM layer and the output head) is captured as one graph pair per stage, in one call so they
+share a memory pool. The replayed backward is then one replay per stage, last stage first,
+and autograd accumulates a stage's gradients (its reduction hooks fire, and a full bucket
+starts its reduction) before the next replay runs: the eager loop's overlap at the stages'
+grain. A model without stages is captured whole. With the BLSTM's stacked LSTM (one cuDNN
+call, ``--lstm-layout auto``) the stages are the stack and the head; ``--lstm-layout
+per-layer`` gives a stage per layer.
+
 The capture is in CUDA's thread-local mode (issue 59 item 2). In the global mode torch
 captures in by default, a CUDA call of *another* thread that is unsafe during a capture
 invalidates it: the loader's pin-memory thread pinning the next batch (a page-locked
@@ -93,6 +106,9 @@ class GraphedForward:
         self._shape: tuple[int, ...] | None = None
         self.failed: str | None = None
         """Why the capture failed (the run goes on eagerly), or ``None``."""
+        self.stages = 0
+        """Graph pairs captured: the model's stages (:func:`stages_of`), 1 when captured
+        whole, 0 before the capture."""
 
     @property
     def captured(self) -> bool:
@@ -118,14 +134,28 @@ class GraphedForward:
     def _capture(self, feats: torch.Tensor) -> None:
         """Capture the passes on a copy of the first batch; warn and stay eager if they cannot."""
         sample = feats.detach().clone()
+        stages = stages_of(self.model)
         try:
             with autocast(self.precision, self.device, cache=False), thread_local_capture():
-                graphed = torch.cuda.make_graphed_callables(self.model, (sample,))
+                if stages is None:
+                    graphed = torch.cuda.make_graphed_callables(self.model, (sample,))
+                else:
+                    samples = stage_samples(stages, sample)
+                    graphed = torch.cuda.make_graphed_callables(
+                        tuple(stages), tuple((x,) for x in samples))
         except Exception as err:  # noqa: BLE001 - the run goes on without graphs, said once
             self.failed = f"{type(err).__name__}: {err}"
             warnings.warn(f"--cuda-graph: the model's passes could not be captured "
                           f"({self.failed[:300]}); training goes on without CUDA graphs",
                           RuntimeWarning, stacklevel=3)
+            return
+        if stages is not None:
+            # As below for the whole model, per stage: a stage may be one of the model's own
+            # submodules, whose eager forward the model's other callers still need.
+            self._graphed = chained([vars(stage).pop("forward", None) or replay
+                                     for stage, replay in zip(stages, graphed, strict=True)])
+            self._shape = tuple(feats.shape)
+            self.stages = len(stages)
             return
         # Given a module, torch replaces its forward (an attribute of the instance) by one
         # that replays the graphs whenever the module is in training mode. Taken back off the
@@ -134,6 +164,59 @@ class GraphedForward:
         replay = vars(self.model).pop("forward", None) if graphed is self.model else graphed
         self._graphed = replay if replay is not None else graphed
         self._shape = tuple(feats.shape)
+        self.stages = 1
 
 
-__all__ = ["CAPTURE_MODE", "GraphedForward", "thread_local_capture"]
+def stages_of(model: nn.Module) -> list[nn.Module] | None:
+    """The modules ``model`` is captured as, one graph pair each, or ``None`` for whole.
+
+    A model names its stages with a ``graph_stages()`` method (see the module's docstring);
+    fewer than two stages, or none, capture the model whole.
+
+    Raises:
+        TypeError: ``graph_stages()`` gave something other than modules (each is captured
+            with its parameters, which only a module carries).
+    """
+    get = getattr(model, "graph_stages", None)
+    if get is None:
+        return None
+    stages = list(get())
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, nn.Module):
+            raise TypeError(f"{type(model).__name__}.graph_stages() gave a "
+                            f"{type(stage).__name__} at {i}: give nn.Module objects, whose "
+                            "chained calls are the model's forward")
+    return stages if len(stages) > 1 else None
+
+
+def stage_samples(stages: list[nn.Module], feats: torch.Tensor) -> list[torch.Tensor]:
+    """Each stage's sample input: ``feats``, then each stage's output on the one before.
+
+    Computed without autograd, under the autocast the caller opened (the dtypes a replay
+    meets). Every sample after the first requires a gradient, as the live input does (the
+    output of the stage before, a function of its parameters); the first is the batch's
+    features, which do not.
+    """
+    samples = [feats]
+    with torch.no_grad():
+        x = feats
+        for stage in stages[:-1]:
+            x = stage(x)
+            samples.append(x.detach().clone().requires_grad_(True))
+    return samples
+
+
+def chained(stages: list[Callable[..., torch.Tensor]]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One callable running ``stages`` in order, each on the last one's output."""
+
+    def run(feats: torch.Tensor) -> torch.Tensor:
+        x = feats
+        for stage in stages:
+            x = stage(x)
+        return x
+
+    return run
+
+
+__all__ = ["CAPTURE_MODE", "GraphedForward", "chained", "stage_samples", "stages_of",
+           "thread_local_capture"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from hadpsgd.models import build_model
+from hadpsgd.models.blstm import BLSTM
 from hadpsgd.precision import autocast
 from hadpsgd.train.graphs import GraphedForward
 from tests._mpi import assert_ok, run_mpi
@@ -25,11 +26,12 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+@pytest.mark.parametrize("per_layer", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_replayed_passes_give_the_eager_gradients(precision):
+def test_replayed_passes_give_the_eager_gradients(precision, per_layer):
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    model = build_model("tiny", 40, 12).to(dev)
+    model = BLSTM(40, 12, hidden=32, layers=2, proj=16, per_layer=per_layer).to(dev)
     graphed = GraphedForward(model, precision, dev)
 
     def grads(run_graph: bool, x: torch.Tensor) -> list[torch.Tensor]:
@@ -47,6 +49,7 @@ def test_replayed_passes_give_the_eager_gradients(precision):
         assert graphed.fits(x)
         got, want = grads(True, x), grads(False, x)
         assert graphed.captured and graphed.failed is None
+        assert graphed.stages == (3 if per_layer else 2)  # issue 59 item 3: stage by stage
         tol = 1e-5 if precision == "fp32" else 2e-2
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=tol, atol=tol)
@@ -107,3 +110,25 @@ def test_a_thread_pinning_batches_does_not_break_the_capture():
         thread.join()
     assert graphed.captured and graphed.failed is None, graphed.failed
     assert len(pinned) > 1  # the thread pinned while the capture ran
+
+
+def test_a_layer_s_gradients_land_before_the_layers_below_replay_their_backward():
+    """Issue 59 item 3: captured stage by stage, the replayed backward hands each stage's
+    gradients to autograd before the stage below replays, so the reduction hooks of the
+    upper layers fire (and their buckets may start) while backward still runs below."""
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = BLSTM(40, 12, hidden=32, layers=2, proj=16, per_layer=True).to(dev)
+    graphed = GraphedForward(model, "fp32", dev)
+    first = list(model.lstm[0].parameters())
+    seen: list[bool] = []
+    for p in (model.out.weight, model.lstm[1].weight_ih_l0):
+        p.register_post_accumulate_grad_hook(
+            lambda _: seen.append(all(q.grad is None for q in first)))
+    for seed in range(2):  # the capture's step, then a replay
+        model.zero_grad(set_to_none=True)
+        seen.clear()
+        x = torch.randn(8, 21, 40, device=dev, generator=torch.Generator(dev).manual_seed(seed))
+        graphed(x).float().square().mean().backward()
+        assert graphed.stages == 3 and seen == [True, True], seen
+        assert all(q.grad is not None for q in first)

@@ -282,9 +282,10 @@ def test_adpsgd_trains_end_to_end(tiny_data, tmp_path):
 def test_a_straggler_does_not_hold_back_the_others(algo, extra, tiny_data, tmp_path):
     """Through ``python -m hadpsgd.run``: learner 1's steps take 20x longer (an emulated device
     step; at 6x a CI machine's contended compute, ~30 ms a step beside the 10 ms wait, left it
-    only 1.6x slower and the 2x below failed once). ADPSGD's other super-learners keep their pace and take more batches from the shared
-    pool, which still hands out every chunk of an epoch exactly once; SSGD stays in lock step.
-    (Counts of batches, not times: a property that two busy cores cannot blur.)"""
+    only 1.6x slower and the 2x below failed once). ADPSGD's other super-learners keep their
+    pace and take more batches from the shared pool, which still hands out every chunk of an
+    epoch exactly once; SSGD stays in lock step. (Counts of batches, not times: a property
+    that two busy cores cannot blur.)"""
     out = tmp_path / "run"
     res = run_command(4, ["-m", "hadpsgd.run", "--algo", algo, *extra, "--train",
                       str(tiny_data[0]), "--heldout", str(tiny_data[1]), "--preset", "tiny",
