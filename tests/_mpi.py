@@ -46,13 +46,20 @@ class MPIResult:
 
 def mpirun_job(nprocs: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
     """The command line of ``mpirun -np nprocs python <args>`` and its environment (the
-    launcher's, a 60 s deadline unless set, this checkout first on the path)."""
+    launcher's, a 60 s deadline unless set, this checkout first on the path).
+
+    MPI's start-up gets 60 s of its own (``HADPSGD_START_TIMEOUT``) unless a test sets it:
+    a test's short ``HADPSGD_TIMEOUT`` is for the fault it injects, and on two busy cores a
+    rank may still be importing torch 4 s after its peers reached ``MPI_Init`` (a CI run
+    failed so: ``test_faults`` at 4 s).
+    """
     from hadpsgd.launch import launch_env, mpirun_command
 
     cmd = mpirun_command(nprocs, [], module="x")[:-3]  # launcher + its local flags
     cmd += [sys.executable, *args]
     env = launch_env(nprocs=nprocs)
     env.setdefault("HADPSGD_TIMEOUT", "60")
+    env.setdefault("HADPSGD_START_TIMEOUT", "60")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return cmd, env
 

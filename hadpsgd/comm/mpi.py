@@ -69,7 +69,7 @@ def mpi() -> Any:
 
 
 def _init(MPI: Any) -> None:  # noqa: N803 - the module is conventionally MPI
-    """``MPI_Init_thread`` (MULTIPLE asked) under ``HADPSGD_TIMEOUT`` (:mod:`.startup`).
+    """``MPI_Init_thread`` (MULTIPLE asked) under ``HADPSGD_START_TIMEOUT`` (:mod:`.startup`).
 
     A rank that never reaches MPI leaves the others waiting in ``MPI_Init``: past the
     deadline each of them names it and exits :data:`~hadpsgd.exit_codes.EXIT_TIMED_OUT`.
@@ -79,14 +79,14 @@ def _init(MPI: Any) -> None:  # noqa: N803 - the module is conventionally MPI
     from hadpsgd.comm.startup import init_thread
 
     try:
-        timeout = env.timeout()
-    except env.EnvError:
-        timeout = env.DEFAULT_TIMEOUT_S  # said by name once MPI is up (hadpsgd.comm.init)
+        timeout, setting = env.start_timeout()
+    except env.EnvError:  # said by name once MPI is up (hadpsgd.comm.init)
+        timeout, setting = env.DEFAULT_TIMEOUT_S, "its default"
     library = mapped_libmpi()
     if library is None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return
-    init_thread(MPI, library, MPI.THREAD_MULTIPLE, timeout)
+    init_thread(MPI, library, MPI.THREAD_MULTIPLE, timeout, setting)
 
 
 def loaded_libmpi() -> str | None:

@@ -5,10 +5,11 @@ reaches it (frozen by SIGSTOP or a debugger, stuck on a file system in its impor
 before MPI) leaves every other rank blocked inside it, with no communicator to ask anyone.
 :func:`init_thread` therefore calls ``MPI_Init_thread`` through ctypes, which releases the
 GIL (mpi4py's own initialisation holds it, so no Python thread could run meanwhile), under a
-plain timer thread: past ``HADPSGD_TIMEOUT`` the rank says which ranks of its host are not
-in ``MPI_Init`` with it and why (read from ``/proc``: stopped, in an uninterruptible wait,
-not started MPI), then exits with :data:`~hadpsgd.exit_codes.EXIT_TIMED_OUT`. The launcher
-ends the job when the first rank exits so (the missing rank included).
+plain timer thread: past ``HADPSGD_START_TIMEOUT`` (unset: ``HADPSGD_TIMEOUT``) the rank
+says which ranks of its host are not in ``MPI_Init`` with it and why (read from ``/proc``:
+stopped, in an uninterruptible wait, not started MPI), then exits with
+:data:`~hadpsgd.exit_codes.EXIT_TIMED_OUT`. The launcher ends the job when the first rank
+exits so (the missing rank included).
 """
 
 from __future__ import annotations
@@ -166,10 +167,13 @@ class StartupDeadline:
     a C call that never returns). The block must release the GIL while it waits.
     """
 
-    def __init__(self, what: str, timeout: float, rank: int | None = None) -> None:
+    def __init__(self, what: str, timeout: float, rank: int | None = None,
+                 setting: str = "HADPSGD_TIMEOUT") -> None:
         self.what = what
         self.timeout = timeout
         self.rank = rank
+        self.setting = setting
+        """The variable the deadline came from, named in the message."""
         self._done = threading.Event()
 
     def __enter__(self) -> StartupDeadline:
@@ -194,10 +198,10 @@ class StartupDeadline:
         found = _merge(before, siblings())
         who = f"rank {self.rank}" if self.rank is not None else "this process"
         line = (f"hadpsgd: error: {who} (start-up: MPI set-up): {self.what} did not complete "
-                f"within {self.timeout:g} s (HADPSGD_TIMEOUT): {who_is_missing(found)}. "
+                f"within {self.timeout:g} s ({self.setting}): {who_is_missing(found)}. "
                 "A rank that never reaches MPI is frozen, stuck (a file system, its imports) "
-                "or dead; see its log. Raise HADPSGD_TIMEOUT if ranks are merely slow to "
-                "start.")
+                "or dead; see its log. Raise HADPSGD_START_TIMEOUT (MPI's start-up alone) "
+                "if ranks are merely slow to start.")
         if self._done.is_set():
             return  # it completed while we looked
         sys.stdout.flush()
@@ -209,7 +213,8 @@ class StartupDeadline:
         os._exit(EXIT_TIMED_OUT)
 
 
-def init_thread(MPI: Any, library: str, required: int, timeout: float) -> None:  # noqa: N803
+def init_thread(MPI: Any, library: str, required: int, timeout: float,  # noqa: N803
+                setting: str = "HADPSGD_TIMEOUT") -> None:
     """``MPI_Init_thread`` under :class:`StartupDeadline`, with the GIL released.
 
     Args:
@@ -217,6 +222,7 @@ def init_thread(MPI: Any, library: str, required: int, timeout: float) -> None: 
         library: The path of the MPI library mpi4py loaded (the same handle is used).
         required: The thread level to ask for.
         timeout: The deadline in seconds (``inf``: none).
+        setting: The variable ``timeout`` came from (named when it passes).
 
     Raises:
         RuntimeError: If ``MPI_Init_thread`` returns an error code.
@@ -226,7 +232,7 @@ def init_thread(MPI: Any, library: str, required: int, timeout: float) -> None: 
     init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                      ctypes.POINTER(ctypes.c_int)]
     provided = ctypes.c_int(-1)
-    with StartupDeadline("MPI_Init", timeout, launch_rank()):
+    with StartupDeadline("MPI_Init", timeout, launch_rank(), setting):
         code = init(None, None, required, ctypes.byref(provided))  # ctypes drops the GIL
     if code != 0 or not MPI.Is_initialized():
         raise RuntimeError(f"MPI_Init_thread failed with error code {code}")

@@ -6,6 +6,11 @@ variable                type        default           meaning
 HADPSGD_TIMEOUT         float > 0   300               deadline in seconds of every blocking
                                                       communication, at most 2592000 (30
                                                       days; ``inf``: none)
+HADPSGD_START_TIMEOUT   float > 0   HADPSGD_TIMEOUT   deadline in seconds of MPI's start-up
+                                                      (``MPI_Init``, which waits for every
+                                                      rank's imports and launch: a shared file
+                                                      system, a busy machine), at most 2592000
+                                                      (``inf``: none)
 HADPSGD_RANKS_PER_NODE  int >= 1    the real nodes    emulate nodes of this many consecutive ranks
                                                       (same as ``--ranks-per-node``)
 HADPSGD_INTRA_BACKEND   choice      auto              intra-node backend (``auto``, ``mpi``,
@@ -76,6 +81,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 TIMEOUT = "HADPSGD_TIMEOUT"
+START_TIMEOUT = "HADPSGD_START_TIMEOUT"
 RANKS_PER_NODE = "HADPSGD_RANKS_PER_NODE"
 INTRA_BACKEND = "HADPSGD_INTRA_BACKEND"
 BUCKET_MB = "HADPSGD_BUCKET_MB"
@@ -92,9 +98,9 @@ STDOUT_TTY = "HADPSGD_STDOUT_TTY"
 FT_DETECTOR = "HADPSGD_FT_DETECTOR"
 FROZEN_S = "HADPSGD_FROZEN_S"
 
-NAMES: tuple[str, ...] = (TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB, PIPELINE_MB,
-                          CUDA_AWARE, HOST_LINK, SHARE_GPU, CACHE, DEBUG, FAULT, TRACE_CHUNKS,
-                          EMULATE_STEP, STDOUT_TTY, FT_DETECTOR, FROZEN_S)
+NAMES: tuple[str, ...] = (TIMEOUT, START_TIMEOUT, RANKS_PER_NODE, INTRA_BACKEND, BUCKET_MB,
+                          PIPELINE_MB, CUDA_AWARE, HOST_LINK, SHARE_GPU, CACHE, DEBUG, FAULT,
+                          TRACE_CHUNKS, EMULATE_STEP, STDOUT_TTY, FT_DETECTOR, FROZEN_S)
 """Every variable of the table above."""
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -231,6 +237,33 @@ def timeout() -> float:
     if math.isfinite(number) and number > MAX_TIMEOUT_S:
         raise EnvError(f"{TIMEOUT}={raw(TIMEOUT)!r} is too long; {hint}")
     return float(number)
+
+
+def start_timeout() -> tuple[float, str]:
+    """``HADPSGD_START_TIMEOUT``: the deadline of MPI's start-up, and the variable that set it.
+
+    ``MPI_Init`` waits for every rank of the launch, so a rank still importing (a shared file
+    system at scale, a machine busy with other jobs) counts against it; a training run's
+    tight ``HADPSGD_TIMEOUT`` need not bound that. Unset, the start-up takes
+    ``HADPSGD_TIMEOUT`` (:func:`timeout`), as every deadline does.
+
+    Returns:
+        ``(seconds, name)``: the deadline (``inf``: none) and the variable it came from, for
+        the message that names it.
+
+    Raises:
+        EnvError: If the variable in effect is set but is not a number > 0 and at most
+            :data:`MAX_TIMEOUT_S` (or ``inf``).
+    """
+    if raw(START_TIMEOUT) is None:
+        return timeout(), TIMEOUT
+    hint = (f"set it to the deadline of MPI's start-up in seconds, > 0 and at most "
+            f"{MAX_TIMEOUT_S:.0f}, e.g. 120, or to inf for none, or unset it (then "
+            f"{TIMEOUT} bounds the start-up too)")
+    number = _number(START_TIMEOUT, float, hint, above=0)
+    if number is None or (math.isfinite(number) and number > MAX_TIMEOUT_S):
+        raise EnvError(f"{START_TIMEOUT}={raw(START_TIMEOUT)!r} is too long; {hint}")
+    return float(number), START_TIMEOUT
 
 
 def bucket_mb() -> float:
@@ -509,6 +542,7 @@ def check() -> None:
         EnvError: For the first bad variable, in the order of the table.
     """
     timeout()
+    start_timeout()
     ranks_per_node()
     intra_backend()
     bucket_mb()

@@ -32,6 +32,7 @@ def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
 
     env = launch_env(nprocs=nprocs)
     env.update(env_extra or {})
+    env.setdefault("HADPSGD_START_TIMEOUT", "60")  # MPI's start-up: see tests._mpi.mpirun_job
     env.update({"HADPSGD_TIMEOUT": timeout, "HADPSGD_FAULT": fault,
                 "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})

@@ -77,7 +77,8 @@ def test_a_rank_frozen_in_start_up_ends_the_job_within_the_deadline(case, tiny_d
                                                                      tmp_path) -> None:
     at, kind, nprocs, phase, answers = CASES[case]
     res = run_mpi(nprocs, ["-m", "hadpsgd.run", *_args(tiny_data, tmp_path / "run")],
-                  env={"HADPSGD_TIMEOUT": str(TIMEOUT_S),
+                  env={"HADPSGD_TIMEOUT": str(TIMEOUT_S),  # the phases after MPI's set-up
+                       "HADPSGD_START_TIMEOUT": str(TIMEOUT_S),  # MPI's set-up
                        "HADPSGD_FAULT": f"kind={kind},rank=1,at={at}"}, timeout=180)
     _check(res, nprocs, phase, answers)
     if phase == "MPI set-up":  # the rank on this host that never came, and why

@@ -30,6 +30,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # (variable, reader, default, good value, what it parses to, bad values)
 CASES: list[tuple[str, Callable[[], Any], Any, str, Any, list[str]]] = [
     ("HADPSGD_TIMEOUT", env.timeout, 300.0, "4.5", 4.5, ["abc", "0", "-1", "nan", "1e12"]),
+    ("HADPSGD_START_TIMEOUT", lambda: env.start_timeout()[0], 300.0, "120", 120.0,
+     ["abc", "0", "-1", "nan", "1e12"]),
     ("HADPSGD_RANKS_PER_NODE", env.ranks_per_node, None, "2", 2, ["two", "1.5", "0", "-3"]),
     ("HADPSGD_INTRA_BACKEND", env.intra_backend, "auto", "gloo", "gloo", ["MPI", "ucx"]),
     ("HADPSGD_BUCKET_MB", env.bucket_mb, 64.0, "0.0001", 0.0001, ["big", "0", "-2"]),

@@ -95,6 +95,28 @@ def test_a_block_past_its_deadline_ends_the_process_with_exit_3() -> None:
                                  "not complete within 0.5 s (HADPSGD_TIMEOUT): "), res.stderr
 
 
+def test_the_start_up_deadline_names_its_own_variable_and_falls_back_to_the_run_s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hadpsgd import env
+
+    monkeypatch.delenv("HADPSGD_START_TIMEOUT", raising=False)
+    monkeypatch.setenv("HADPSGD_TIMEOUT", "4")
+    assert env.start_timeout() == (4.0, "HADPSGD_TIMEOUT")  # unset: the run's deadline
+    monkeypatch.setenv("HADPSGD_START_TIMEOUT", "120")
+    assert env.start_timeout() == (120.0, "HADPSGD_START_TIMEOUT")
+    assert env.timeout() == 4.0  # the training deadline stays as tight as it was
+    monkeypatch.setenv("HADPSGD_START_TIMEOUT", "inf")
+    assert env.start_timeout() == (float("inf"), "HADPSGD_START_TIMEOUT")
+    code = ("import time\nfrom hadpsgd.comm.startup import StartupDeadline\n"
+            "with StartupDeadline('MPI_Init', 0.5, 2, 'HADPSGD_START_TIMEOUT'):\n"
+            "    time.sleep(30)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == EXIT_TIMED_OUT, res.stderr
+    assert "within 0.5 s (HADPSGD_START_TIMEOUT): " in res.stderr, res.stderr
+    assert "Raise HADPSGD_START_TIMEOUT (MPI's start-up alone)" in res.stderr, res.stderr
+
+
 def test_a_block_within_its_deadline_goes_on() -> None:
     with startup.StartupDeadline("MPI_Init", 5.0):
         pass
