@@ -196,6 +196,12 @@ def plan(run: Runner, gpus: int, work: Path, quick: bool) -> list[Item]:
     tt_cmd = [sys.executable, "benchmarks/train_throughput.py", "--device", "cuda",
               "--presets", "small", "swb", "--ranks", "1", str(gpus), "--steps", "20",
               "--warmup", "3", "--json", str(work / "tt.json")]
+    def probe_cmd(layout: str) -> list[str]:
+        # --cuda-graph's overlap, whole against per stage (issue 59 item 3): swb bf16 at 128.
+        return [sys.executable, "-m", "benchmarks.training.graph_probe", "--batch", "128",
+                "--precision", "bf16", "--layout", layout, "--windows", "2",
+                "--json", str(work / f"graph-{layout}.json")]
+
     comm_cmd = [sys.executable, "-m", "benchmarks.comm", "-n", str(n), "--device", "cuda",
                 "--op", "allreduce", "-b", "4K", "-e", "64M", "-f", "8",
                 "--json", str(work / "comm.json")]
@@ -288,6 +294,15 @@ def plan(run: Runner, gpus: int, work: Path, quick: bool) -> list[Item]:
         Item("sgraph", "capture beside a pinning thread", 120, 30, lambda t: run.pytest(
             t, ("tests/gpu/test_gpu_graphs.py",), keyword="pinning",
             name="the model's capture beside a thread that pins"), part=3),
+        # The overlap a graphed backward leaves, whole against per stage (guessed needs).
+        Item("gstack", "graph probe swb bf16 stacked: overlap", 120, 25, lambda t: run.bench(
+            "graph probe swb bf16 128 stacked (overlap, whole vs stages)",
+            probe_cmd("stacked"), work / "graph-stacked.json", t, ("128", "bf16", "-")),
+             part=3),
+        Item("glayer", "graph probe swb bf16 per-layer: overlap", 120, 25, lambda t: run.bench(
+            "graph probe swb bf16 128 per-layer (overlap, whole vs stages)",
+            probe_cmd("per-layer"), work / "graph-per-layer.json", t, ("128", "bf16", "-")),
+             part=3),
         Item("snccl", "NCCL between ranks on one GPU (HADPSGD_SHARE_GPU=1)", 400, 300,
              lambda t: run.pytest(t, SHARE_TESTS, env=SHARE_ENV,
                                   name="tests/gpu's NCCL tests, HADPSGD_SHARE_GPU=1"), part=3),

@@ -8,7 +8,7 @@
 #   bash scripts/gpu_check.sh [REPORT.md] --part 2       part 2, ~386 s: the benchmarks,
 #        swb per LSTM layout and with TF32, fp16 / bf16 on small, the rest
 #                                                (default ./gpu-check-report-part2.md)
-#   bash scripts/gpu_check.sh [REPORT.md] --part 3       part 3, ~6 min (never run yet):
+#   bash scripts/gpu_check.sh [REPORT.md] --part 3       part 3, ~7 min (never run yet):
 #        NCCL between ranks on the one GPU, HADPSGD_SHARE_GPU=1 (default
 #        ./gpu-check-report-part3.md)
 #   bash scripts/gpu_check.sh [REPORT.md] --only KEY,... some checks of any part

@@ -15,8 +15,9 @@ sys.path.insert(0, str(SCRIPTS))
 import _gpu_check as gc  # noqa: E402 - scripts/ is no package: found through sys.path
 import _gpu_check_plan as gp  # noqa: E402
 
-PART_3 = {"sversions", "sgraph", "snccl"}
-"""The shared-GPU plan (issue 59): NCCL between ranks on one GPU."""
+PART_3 = {"sversions", "sgraph", "gstack", "glayer", "snccl"}
+"""The shared-GPU plan (issue 59): NCCL between ranks on one GPU, and the CUDA graphs' checks
+that have never run (the capture beside a pinning thread, the overlap per stage)."""
 PART_1 = {"machine", "nccl1", "nccl", "pytest", "ssgdn", "adpsgd", "hadpsgd", "bmuf",
           "swbbf16"}
 """What the default command must run: what proves the GPU (docs/gpu.md)."""
@@ -329,15 +330,19 @@ def test_the_dry_run_prints_the_plan_and_each_part_fits_one_command(part, gpus):
 
 def test_the_shared_gpu_part_runs_the_nccl_tests_with_the_mode_on(tmp_path):
     """Part 3 (issue 59): on one GPU, tests/gpu's NCCL tests under HADPSGD_SHARE_GPU=1, after
-    the versions and the capture beside a pinning thread; no other check sets the mode."""
+    the versions, the capture beside a pinning thread and the graph probe's overlap in both
+    LSTM layouts; no other check sets the mode."""
     items, rec = _plan(tmp_path)
     for item in _part(items, "3"):
         item.run(item.limit)
     kinds = [c[0] for c in rec.calls]
-    assert kinds == ["python", "pytest", "pytest"]
+    assert kinds == ["python", "pytest", "bench", "bench", "pytest"]
     _, _, paths, keyword, env = rec.calls[1]
     assert paths == ("tests/gpu/test_gpu_graphs.py",) and keyword == "pinning" and not env
-    _, _, paths, keyword, env = rec.calls[2]
+    probes = [c[2] for c in rec.calls[2:4]]
+    assert all("benchmarks.training.graph_probe" in cmd for cmd in probes), probes
+    assert [cmd[cmd.index("--layout") + 1] for cmd in probes] == ["stacked", "per-layer"]
+    _, _, paths, keyword, env = rec.calls[4]
     assert env == {"HADPSGD_SHARE_GPU": "1"} and keyword is None
     assert "tests/gpu/test_gpu_share.py" in paths and "tests/gpu/test_gpu_comm.py" in paths
     rec.calls.clear()
