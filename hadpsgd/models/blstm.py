@@ -109,7 +109,6 @@ class BLSTM(nn.Module):
         hidden, _ = self.lstm(x)
         return hidden
 
-
     def graph_stages(self) -> list[nn.Module]:
         """The forward as modules called in a chain, each on the last one's output.
 

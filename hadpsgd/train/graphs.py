@@ -94,6 +94,7 @@ class GraphedForward:
     Raises:
         ValueError: ``device`` is not a CUDA device (the run refuses ``--cuda-graph`` there
             before it starts: ``hadpsgd.assembly.build``).
+        TypeError: The model's ``graph_stages()`` gives something other than modules.
     """
 
     def __init__(self, model: nn.Module, precision: str, device: torch.device) -> None:
@@ -109,6 +110,7 @@ class GraphedForward:
         self.stages = 0
         """Graph pairs captured: the model's stages (:func:`stages_of`), 1 when captured
         whole, 0 before the capture."""
+        stages_of(model)  # a model's bad graph_stages() is said now, before any step
 
     @property
     def captured(self) -> bool:

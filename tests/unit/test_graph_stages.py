@@ -63,6 +63,8 @@ def test_a_model_without_stages_or_with_one_is_captured_whole():
     with pytest.raises(TypeError, match=r"Bad.graph_stages\(\) gave a function at 1: give "
                                         "nn.Module objects"):
         stages_of(Bad(2, 2))
+    with pytest.raises(TypeError, match="gave a function"):  # before any step, not at the first
+        GraphedForward(Bad(2, 2), "fp32", torch.device("cuda"))
 
 
 def test_the_samples_are_each_stages_input_and_want_a_gradient_after_the_first():
