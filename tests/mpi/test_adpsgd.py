@@ -134,7 +134,7 @@ def test_gossip_between_leaders_of_one_host_stays_on_mpi(n, per_node, hosts, tmp
     # still conserves the replicas' sum and the replicas are identical within a super-learner.
     env = {"HADPSGD_RANKS_PER_NODE": str(per_node), "HADPSGD_TIMEOUT": "30",
            "ADPSGD_TEST_STEPS": "30", "HOST_LINK_HOSTS": hosts}
-    res = run_worker(n, "gossip_link", "conserve", str(tmp_path), env=env)
+    res = run_worker_warm(n, "gossip_link", "conserve", str(tmp_path), env=env)
     assert_ok(res)
     recs = _records(tmp_path, n)
     _assert_conserved(recs)

@@ -121,8 +121,9 @@ def test_cross_node_leg_cut_by_host(nprocs, per_node, hosts):
     # torch.distributed group (NCCL on GPUs; gloo stands in here, the same TorchIntra
     # calls), MPI only between hosts. Every collective of comm_ops must still equal its
     # NumPy reference and be bit-identical on every rank, with the leg taken through the link.
-    res = run_worker(nprocs, "host_link", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": per_node,
-                                               "HOST_LINK_HOSTS": hosts})
+    res = run_worker_warm(nprocs, "host_link", env={**TINY_BUCKET,
+                                                    "HADPSGD_RANKS_PER_NODE": per_node,
+                                                    "HOST_LINK_HOSTS": hosts})
     assert_ok(res)
     assert res.stdout.count("OK rank") == nprocs
     assert "inter-node gloo between super-learners of one host" in res.stdout

@@ -9,6 +9,8 @@ channel, and the gossip's, take MPI: one thread launches NCCL). ``hosts``
 spreads the super-learners over that many pretend hosts, nodes in consecutive blocks.
 """
 
+from collections.abc import Callable
+
 from hadpsgd import comm
 from hadpsgd.comm.backends import GlooIntra
 from hadpsgd.comm.hostlink import SCOPE, HostLink
@@ -17,9 +19,14 @@ made: list[HostLink] = []
 """The links installed, in order (one per ``comm.init``)."""
 
 
-def install(hosts: int, after: object = None) -> None:
-    """Wrap ``comm.init``; ``after(topo)``, if given, runs once the link is in place."""
+def install(hosts: int, after: object = None) -> Callable[[], None]:
+    """Wrap ``comm.init``; ``after(topo)``, if given, runs once the link is in place.
+
+    Returns what puts ``comm.init`` back: a warm world's process (tests/_commands.py) runs
+    the next command after this one, which must meet the real ``comm.init``.
+    """
     real_init = comm.init
+    made.clear()
 
     def init(**kwargs: object) -> comm.Topology:
         topo = real_init(**kwargs)  # type: ignore[arg-type]
@@ -37,3 +44,8 @@ def install(hosts: int, after: object = None) -> None:
         return topo
 
     comm.init = init
+
+    def restore() -> None:
+        comm.init = real_init
+
+    return restore

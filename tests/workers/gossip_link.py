@@ -16,9 +16,12 @@ import _standin  # noqa: E402 - the workers' folder, above
 
 from hadpsgd.comm.pair import PairChannel  # noqa: E402
 
-_standin.install(int(os.environ.get("HOST_LINK_HOSTS", "1")))
-sys.argv = [os.path.join(os.path.dirname(__file__), "adpsgd_props.py"), *sys.argv[1:]]
-done = runpy.run_path(sys.argv[0], run_name="__main__")
+restore = _standin.install(int(os.environ.get("HOST_LINK_HOSTS", "1")))
+try:
+    sys.argv = [os.path.join(os.path.dirname(__file__), "adpsgd_props.py"), *sys.argv[1:]]
+    done = runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    restore()
 thread = done["algo"].thread
 if thread is not None:
     channel = thread.channel
