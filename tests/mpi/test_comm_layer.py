@@ -38,8 +38,9 @@ def test_intra_group_spanning_hosts_meets_over_a_tcp_store():
     # A node whose learners sit on two hosts (super-learner larger than a host): the gloo /
     # NCCL group cannot meet through a FileStore in one host's /tmp; it must take the TCP
     # store whose address rank 0 broadcasts over MPI, and every collective still be exact.
-    res = run_worker(4, "comm_ops_spanning", env={**TINY_BUCKET, "HADPSGD_RANKS_PER_NODE": "2",
-                                                  "HADPSGD_INTRA_BACKEND": "gloo"})
+    res = run_worker_warm(4, "comm_ops_spanning", env={**TINY_BUCKET,
+                                                       "HADPSGD_RANKS_PER_NODE": "2",
+                                                       "HADPSGD_INTRA_BACKEND": "gloo"})
     assert_ok(res)
     assert res.stdout.count("OK rank") == 4 and "intra-node gloo" in res.stdout
     assert all(f"rendezvous rank {r}: tcp" in res.stdout for r in range(4)), res.stdout
