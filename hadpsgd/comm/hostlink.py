@@ -28,9 +28,12 @@ host NCCL's allreduce gives them (its ring and tree reduce each element once). T
 one GPU may deadlock unless every rank launches them in the same order; a background thread
 launching on its own communicator beside the main thread's would interleave differently on
 different ranks (in H-ADPSGD the gradient buckets, the host link and the gossip's swap were
-three communicators from three threads). So only the main thread launches NCCL (and
-autograd's thread during backward, which the main thread waits on): in program order, the
-same on every rank. The exchanges of background threads take MPI, which
+three communicators from three threads). So only the main thread launches NCCL, with the
+threads it waits on while they do: autograd's during backward, and the gradient reducer's
+(``hadpsgd-grad-reduce``: the buckets' means, the host link's deferred mean, the pipeline),
+whose launches :meth:`~hadpsgd.comm.overlap.BucketReducer.finish` waits for before the main
+thread goes on (no NCCL launch of the main thread may come before that wait): in program
+order, the same on every rank. The exchanges of background threads take MPI, which
 MPI_THREAD_MULTIPLE makes safe from any thread: ADPSGD's gossip swap (also between leaders
 on one host: CUDA-aware MPI, or staged through pinned host buffers) and BMUF's overlapped
 block average; a side channel whose means run on the caller's thread keeps a :meth:`twin`.

@@ -103,7 +103,9 @@ class NCCLIntra(TorchIntra):
         buffers, outside torch's allocator (besides the probe's block of that allocator, 2 MiB
         where it is the first on the device). The start-up line
         sums it over the rank's groups (:meth:`~hadpsgd.comm.topology.Topology.
-        torch_group_bytes`)."""
+        torch_group_bytes`). A lower bound: NCCL from 2.22 connects lazily by default
+        (``NCCL_RUNTIME_CONNECT``), so the buffers of the algorithms the one-element probe did
+        not use (larger rings, reduce-scatter, NVLink SHARP) come at their first use."""
 
     def _connect(self) -> float:
         """Make the NCCL communicator now, under the deadline; return the seconds it took.
