@@ -231,11 +231,22 @@ def timeout() -> float:
     """
     hint = (f"set it to a deadline in seconds, > 0 and at most {MAX_TIMEOUT_S:.0f} (30 days), "
             f"e.g. 300, or to inf for none, or unset it (default {DEFAULT_TIMEOUT_S:g})")
-    number = _number(TIMEOUT, float, hint, above=0)
+    number = _deadline(TIMEOUT, hint)
+    return DEFAULT_TIMEOUT_S if number is None else number
+
+
+def _deadline(name: str, hint: str) -> float | None:
+    """Variable ``name`` as a deadline in seconds, or ``None`` when unset.
+
+    Raises:
+        EnvError: Unless it is > 0 and at most :data:`MAX_TIMEOUT_S` (or ``inf``); the
+            message ends in ``hint``.
+    """
+    number = _number(name, float, hint, above=0)
     if number is None:
-        return DEFAULT_TIMEOUT_S
+        return None
     if math.isfinite(number) and number > MAX_TIMEOUT_S:
-        raise EnvError(f"{TIMEOUT}={raw(TIMEOUT)!r} is too long; {hint}")
+        raise EnvError(f"{name}={raw(name)!r} is too long; {hint}")
     return float(number)
 
 
@@ -255,15 +266,11 @@ def start_timeout() -> tuple[float, str]:
         EnvError: If the variable in effect is set but is not a number > 0 and at most
             :data:`MAX_TIMEOUT_S` (or ``inf``).
     """
-    if raw(START_TIMEOUT) is None:
-        return timeout(), TIMEOUT
     hint = (f"set it to the deadline of MPI's start-up in seconds, > 0 and at most "
             f"{MAX_TIMEOUT_S:.0f}, e.g. 120, or to inf for none, or unset it (then "
             f"{TIMEOUT} bounds the start-up too)")
-    number = _number(START_TIMEOUT, float, hint, above=0)
-    if number is None or (math.isfinite(number) and number > MAX_TIMEOUT_S):
-        raise EnvError(f"{START_TIMEOUT}={raw(START_TIMEOUT)!r} is too long; {hint}")
-    return float(number), START_TIMEOUT
+    number = _deadline(START_TIMEOUT, hint)
+    return (timeout(), TIMEOUT) if number is None else (number, START_TIMEOUT)
 
 
 def bucket_mb() -> float:
