@@ -110,7 +110,9 @@ class GraphedForward:
         self.stages = 0
         """Graph pairs captured: the model's stages (:func:`stages_of`), 1 when captured
         whole, 0 before the capture."""
-        stages_of(model)  # a model's bad graph_stages() is said now, before any step
+        self._stages = stages_of(model)
+        """The modules captured a graph pair each, or None for the whole model (read here: a
+        model's bad ``graph_stages()`` is said before any step)."""
 
     @property
     def captured(self) -> bool:
@@ -136,7 +138,7 @@ class GraphedForward:
     def _capture(self, feats: torch.Tensor) -> None:
         """Capture the passes on a copy of the first batch; warn and stay eager if they cannot."""
         sample = feats.detach().clone()
-        stages = stages_of(self.model)
+        stages = self._stages
         try:
             with autocast(self.precision, self.device, cache=False), thread_local_capture():
                 if stages is None:
