@@ -9,7 +9,11 @@ channel, and the gossip's, take MPI: one thread launches NCCL). ``hosts``
 spreads the super-learners over that many pretend hosts, nodes in consecutive blocks.
 """
 
+import os
+import runpy
+import sys
 from collections.abc import Callable
+from typing import Any
 
 from hadpsgd import comm
 from hadpsgd.comm.backends import GlooIntra
@@ -49,3 +53,15 @@ def install(hosts: int, after: object = None) -> Callable[[], None]:
         comm.init = real_init
 
     return restore
+
+
+def run(worker: str, args: list[str], after: object = None) -> dict[str, Any]:
+    """Run the worker ``worker`` of this folder with ``args`` under the stand-in (on
+    ``HOST_LINK_HOSTS`` pretend hosts, default 1); its globals when it ends. ``comm.init`` is
+    put back whatever happened."""
+    restore = install(int(os.environ.get("HOST_LINK_HOSTS", "1")), after)
+    try:
+        sys.argv = [os.path.join(os.path.dirname(__file__), worker), *args]
+        return runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        restore()

@@ -8,7 +8,6 @@ launches NCCL*), and the exchanges made.
 """
 
 import os
-import runpy
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -16,12 +15,7 @@ import _standin  # noqa: E402 - the workers' folder, above
 
 from hadpsgd.comm.pair import PairChannel  # noqa: E402
 
-restore = _standin.install(int(os.environ.get("HOST_LINK_HOSTS", "1")))
-try:
-    sys.argv = [os.path.join(os.path.dirname(__file__), "adpsgd_props.py"), *sys.argv[1:]]
-    done = runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    restore()
+done = _standin.run("adpsgd_props.py", sys.argv[1:])
 thread = done["algo"].thread
 if thread is not None:
     channel = thread.channel

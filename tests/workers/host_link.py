@@ -8,7 +8,6 @@ checked first. Prints ``link rank r ...`` (and ``side rank r ok True``).
 """
 
 import os
-import runpy
 import sys
 
 import torch
@@ -32,12 +31,7 @@ def side_channel(topo: object) -> None:
     print(f"side rank {topo.rank} ok {ok}", flush=True)
 
 
-restore = _standin.install(int(os.environ.get("HOST_LINK_HOSTS", "1")), after=side_channel)
-try:
-    sys.argv = [os.path.join(os.path.dirname(__file__), "comm_ops.py")]
-    done = runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    restore()
+done = _standin.run("comm_ops.py", [], after=side_channel)
 link = _standin.made[0]
 print(f"link rank {done['r']} hosts {link.hosts} calls {link.calls} "
       f"group {link.local.size if link.local else 1} leader {link.leaders is not None} "
