@@ -44,24 +44,32 @@ class MPIResult:
         return self.stdout + self.stderr
 
 
-def mpirun_job(nprocs: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The command line of ``mpirun -np nprocs python <args>`` and its environment (the
-    launcher's, a 60 s deadline unless set, this checkout first on the path).
+def job_env(nprocs: int) -> dict[str, str]:
+    """The environment of a test's job of ``nprocs`` ranks: the launcher's, a 60 s deadline
+    unless set, this checkout first on the path.
 
     MPI's start-up gets 60 s of its own (``HADPSGD_START_TIMEOUT``) unless a test sets it:
     a test's short ``HADPSGD_TIMEOUT`` is for the fault it injects, and on two busy cores a
     rank may still be importing torch 4 s after its peers reached ``MPI_Init`` (a CI run
     failed so: ``test_faults`` at 4 s).
     """
-    from hadpsgd.launch import launch_env, mpirun_command
+    from hadpsgd.launch import launch_env
 
-    cmd = mpirun_command(nprocs, [], module="x")[:-3]  # launcher + its local flags
-    cmd += [sys.executable, *args]
     env = launch_env(nprocs=nprocs)
     env.setdefault("HADPSGD_TIMEOUT", "60")
     env.setdefault("HADPSGD_START_TIMEOUT", "60")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return cmd, env
+    return env
+
+
+def mpirun_job(nprocs: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line of ``mpirun -np nprocs python <args>`` and its environment
+    (:func:`job_env`)."""
+    from hadpsgd.launch import mpirun_command
+
+    cmd = mpirun_command(nprocs, [], module="x")[:-3]  # launcher + its local flags
+    cmd += [sys.executable, *args]
+    return cmd, job_env(nprocs)
 
 
 def run_mpi(nprocs: int, args: list[str], timeout: float = MPI_TIMEOUT_S,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._mpi import LAUNCH_TRIES, ROOT, MPIResult, launcher_failed_to_start
+from tests._mpi import LAUNCH_TRIES, ROOT, MPIResult, job_env, launcher_failed_to_start
 
 pytestmark = pytest.mark.mpi
 
@@ -28,14 +28,10 @@ def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
             fault: str = "", timeout: str = "60",
             env_extra: dict[str, str] | None = None) -> MPIResult:
     """``python -m hadpsgd.launch -n N`` of a tiny run that continues on failure."""
-    from hadpsgd.launch import launch_env
-
-    env = launch_env(nprocs=nprocs)
+    env = job_env(nprocs)
     env.update(env_extra or {})
-    env.setdefault("HADPSGD_START_TIMEOUT", "60")  # MPI's start-up: see tests._mpi.mpirun_job
     env.update({"HADPSGD_TIMEOUT": timeout, "HADPSGD_FAULT": fault,
-                "HADPSGD_TRACE_CHUNKS": str(out / "trace"),
-                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
+                "HADPSGD_TRACE_CHUNKS": str(out / "trace")})
     cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(nprocs), "--",
            "--train", str(data[0]), "--heldout", str(data[1]), "--preset", "tiny",
            "--out-dir", str(out), "--no-progress", "--batch-size", "2",
