@@ -194,9 +194,12 @@ class Watchdog:
     """
 
     def __init__(self, control: Any, timeout: float, thread_multiple: bool = True,
-                 answer: bool = False) -> None:
+                 answer: bool = False, setting: str = "HADPSGD_TIMEOUT") -> None:
         self.control = control
         self.timeout = timeout
+        self.setting = setting
+        """The variable ``timeout`` came from, named when it passes (the start-up's first
+        contact takes ``HADPSGD_START_TIMEOUT`` where set: :func:`hadpsgd.comm.init`)."""
         self.thread_multiple = thread_multiple
         self.answer = answer and thread_multiple
         self.seq = 0
@@ -412,7 +415,7 @@ class Watchdog:
                     last_words(f"hadpsgd: error: {err}", EXIT_TIMED_OUT)
             else:  # MPI may not be called from this thread: no diagnosis, just the facts
                 last_words(f"hadpsgd: error: {self._where()}: {what} did not complete within "
-                            f"{self.timeout:g} s (HADPSGD_TIMEOUT); aborting the job",
+                            f"{self.timeout:g} s ({self.setting}); aborting the job",
                             EXIT_TIMED_OUT)
             # Give the other stuck ranks time to print their own diagnosis, then end the job:
             # the blocked call can never return an error to the caller.
@@ -538,8 +541,8 @@ class Watchdog:
             who = "every peer is waiting too (a mismatched call order?)"
         raise CommTimeoutError(
             f"{self._where()}: {what} (operation #{self.seq}) did not complete within "
-            f"{self.timeout:g} s (HADPSGD_TIMEOUT): {who}. A peer is dead, stuck or took "
-            "another code path; see its log. Raise HADPSGD_TIMEOUT if peers are merely slow.",
+            f"{self.timeout:g} s ({self.setting}): {who}. A peer is dead, stuck or took "
+            f"another code path; see its log. Raise {self.setting} if peers are merely slow.",
             missing=missing, peer_killed=killed,
         )
 

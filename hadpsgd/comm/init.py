@@ -141,7 +141,8 @@ def _device_route(name: str, world: Any, intra: Any, watchdog: Watchdog, node_ra
     return NCCLIntra(intra, watchdog, node_ranks, device), aware
 
 
-def _first_contact(world: Any, timeout: float, thread_multiple: bool) -> Watchdog:
+def _first_contact(world: Any, timeout: float, thread_multiple: bool,
+                   start: tuple[float, str]) -> Watchdog:
     """This learner's watchdog, made once every rank has come (under the deadline).
 
     Its control communicator is duplicated without blocking (``MPI_Comm_idup``): the
@@ -150,10 +151,15 @@ def _first_contact(world: Any, timeout: float, thread_multiple: bool) -> Watchdo
     world itself (its notes are point-to-point messages on their own tags, apart from any
     collective). Every later blocking call of the start-up is guarded by the new watchdog.
 
+    That first wait is still MPI's start-up, under ``start`` (``HADPSGD_START_TIMEOUT``,
+    else ``HADPSGD_TIMEOUT``, and the variable's name): an MPI whose ``MPI_Init`` returns
+    without waiting for every rank (MPICH's Hydra) meets a rank still importing here, not
+    there. The new watchdog takes ``timeout``.
+
     Raises:
         CommTimeoutError: Naming the ranks that never came.
     """
-    first = Watchdog(world, timeout, thread_multiple=thread_multiple)
+    first = Watchdog(world, start[0], thread_multiple=thread_multiple, setting=start[1])
     first.phase = "MPI set-up"
     control, request = world.Idup()
     first.wait(request, "first contact (control communicator, Idup)")
@@ -227,13 +233,14 @@ def init(ranks_per_node: int | None = None, device: str = "auto", intra_backend:
         env.check()
         backend_name = _backend_name(intra_backend)
         timeout = timeout_from_env()
+        start = env.start_timeout()
         rpn = _resolve_ranks_per_node(ranks_per_node)
         bucket = bucket_mb if bucket_mb is not None else env.bucket_mb()
     except EnvError as err:
         raise TopologyError(str(err)) from None
     if bucket <= 0:
         raise TopologyError(f"bucket_mb must be > 0, got {bucket}")
-    watchdog = _first_contact(world, timeout, thread_level >= MPI.THREAD_MULTIPLE)
+    watchdog = _first_contact(world, timeout, thread_level >= MPI.THREAD_MULTIPLE, start)
     # Settings each rank reads for itself decide who joins which collective below (the node
     # split, gloo's groups, the host link's agreement): agree on them first, then act.
     problem = disagreements(allgather_object(world, watchdog, {

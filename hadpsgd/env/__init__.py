@@ -7,8 +7,9 @@ HADPSGD_TIMEOUT         float > 0   300               deadline in seconds of eve
                                                       communication, at most 2592000 (30
                                                       days; ``inf``: none)
 HADPSGD_START_TIMEOUT   float > 0   HADPSGD_TIMEOUT   deadline in seconds of MPI's start-up
-                                                      (``MPI_Init``, which waits for every
-                                                      rank's imports and launch: a shared file
+                                                      (``MPI_Init`` and the ranks' first
+                                                      contact, which wait for every rank's
+                                                      imports and launch: a shared file
                                                       system, a busy machine), at most 2592000
                                                       (``inf``: none)
 HADPSGD_RANKS_PER_NODE  int >= 1    the real nodes    emulate nodes of this many consecutive ranks
@@ -253,9 +254,11 @@ def _deadline(name: str, hint: str) -> float | None:
 def start_timeout() -> tuple[float, str]:
     """``HADPSGD_START_TIMEOUT``: the deadline of MPI's start-up, and the variable that set it.
 
-    ``MPI_Init`` waits for every rank of the launch, so a rank still importing (a shared file
-    system at scale, a machine busy with other jobs) counts against it; a training run's
-    tight ``HADPSGD_TIMEOUT`` need not bound that. Unset, the start-up takes
+    ``MPI_Init`` and the ranks' first contact after it (:func:`hadpsgd.comm.init`: where
+    ``MPI_Init`` does not wait for every rank, as MPICH's, the wait is there) wait for every
+    rank of the launch, so a rank still importing (a shared file system at scale, a machine
+    busy with other jobs) counts against them; a training run's tight ``HADPSGD_TIMEOUT``
+    need not bound that. Unset, the start-up takes
     ``HADPSGD_TIMEOUT`` (:func:`timeout`), as every deadline does.
 
     Returns:

@@ -255,6 +255,37 @@ def test_guarded_call_past_the_deadline_is_named_and_aborts(no_mpi, capfd):
     assert control.code == 3
     err = capfd.readouterr().err
     assert "rank 1: allreduce of 10 torch.float32 did not complete within 0.05 s" in err
+    assert "(HADPSGD_TIMEOUT)" in err  # the variable the deadline came from
+
+
+def test_the_first_contact_waits_under_the_start_up_deadline(no_mpi, monkeypatch):
+    """MPICH's MPI_Init returns without waiting for every rank: a rank still importing is
+    met at the first contact, which is MPI's start-up too (HADPSGD_START_TIMEOUT); the
+    watchdog made after it keeps the run's deadline."""
+    import importlib
+
+    comm_init = importlib.import_module("hadpsgd.comm.init")  # the module, not comm.init
+    waited: list[tuple[float, str]] = []
+    monkeypatch.setattr(Watchdog, "wait",
+                        lambda self, request, what: waited.append((self.timeout, self.setting)))
+    world = FakeControl()
+    world.Idup = lambda: (FakeControl(), object())  # type: ignore[attr-defined]
+    watchdog = comm_init._first_contact(world, 4.0, False, (60.0, "HADPSGD_START_TIMEOUT"))
+    assert waited == [(60.0, "HADPSGD_START_TIMEOUT")]
+    assert (watchdog.timeout, watchdog.setting) == (4.0, "HADPSGD_TIMEOUT")
+
+
+def test_the_deadline_s_variable_is_named_where_another_set_it(no_mpi, capfd):
+    # The start-up's first contact takes HADPSGD_START_TIMEOUT where set (comm/init.py)
+    control = FakeControl()
+    wd = Watchdog(control, 0.05, thread_multiple=False, setting="HADPSGD_START_TIMEOUT")
+    try:
+        with wd.guard("first contact (control communicator, Idup)"):
+            assert control.aborted.wait(15.0), "the monitor never aborted the stuck call"
+    finally:
+        wd.stop()
+    err = capfd.readouterr().err
+    assert "did not complete within 0.05 s (HADPSGD_START_TIMEOUT)" in err, err
 
 
 def test_a_peer_answering_from_inside_the_same_call_is_not_named_missing(no_mpi, monkeypatch):
