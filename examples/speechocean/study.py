@@ -108,6 +108,10 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # 8.47; on folds A, C and D 11.41 against SSGD's 12.71, 3 seeds each).
     "bmuf-sign-tau32-bm05": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node",
                                     "1", "--sync-period", "32", "--block-momentum", "0.5"]),
+    # ... and the same block in fp32 (issue 57, 8 epochs): what the block itself costs,
+    # apart from the 1-bit code.
+    "bmuf-tau32-bm05": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--sync-period",
+                               "32", "--block-momentum", "0.5"]),
     # BMUF-Adam's gap at 16 workers: its recipe's tau 8 against tau 4 (as SGD's fix).
     "bmuf-adam-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
                               "--bmuf-warmup-steps", "36", "--sync-period", "4"]),
