@@ -112,6 +112,11 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # apart from the 1-bit code.
     "bmuf-tau32-bm05": (None, ["--algo", "bmuf", "--ranks-per-node", "1", "--sync-period",
                                "32", "--block-momentum", "0.5"]),
+    # The BMUF paper's classic block at 1 bit (the single learner's rate, block momentum
+    # 1 - 1/N): too few blocks in 2 epochs of FSDD; tried at 8 epochs here (issue 57).
+    "bmuf-sign-tau32-classic": (None, ["--algo", "bmuf", "--wire", "sign", "--ranks-per-node",
+                                       "1", "--sync-period", "32", "--bmuf-worker-lr",
+                                       "single"]),
     # BMUF-Adam's gap at 16 workers: its recipe's tau 8 against tau 4 (as SGD's fix).
     "bmuf-adam-tau4": (None, ["--algo", "bmuf", "--optimizer", "adam", "--ranks-per-node", "1",
                               "--bmuf-warmup-steps", "36", "--sync-period", "4"]),
