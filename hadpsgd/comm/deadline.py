@@ -194,7 +194,7 @@ class Watchdog:
     """
 
     def __init__(self, control: Any, timeout: float, thread_multiple: bool = True,
-                 answer: bool = False, setting: str = "HADPSGD_TIMEOUT") -> None:
+                 answer: bool = False, setting: str = env.TIMEOUT) -> None:
         self.control = control
         self.timeout = timeout
         self.setting = setting

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hadpsgd import env
 from hadpsgd.exit_codes import EXIT_TIMED_OUT
 
 LAUNCH_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -168,7 +169,7 @@ class StartupDeadline:
     """
 
     def __init__(self, what: str, timeout: float, rank: int | None = None,
-                 setting: str = "HADPSGD_TIMEOUT") -> None:
+                 setting: str = env.TIMEOUT) -> None:
         self.what = what
         self.timeout = timeout
         self.rank = rank
@@ -214,7 +215,7 @@ class StartupDeadline:
 
 
 def init_thread(MPI: Any, library: str, required: int, timeout: float,  # noqa: N803
-                setting: str = "HADPSGD_TIMEOUT") -> None:
+                setting: str = env.TIMEOUT) -> None:
     """``MPI_Init_thread`` under :class:`StartupDeadline`, with the GIL released.
 
     Args:
