@@ -5,150 +5,37 @@ allreduce every step) also averages its weights pairwise with a neighbour, in a 
 thread, without any global barrier. The paper's neighbours are a ring's; the default graph is
 the exponential one (``--gossip-graph``), which mixes faster past four super-learners. With
 one learner per super-learner (``--super-learner-size 1``) this is the flat ADPSGD of Lian
-et al.
+et al. Its options are :mod:`~hadpsgd.algorithms.adpsgd.options`'s; the evaluation model (the
+replicas' average) is :mod:`~hadpsgd.algorithms.adpsgd.replicas`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import threading
 import time
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
+from hadpsgd.algorithms.adpsgd.options import CHOCO_WIRES, ADPSGDOptions
+from hadpsgd.algorithms.adpsgd.replicas import ReplicaAverage
 from hadpsgd.algorithms.base import Algorithm
-from hadpsgd.algorithms.choco import DEFAULT_GOSSIP_STEP
-from hadpsgd.algorithms.gossip import GRAPHS, GossipThread
-from hadpsgd.algorithms.gradsync import GradCheck, internode_share
-from hadpsgd.algorithms.options import WireOptions
+from hadpsgd.algorithms.gossip import GossipThread
+from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
-from hadpsgd.cli import ConfigError
 from hadpsgd.comm import CommTimeoutError, World
-from hadpsgd.comm.codec import FORMATS
 from hadpsgd.comm.copies import CopyStream
 from hadpsgd.comm.overlap import GradScope
-
-CHOCO_WIRES: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.differences)
-"""The wires whose gossip is CHOCO-SGD's compressed differences (and reads --gossip-step):
-the wire table's ``differences`` (:data:`hadpsgd.comm.codec.FORMATS`)."""
-
-CHOCO_HELD_UP_TO = 4
-"""Super-learners up to which CHOCO's compressed gossip trained (speechocean762, FSDD): past
-them it is said at start (:meth:`ADPSGDOptions.many_learners_warning`)."""
 
 _GO, _WAIT, _THREAD_FAILED, _TIMED_OUT = 0, 1, 2, 3
 """A super-learner's leader's verdicts on its gossip in flight (see ``_bound_staleness``)."""
 
 
-@dataclass(frozen=True)
-class ADPSGDOptions(WireOptions):
-    """ADPSGD / H-ADPSGD options."""
-
-    super_learner_size: int | None = None
-    """ADPSGD: learners per super-learner (consecutive ranks; 1 = flat ADPSGD); default: the
-    nodes. The same setting as --ranks-per-node (a super-learner is a node): give one."""
-    max_staleness: int = 0
-    """ADPSGD: a learner more than this many local steps past the snapshot of its exchange in
-    flight waits for that exchange and applies it before stepping on (0: never wait)."""
-    gossip_step: float = DEFAULT_GOSSIP_STEP
-    """ADPSGD with --wire topk or sign: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
-    moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip, which
-    lost the model with top-k; 0.2, the default, was the best measured: docs/results.md)."""
-    gossip_graph: str | None = field(default=None, metadata={"choices": GRAPHS})
-    """ADPSGD: who pairs with whom among the super-learners: ring (the h-adpsgd paper: a
-    neighbour on either side) or exponential (at distance 1, 2, 4, ...: mixes in ~log N
-    exchanges where a ring of N takes ~N**2; the complete graph up to 4 super-learners).
-    Default: exponential (16 flat learners on the ring ended 1.9 WER points behind SSGD on
-    speechocean762, on it 0.1 behind: docs/results.md); ring with --wire topk or sign, whose
-    CHOCO estimates are kept per edge and were measured on the ring."""
-    eval_model: str | None = field(default=None, metadata={"choices": ("average", "replicas")})
-    """ADPSGD: what an epoch's held-out evaluation and checkpoint take: average (the replicas'
-    mean, one model across the nodes each time: int8 on a compressed wire) or replicas (each
-    learner scores its share of the held-out set with its own replica, and nothing but the
-    sums crosses; the run's end still averages them, in fp32, into the deployed model).
-    Default: replicas with --wire topk or sign (a slow link, where an epoch's average weighed
-    as much as the gossip: docs/benchmarks.md), else average."""
-    sync_buffers: bool = True
-    """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
-    rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
-    floating-point ones (integer ones: rank 0's); --no-sync-buffers leaves each learner its
-    own (docs/api.md, Buffers)."""
-
-    # CHOCO-SGD's consensus step is read by the compressed gossip only (the comment of
-    # WireOptions.wire_readers).
-    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
-        **WireOptions.wire_readers, "gossip_step": CHOCO_WIRES}
-
-    def many_learners_warning(self, super_learners: int) -> str | None:
-        """What to say when CHOCO's compressed gossip runs on more super-learners than held.
-
-        Measured on speechocean762 at 16 flat learners (8 chunks each, docs/results.md):
-        ``--wire topk`` diverged on 3 of 3 seeds, with ``--gossip-step 0.05`` too, and with
-        the gradient clipped to norm 1 it trained to 82.7 % WER where SSGD reached 70.9 (seed
-        0); ``--wire sign`` diverged on 3 of 3 seeds too (2026-12-04: the training loss
-        9e6 by step 80). Each learner steps alone at the world's rate on 1/N of the batch,
-        and compressed differences on the ring do not hold the replicas together as fp32
-        gossip does (which matched SSGD there). At 4 both trained: topk 2 points behind fp32
-        gossip, sign at its WER (FSDD, the espeak set). None up to 4 super-learners or for a
-        dense wire.
-        """
-        if self.wire not in CHOCO_WIRES or super_learners <= CHOCO_HELD_UP_TO:
-            return None
-        return (f"adpsgd --wire {self.wire} on {super_learners} super-learners: CHOCO's "
-                f"compressed gossip was measured to hold up to {CHOCO_HELD_UP_TO}; on "
-                "speechocean762 at 16 topk and sign both diverged on every seed (topk also "
-                "with --gossip-step 0.05; with --max-grad-norm 1 it ended 12 WER points "
-                "behind SSGD). At "
-                "this size gossip a dense wire (--wire int8, bf16 or fp32) or use --algo bmuf "
-                "--wire sign (127x fewer bytes than SSGD at 16 workers, near its WER)")
-
-    def __post_init__(self) -> None:
-        if self.super_learner_size is not None and self.super_learner_size < 1:
-            raise ConfigError(f"{self.flag('super_learner_size')} must be > 0 (1 = flat ADPSGD), "
-                              f"got {self.super_learner_size}")
-        if self.max_staleness < 0:
-            raise ConfigError(f"{self.flag('max_staleness')} must be >= 0 (0 = unbounded), got "
-                              f"{self.max_staleness}")
-        self.check_wire()
-        if not 0.0 < self.gossip_step <= 1.0:
-            raise ConfigError(f"{self.flag('gossip_step')} must be in (0, 1] (CHOCO's consensus "
-                              f"step; 1 mixes as plain gossip), got {self.gossip_step}")
-
-    def graph(self) -> str:
-        """The gossip graph in use: ``gossip_graph``, or its default for the wire."""
-        if self.gossip_graph is not None:
-            return self.gossip_graph
-        return "ring" if self.wire in CHOCO_WIRES else "exponential"
-
-    def ranks_per_node(self) -> int | None:
-        """Super-learners are groups of this many consecutive ranks (emulated nodes)."""
-        return self.super_learner_size
-
-    def evaluates_average(self) -> bool:
-        """Whether an epoch's evaluation takes the replicas' average (``eval_model``)."""
-        if self.eval_model is not None:
-            return self.eval_model == "average"
-        return self.wire not in CHOCO_WIRES
-
-
-def average_wire(wire: str) -> str:
-    """The format of the evaluation average's difference on gossip wire ``wire``.
-
-    bf16 keeps bf16; every coarser wire takes int8 (one scale per 1,024 values): the average
-    is what is evaluated and deployed, so it is never sent in fewer than 8 bits a value.
-    """
-    return "bf16" if wire == "bf16" else "int8"
-
-
 @register("adpsgd", "asynchronous decentralized SGD: pairwise gossip between super-learners "
                     "(H-ADPSGD; flat with --super-learner-size 1)")
-class ADPSGD(Algorithm):
+class ADPSGD(ReplicaAverage, Algorithm):
     """Asynchronous decentralized parallel SGD over super-learners.
 
     Who gossips: the leader (local rank 0) of each super-learner exchanges the whole model,
@@ -213,36 +100,13 @@ class ADPSGD(Algorithm):
         # Orders the gossip thread's copies of the parameters (and of its delta) with this
         # thread's writes: every write of ``flat`` below is inside ``copies.writing()``.
         self.copies = CopyStream(self.flat.device)
-        self.consensus_distance = float("nan")
-        self._average: torch.Tensor | None = None
-        """The replicas' average at the last :meth:`sync` (what is evaluated and deployed); with
-        ``eval_model replicas`` before :meth:`finish`, this replica as it was then."""
-        self._average_buffers: list[torch.Tensor] | None = None
-        """The mean of every learner's buffers at the last :meth:`sync` (``sync_buffers``)."""
-        self._synced_at: tuple[int, int] | None = None
-        """This learner's (steps, closed) at the last :meth:`sync`."""
-        self._changed = torch.zeros(1, dtype=torch.float64)
-        self.sync_bytes = 0
-        """Bytes this rank sent across nodes averaging the replicas (evaluation, checkpoints):
-        a ring receives as much."""
-        self._eval_model: nn.Module | None = None
         self._gossip_before = (0, 0)
         """Gossip bytes sent and received before this algorithm was built: a failure's
         rebuilt run (:meth:`carry_bytes`) or, on rank 0 (whose log line reports them), a
         resume; the thread's own counters start at 0 in every process."""
         self._control_before = 0
         """The pairing's control bytes before this algorithm was built (as above)."""
-        # On a compressed gossip wire (a slow link) the evaluation average crosses the nodes
-        # as a coarse difference to the last one (collective: every rank makes the channel).
-        self._coarse = (topo.side_channel(average_wire(self.options.wire), background=False)
-                        if self.options.wire != "fp32" and topo.num_nodes > 1 else None)
-        self._reference: torch.Tensor | None = None
-        """The last average, the same on every rank: what the next coarse one is sent
-        against (None: the next is sent whole, in fp32)."""
-        self._fresh = True
-        """Built and not loaded: every replica is still rank 0's broadcast model."""
-        self._finished = False
-        """:meth:`finish` was called: the replicas are averaged whatever ``eval_model``."""
+        self._init_average()
         # The thread's own pair channel (communicator and watchdog): it waits concurrently
         # with the main thread, so their deadline bookkeeping must not mix. Collective: every
         # rank makes it, the leaders use it.
@@ -394,145 +258,6 @@ class ADPSGD(Algorithm):
                 f"flight did not complete within {self.topo.timeout:g} s (HADPSGD_TIMEOUT, "
                 f"max_staleness {self.options.max_staleness})")
 
-    # ------------------------------------------------------------------ agreement
-    def sync(self) -> None:
-        """Average the replicas into the evaluation model (before evaluation, checkpoints).
-
-        A global collective, but the replicas are left as they are: the paper has no global
-        averaging, and writing the average back would add it. A delta still in flight is
-        applied at the learner's next step, as usual.
-
-        The average crosses nodes in fp32 (one model, as an SSGD step's gradients), so it is
-        taken again only where a replica changed since the last: an epoch's end evaluates,
-        then checkpoints, and the run's end finishes, evaluates and checkpoints, all of the
-        same replicas. Whether any changed is agreed first (8 bytes): one learner may have
-        stepped where another did not, and all must take the same collectives.
-
-        On a compressed gossip wire (a slow link: issue 57) it crosses coarsely: each node's
-        mean (inside the node, in fp32) less the last average, which every rank holds, in
-        int8 (bf16 on ``--wire bf16``): 4x fewer bytes than fp32, and the rounding is of an
-        epoch's change, not of the weights. Each is sent against the last, so the rounding
-        does not add up. The first is free where every replica is still the broadcast
-        start (agreed), else it is sent whole in fp32, as after a resume.
-
-        With ``eval_model replicas`` (the default on ``--wire topk`` and ``sign``) nothing is
-        averaged before :meth:`finish`: the evaluation model is this replica as it is.
-        """
-        self._check_thread()
-        if not self._averages():
-            self._take_own_replica()
-            return
-        # The replica changes at a step (its update, the gossip's delta) and when closing.
-        now = (self.steps, int(self._closed))
-        if self._average is not None:
-            self._changed.fill_(0.0 if now == self._synced_at else 1.0)
-            if float(self.topo.allreduce_(self._changed, op="sum")) == 0.0:
-                return  # nobody's replica changed: the average and distance stand
-        else:
-            self._average = torch.empty_like(self.flat)
-        with self.lock:
-            self._average.copy_(self.flat)
-        sent = self._average_replicas()
-        dist = (self.flat - self._average).double().pow(2).sum().reshape(1)
-        self.consensus_distance = float(self.topo.allreduce_(dist, op="avg").sqrt())
-        nbytes = 0
-        if self.syncs_buffers:
-            self._average_buffers = self.buffers.copy()
-            self.buffers.mean("world", self._average_buffers)
-            nbytes += sum(b.nbytes for b in self._average_buffers)
-        self.sync_bytes += internode_share(nbytes, self.topo) + sent
-        self._synced_at = now
-
-    def _averages(self) -> bool:
-        """Whether :meth:`sync` averages the replicas now (``eval_model``, or the run's end)."""
-        return self.options.evaluates_average() or self._finished
-
-    def _take_own_replica(self) -> None:
-        """Hold this replica, as it is, for :meth:`evaluation_parameters` (``replicas``).
-
-        No average and nothing across nodes: each learner scores its share of the held-out
-        set with its own replica; the consensus distance is not measured.
-        """
-        if self._average is None:
-            self._average = torch.empty_like(self.flat)
-        with self.lock:
-            self._average.copy_(self.flat)
-        self._average_buffers = None  # this replica's own buffers
-        self._synced_at = None  # the next average is taken, whatever changed
-
-    def finish(self) -> None:
-        """End of training: the replicas' average, whatever ``eval_model`` (the deployed model).
-
-        With ``eval_model replicas`` this is the run's one average: in fp32 on every wire
-        (no earlier average to send it against), a fixed cost of one model, as the start's
-        broadcast.
-        """
-        self._finished = True
-        self.sync()
-
-    def evaluation_note(self) -> str:
-        """Says when the held-out line scores the replicas as they are, not their average."""
-        if (self._averages() or self.topo.num_nodes == 1
-                or (self._fresh and self.steps == 0)):  # every replica the broadcast start
-            return ""
-        return " (each learner's own replica on its share; their average at the run's end)"
-
-    def _average_replicas(self) -> int:
-        """Make :attr:`_average` (this replica on entry) the replicas' mean; bytes sent."""
-        assert self._average is not None
-        if self._coarse is None:
-            self.topo.allreduce_(self._average, op="avg")
-            return internode_share(self._average.nbytes, self.topo)
-        if self._reference is None:
-            # Free only if every learner is still at the broadcast start (agreed: 8 bytes).
-            self._changed.fill_(0.0 if self._fresh and self.steps == 0 else 1.0)
-            moved = float(self.topo.allreduce_(self._changed, op="sum")) != 0.0
-            if moved:
-                self.topo.allreduce_(self._average, op="avg")
-            self._reference = self._average.clone()
-            return internode_share(self._average.nbytes, self.topo) if moved else 0
-        diff = self._average.sub_(self._reference)
-        self.topo.intra_allreduce_(diff, op="avg")  # the node's mean, over its own link
-        before = self._coarse.bytes_sent
-        self._coarse.mean_("average", diff, feedback=False)
-        self._reference.add_(diff)
-        self._average.copy_(self._reference)
-        return self._coarse.bytes_sent - before
-
-    @contextlib.contextmanager
-    def evaluation_parameters(self) -> Iterator[nn.Module]:
-        """A copy of the model holding the replicas' average from the last :meth:`sync`.
-
-        Its buffers are every learner's mean from that :meth:`sync` (``sync_buffers``), or
-        this replica's own.
-
-        A separate model, not the replica swapped in place: the gossip thread may snapshot
-        the replica at any time, and must see the learner's own parameters.
-        """
-        if self._average is None:
-            self.sync()
-        if self._eval_model is None:
-            self._eval_model = copy.deepcopy(self.model)
-            # A copy's LSTM weights lose the flat buffer's cuDNN layout: let cuDNN lay them
-            # out afresh (a no-op on CPU), or it copies them at every evaluation forward.
-            for module in self._eval_model.modules():
-                if isinstance(module, nn.RNNBase):
-                    module.flatten_parameters()
-        assert self._average is not None
-        # The average is laid out as the flat buffer is (FlatBuffer.params: on CUDA an LSTM's
-        # weights in cuDNN's order), which need not be the model's: match them by name.
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        copies = dict(self._eval_model.named_parameters())
-        offset = 0
-        for p in self.params.params:
-            n = p.numel()
-            copies[names[id(p)]].data.copy_(self._average[offset:offset + n].view_as(p))
-            offset += n
-        # The buffers' mean (sync_buffers), else this replica's own: never the copy's, which
-        # were this replica's when it was made.
-        self.buffers.write_into(self._eval_model, self._average_buffers)
-        yield self._eval_model
-
     def internode_bytes(self) -> tuple[int, int]:
         """Bytes sent and received across nodes: the gradients', the gossip's, the averages'.
 
@@ -630,3 +355,6 @@ class ADPSGD(Algorithm):
             self._check_thread()
         # Deltas applied during termination reached only the leader.
         self.topo.intra_broadcast_(self.flat, root=0)
+
+
+__all__ = ["ADPSGD"]
