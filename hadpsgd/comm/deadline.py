@@ -355,7 +355,6 @@ def _any_source() -> int:
     return MPI.ANY_SOURCE
 
 
-
 __all__ = ["DEFAULT_TIMEOUT_S", "CommTimeoutError", "Guard", "PeerEndedError", "Watchdog",
            "before_abort", "job_code", "killed_peers", "last_words", "note_killed",
            "on_silent_peers", "poll", "stalled_for", "timeout_from_env"]

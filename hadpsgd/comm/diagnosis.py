@@ -30,7 +30,6 @@ _END_TAG = 7_773
 """Tag of the note "I have ended my script, with this exit code" (:meth:`Watchdog.announce_end`)."""
 
 
-
 class Diagnosis:
     """The diagnosis half of a watchdog: it names the missing peers when a wait times out.
 
@@ -50,6 +49,7 @@ class Diagnosis:
     _noted: dict[int, float]
     _sending: list[tuple[Any, Any]]
     _replies: dict[int, tuple[float, str]]
+    ended: dict[int, int]
 
     def _answering(self) -> Diagnosis | None:
         """The watchdog whose monitor answers peers' notes for this one.
@@ -59,7 +59,6 @@ class Diagnosis:
         if self.answer:
             return self
         return self.parent if self.parent is not None and self.parent.answer else None
-
 
     def _where(self) -> str:
         """``rank R``, with the start-up phase when in one (the head of a deadline's error)."""
@@ -212,7 +211,6 @@ class Diagnosis:
         from mpi4py import MPI
 
         return MPI.Status()
-
 
 
 __all__ = ["Diagnosis"]

@@ -74,7 +74,6 @@ def on_silent_peers(handler: Callable[[list[int]], bool] | None) -> None:
     _silent_handler = handler
 
 
-
 def silent_handler() -> Callable[[list[int]], bool] | None:
     """The policy :func:`on_silent_peers` set (None: a silent peer is only named)."""
     return _silent_handler
