@@ -5,7 +5,8 @@ The errors a missed deadline raises (:class:`CommTimeoutError`, :class:`PeerEnde
 that do not answer (:func:`on_silent_peers`: ``--on-failure continue`` kills a frozen one)
 and the ranks so killed, and the line a rank says before the job is ended
 (:func:`last_words`, with the notes of :func:`before_abort`). The watchdog that uses them is
-:mod:`hadpsgd.comm.deadline`, which also re-exports every public name here.
+:mod:`hadpsgd.comm.deadline`, which re-exports the names its callers took from it before
+they moved here (all but :func:`silent_handler`, new with the move).
 """
 
 from __future__ import annotations

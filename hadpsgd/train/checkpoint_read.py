@@ -1,8 +1,8 @@
 """Reading checkpoints: list them, read and verify a manifest, find the newest valid one, load.
 
 Readers never trust a name alone: :func:`latest_checkpoint` verifies the manifest and the
-checksums and skips, by name, any checkpoint that is truncated or corrupted; :func:`load_
-checkpoint` unpickles plain data only. Writing, pruning and the layout on disk are
+checksums and skips, by name, any checkpoint that is truncated or corrupted;
+:func:`load_checkpoint` unpickles plain data only. Writing, pruning and the layout on disk are
 :mod:`hadpsgd.train.checkpoint`'s, which re-exports every name here.
 """
 

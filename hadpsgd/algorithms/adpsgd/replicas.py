@@ -1,10 +1,11 @@
 """ADPSGD's evaluation model: the replicas' average, taken only when asked, or each replica.
 
 The paper has no global averaging; an evaluation, a checkpoint and the run's end need one
-model all the same. :class:`ReplicaAverage` (a part of :class:`~hadpsgd.algorithms.adpsgd.
-ADPSGD`) takes the replicas' mean across the nodes when one changed since the last, in fp32
-or, on a compressed gossip wire, as a coarse difference to the last average; with
-``eval_model replicas`` each learner scores with its own replica until the run's end.
+model all the same. :class:`ReplicaAverage` (a part of
+:class:`~hadpsgd.algorithms.adpsgd.ADPSGD`) takes the replicas' mean across the nodes when
+one changed since the last, in fp32 or, on a compressed gossip wire, as a coarse difference
+to the last average; with ``eval_model replicas`` each learner scores with its own replica
+until the run's end.
 """
 
 from __future__ import annotations
