@@ -21,6 +21,8 @@ from hadpsgd.launch.mpirun import LAUNCH_TRIES, launcher_failed_to_start
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
+SITE = Path(__file__).resolve().parent / "_site"
+"""Put first on the ranks' path by :func:`job_env`: their ``sitecustomize``."""
 # Every mpirun launch gets a hard wall-clock limit: a hang fails the test instead of CI.
 MPI_TIMEOUT_S = float(os.environ.get("HADPSGD_TEST_MPI_TIMEOUT", "240"))
 # Where each launch's test, ranks and seconds are appended (JSON lines) when set: what the
@@ -52,13 +54,26 @@ def job_env(nprocs: int) -> dict[str, str]:
     a test's short ``HADPSGD_TIMEOUT`` is for the fault it injects, and on two busy cores a
     rank may still be importing torch 4 s after its peers reached ``MPI_Init`` (a CI run
     failed so: ``test_faults`` at 4 s).
+
+    The ranks import a stand-in for ``torch._dynamo`` (``tests/_site/sitecustomize.py``: the
+    import every ``torch.optim`` optimizer makes, ~1.2 s of CPU a rank, a fifth of the
+    multi-rank suite's time) unless the test's ``env`` sets ``HADPSGD_TEST_DYNAMO_STANDIN=0``
+    or the suite runs with ``HADPSGD_TEST_REAL_DYNAMO=1``.
     """
     from hadpsgd.launch import launch_env
 
     env = launch_env(nprocs=nprocs)
     env.setdefault("HADPSGD_TIMEOUT", "60")
     env.setdefault("HADPSGD_START_TIMEOUT", "60")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return {**env, **ranks_python(env.get("PYTHONPATH", ""))}
+
+
+def ranks_python(path: str = "") -> dict[str, str]:
+    """A test rank's ``PYTHONPATH`` (its ``sitecustomize``'s folder, this checkout, then
+    ``path``) and the switch of the ``torch._dynamo`` stand-in (:func:`job_env`)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(SITE), str(ROOT), path]).rstrip(os.pathsep)}
+    if os.environ.get("HADPSGD_TEST_REAL_DYNAMO") != "1":
+        env["HADPSGD_TEST_DYNAMO_STANDIN"] = os.environ.get("HADPSGD_TEST_DYNAMO_STANDIN", "1")
     return env
 
 

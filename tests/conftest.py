@@ -90,9 +90,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The time of the run by test file, and its mpirun launches: ranks started and seconds.
 
-    Each rank of each launch imports torch (and the first optimizer step torch._dynamo),
-    about 5-7 s of CPU on the 2-core CI machine, so the multi-rank suite's time follows the
-    ranks it starts more than the tests it counts: this table says where CI's minutes go.
+    Each rank of each launch imports torch (~1.3 s of CPU on the 2-core CI machine; the
+    ~1.2 s of torch._dynamo that every optimizer imports is a stand-in's in tests:
+    ``tests/_site/sitecustomize.py``), so the multi-rank suite's time follows the ranks it
+    starts more than the tests it counts: this table says where CI's minutes go.
     """
     if FILE_SECONDS:  # every test, launches or not: where the suite's minutes go
         terminalreporter.section("time by test file (slowest 25)")

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from hadpsgd.exit_codes import EXIT_USER_ERROR
-from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS
+from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS, ranks_python
 
 pytestmark = pytest.mark.mpi  # each launches mpirun
 
@@ -27,7 +27,7 @@ BANNERS = ("Process name", "MPI_ABORT", "Traceback", "prterun")
 def _launch(*args: str) -> subprocess.CompletedProcess[str]:
     """``python -m hadpsgd.launch -n 2 ARGS`` from the repository root, bounded in time."""
     env = {**os.environ, "HADPSGD_TIMEOUT": "60",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           **ranks_python(os.environ.get("PYTHONPATH", ""))}
     try:
         return subprocess.run([sys.executable, "-m", "hadpsgd.launch", "-n", "2", *args],
                               capture_output=True, text=True, timeout=MPI_TIMEOUT_S, env=env,
@@ -68,7 +68,7 @@ def test_init_quiets_the_ucx_one_sided_component_under_a_plain_mpirun() -> None:
     env = launch_env(nprocs=2)
     del env["OMPI_MCA_osc"]  # what a plain mpirun leaves unset: hadpsgd.init sets it
     env.update(HADPSGD_RANKS_PER_NODE="1", HADPSGD_TIMEOUT="60",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+               **ranks_python(env.get("PYTHONPATH", "")))
     try:
         out = subprocess.run([*cmd, sys.executable, WORKER, "adpsgd-ok"], capture_output=True,
                              text=True, timeout=MPI_TIMEOUT_S, env=env, cwd=ROOT)

@@ -40,7 +40,7 @@ from hadpsgd.exit_codes import (
     EXIT_TIMED_OUT,
     EXIT_USER_ERROR,
 )
-from tests._mpi import ROOT, run_mpi
+from tests._mpi import ROOT, ranks_python, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -213,8 +213,8 @@ def _launch(row: Row, inputs: dict[str, str]) -> tuple[int, str, float]:
         return res.returncode, res.output, time.monotonic() - start
     env = {k: v for k, v in os.environ.items()  # one process, not a rank of a launcher's job
            if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-               **row.env)
+    env.update(OMP_NUM_THREADS="1", **ranks_python(env.get("PYTHONPATH", "")))
+    env.update(row.env)
     try:
         out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
                              env=env, timeout=PROCESS_TIMEOUT_S)

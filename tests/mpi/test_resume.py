@@ -138,17 +138,16 @@ def test_sigterm_to_the_launcher_stops_gracefully(tiny_data, tmp_path):
     # What a user's Ctrl-C or a scheduler's SIGTERM does to `python -m hadpsgd.launch`: it
     # becomes SIGUSR1 for mpirun (which Open MPI forwards without killing the ranks), every
     # rank stops at the same control point, rank 0 checkpoints, and the exit code is 75.
-    import os
     import signal
     import subprocess
     import sys
     import time
 
     from hadpsgd.launch import launch_env
-    from tests._mpi import MPI_TIMEOUT_S, ROOT
+    from tests._mpi import MPI_TIMEOUT_S, ROOT, ranks_python
 
     env = launch_env(nprocs=2)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(ranks_python(env.get("PYTHONPATH", "")))
     env.setdefault("HADPSGD_TIMEOUT", "60")
     args = run_args(tiny_data, tmp_path, "--batch-size", "4", "--epochs", "30", "--log-every",
                     "2", "--control-every", "5")[2:]

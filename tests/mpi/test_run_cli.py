@@ -23,7 +23,10 @@ def test_two_rank_run_learns_and_writes_outputs(tiny_data, tmp_path):
     res = run_mpi(2, ["-m", "hadpsgd.run", "--train", str(tiny_data[0]), "--heldout",
                       str(tiny_data[1]), "--preset", "tiny", "--epochs", "3", "--batch-size",
                       "8", "--out-dir", str(out), "--log-every", "5", "--optimizer", "adam",
-                      "--lr", "0.005", "--warmup-epochs", "0"])
+                      "--lr", "0.005", "--warmup-epochs", "0"],
+                  # the real torch._dynamo import beside MPI_Init (comm/preload.py), which
+                  # the other launches replace with a stand-in (tests/_site/sitecustomize.py)
+                  env={"HADPSGD_TEST_DYNAMO_STANDIN": "0"})
     assert_ok(res)
     evals = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "eval"]
     trains = [m for m in read_metrics(out / "metrics.jsonl") if m["kind"] == "train"]
@@ -149,10 +152,10 @@ def test_singleton_launch_stops_with_the_fix(tiny_data, tmp_path):
     import subprocess
     import sys
 
-    from tests._mpi import ROOT
+    from tests._mpi import ranks_python
 
     env = {**os.environ, "SLURM_STEP_NUM_TASKS": "4",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           **ranks_python(os.environ.get("PYTHONPATH", ""))}
     out = subprocess.run([sys.executable, "-m", "hadpsgd.run", "--train", str(tiny_data[0]),
                           "--heldout", str(tiny_data[1]), "--preset", "tiny", "--out-dir",
                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120,

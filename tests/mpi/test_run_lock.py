@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 from hadpsgd.launch import launch_env
 from hadpsgd.run import EXIT_STOPPED
 from tests._commands import run_command
-from tests._mpi import MPI_TIMEOUT_S, ROOT
+from tests._mpi import MPI_TIMEOUT_S, ROOT, ranks_python
 from tests.mpi._resume import run_args
 
 pytestmark = pytest.mark.mpi
@@ -29,7 +28,7 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_first(tiny_d
     start got past its imports, and nothing held the directory.)"""
     out = tmp_path / "race"
     env = launch_env(nprocs=2)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(ranks_python(env.get("PYTHONPATH", "")))
     env.setdefault("HADPSGD_TIMEOUT", "60")
     env["HADPSGD_EMULATE_STEP"] = "ms=250"
     args = run_args(tiny_data, out, "--max-steps", "4000", "--checkpoint-every", "2",

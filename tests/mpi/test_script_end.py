@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from hadpsgd.exit_codes import EXIT_TIMED_OUT
-from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS
+from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS, ranks_python
 
 pytestmark = pytest.mark.mpi  # each launches mpirun
 
@@ -26,7 +26,7 @@ SCRIPT = str((WORKERS / "api_script_end.py").relative_to(ROOT))
 def _launch(*args: str, timeout_s: str) -> subprocess.CompletedProcess[str]:
     """``python -m hadpsgd.launch -n 2 SCRIPT ARGS`` under ``HADPSGD_TIMEOUT=timeout_s``."""
     env = {**os.environ, "HADPSGD_TIMEOUT": timeout_s,
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           **ranks_python(os.environ.get("PYTHONPATH", ""))}
     try:
         return subprocess.run([sys.executable, "-m", "hadpsgd.launch", "-n", "2", SCRIPT, *args],
                               capture_output=True, text=True, timeout=MPI_TIMEOUT_S, env=env,

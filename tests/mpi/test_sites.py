@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks._common.netns import available
 from benchmarks._common.sites import Sites
-from tests._mpi import ROOT
+from tests._mpi import ROOT, ranks_python
 
 pytestmark = pytest.mark.mpi
 OK, WHY = available()
@@ -23,7 +23,7 @@ OK, WHY = available()
 
 @pytest.mark.skipif(not OK, reason=f"emulated sites: {WHY}")
 def test_bmuf_between_two_sites_sends_only_its_block_syncs_between_them(tiny_data, tmp_path):
-    env = {"PYTHONPATH": str(ROOT), "HADPSGD_TIMEOUT": "60", "OMP_NUM_THREADS": "1",
+    env = {**ranks_python(), "HADPSGD_TIMEOUT": "60", "OMP_NUM_THREADS": "1",
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_osc": "^ucx"}
     out = tmp_path / "run"

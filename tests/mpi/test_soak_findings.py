@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS
+from tests._mpi import MPI_TIMEOUT_S, ROOT, WORKERS, ranks_python
 from tests.mpi.test_elastic import _launch
 
 pytestmark = pytest.mark.mpi
@@ -45,7 +45,7 @@ def test_a_non_blocking_collectives_err_other_after_a_failure_is_a_peer_failure(
     assert "--with-ft" in cmd
     cmd += [sys.executable, str(WORKERS / "peer_failure_other.py")]
     env = launch_env(nprocs=3)
-    env["PYTHONPATH"] = str(ROOT)
+    env.update(ranks_python())
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=MPI_TIMEOUT_S, env=env,
                          cwd=ROOT)
     said = sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks._common.netns import TwoHosts, available
-from tests._mpi import ROOT, WORKERS
+from tests._mpi import ROOT, WORKERS, ranks_python
 
 pytestmark = pytest.mark.mpi
 OK, WHY = available()
@@ -20,7 +20,7 @@ needs_two_hosts = pytest.mark.skipif(not OK, reason=f"two emulated hosts: {WHY}"
 
 
 def run(hosts: TwoHosts, nprocs: int, argv: list[str], timeout: float = 240):
-    env = {"PYTHONPATH": str(ROOT), "HADPSGD_TIMEOUT": "60", "OMP_NUM_THREADS": "1",
+    env = {**ranks_python(), "HADPSGD_TIMEOUT": "60", "OMP_NUM_THREADS": "1",
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_osc": "^ucx"}
     try:
@@ -90,7 +90,7 @@ def test_bmuf_benchmark_across_two_hosts(tmp_path):
 def launch_across(hosts: TwoHosts, args: list[str], timeout: float = 300):
     """``python -m hadpsgd.launch --hosts hosta:2,hostb:2 ARGS`` started on host A, as a user
     starts it on the first host of a job (ssh replaced by the harness's agent)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HADPSGD_TIMEOUT": "60"}
+    env = {**os.environ, **ranks_python(), "HADPSGD_TIMEOUT": "60"}
     cmd = hosts.on_host_a([sys.executable, "-m", "hadpsgd.launch", "--iface", hosts.subnet,
                            *args])
     try:
