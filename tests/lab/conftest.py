@@ -6,7 +6,12 @@ marked ``mpi`` as well."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
+
+from tests._mpi import ranks_python
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -15,3 +20,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if str(item.path).startswith(here):
             item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ranks_import_the_dynamo_standin() -> Iterator[None]:
+    """Every process a lab test starts (a benchmark's driver, its mpirun, their ranks) starts
+    as the suite's ranks do (``tests/_mpi.py``'s ``ranks_python``): the lab's tests launch
+    through the benchmarks' own code, which passes this process's environment on."""
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HADPSGD_TEST_DYNAMO_STANDIN")}
+    os.environ.update(ranks_python(os.environ.get("PYTHONPATH", "")))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
