@@ -71,9 +71,11 @@ def job_env(nprocs: int) -> dict[str, str]:
 def ranks_python(path: str = "") -> dict[str, str]:
     """A test rank's ``PYTHONPATH`` (its ``sitecustomize``'s folder, this checkout, then
     ``path``) and the switch of the ``torch._dynamo`` stand-in (:func:`job_env`)."""
-    env = {"PYTHONPATH": os.pathsep.join([str(SITE), str(ROOT), path]).rstrip(os.pathsep)}
+    # Once each, in order: an inherited path may hold both already (the lab's environment).
+    entries = dict.fromkeys([str(SITE), str(ROOT), *path.split(os.pathsep)])
+    env = {"PYTHONPATH": os.pathsep.join(e for e in entries if e)}
     if os.environ.get("HADPSGD_TEST_REAL_DYNAMO") != "1":
-        env["HADPSGD_TEST_DYNAMO_STANDIN"] = os.environ.get("HADPSGD_TEST_DYNAMO_STANDIN", "1")
+        env["HADPSGD_TEST_DYNAMO_STANDIN"] = "1"
     return env
 
 

@@ -27,11 +27,7 @@ def _ranks_import_the_dynamo_standin() -> Iterator[None]:
     """Every process a lab test starts (a benchmark's driver, its mpirun, their ranks) starts
     as the suite's ranks do (``tests/_mpi.py``'s ``ranks_python``): the lab's tests launch
     through the benchmarks' own code, which passes this process's environment on."""
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HADPSGD_TEST_DYNAMO_STANDIN")}
-    os.environ.update(ranks_python(os.environ.get("PYTHONPATH", "")))
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in ranks_python(os.environ.get("PYTHONPATH", "")).items():
+            patch.setenv(name, value)
+        yield

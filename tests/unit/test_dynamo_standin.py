@@ -63,6 +63,9 @@ def test_the_optimizers_arithmetic_is_torchs_own_and_the_rest_gets_the_real_modu
 def test_the_ranks_get_it_unless_the_suite_or_the_test_says_real(monkeypatch):
     assert job_env(2)["HADPSGD_TEST_DYNAMO_STANDIN"] == "1"
     assert job_env(2)["PYTHONPATH"].split(os.pathsep)[:2] == [str(SITE), str(ROOT)]
+    # An inherited path that holds both already keeps each once.
+    again = ranks_python(os.pathsep.join([str(SITE), str(ROOT), "/x"]))["PYTHONPATH"]
+    assert again.split(os.pathsep) == [str(SITE), str(ROOT), "/x"]
     monkeypatch.setenv("HADPSGD_TEST_REAL_DYNAMO", "1")
     assert "HADPSGD_TEST_DYNAMO_STANDIN" not in job_env(2)
 
@@ -71,8 +74,8 @@ def test_a_sitecustomize_further_down_the_path_still_runs(tmp_path: Path):
     (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SEEN_NEXT = True\n")
     env = ranks_python(str(tmp_path))
     out = _python("import json, sys, builtins\n"
-                  "print(json.dumps({'digests': None, 'standin': 'torch' in sys.modules,\n"
-                  "                  'after': getattr(builtins, 'SEEN_NEXT', False)}))",
+                  "print(json.dumps({'torch': 'torch' in sys.modules,\n"
+                  "                  'next': getattr(builtins, 'SEEN_NEXT', False)}))",
                   env=env)
     # It ran, and the stand-in's start-up imported nothing (not even torch).
-    assert out["after"] is True and out["standin"] is False
+    assert out["next"] is True and out["torch"] is False
