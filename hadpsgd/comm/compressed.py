@@ -215,6 +215,17 @@ class CompressedMean:
                              self.dtype)
         seg.copy_(result.reshape(-1)[:n])
 
+    def move_worker_residual_(self, into: torch.Tensor) -> None:
+        """Add the worker residual to ``into`` and start it again from zero.
+
+        For a caller that keeps its own rounding error (BMUF's ``--bmuf-residual model``: in
+        the worker's model, whose next delta then carries it). Identical on the learners of
+        a node, as the residual is. Nothing without error feedback.
+        """
+        if self._worker.numel():
+            into.add_(self._worker.view_as(into))
+            self._worker.zero_()
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The error-feedback residuals (host copies) and the layout they belong to."""

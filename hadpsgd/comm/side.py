@@ -233,6 +233,16 @@ class SideChannel:
         for key, saved in state.items():
             self._compressor(key, like[key]).load_state_dict(saved)
 
+    def move_residual_(self, key: str, into: torch.Tensor) -> None:
+        """Add the worker rounding error of ``key``'s compressed mean to ``into``; zero it.
+
+        Nothing where ``key`` has no compressed mean (fp32, one node, never sent) or no error
+        feedback. Call it between means (after the job that ran it was waited for).
+        """
+        comp = self._compressors.get(key)
+        if comp is not None:
+            comp.move_worker_residual_(into)
+
     def _compressor(self, key: str, t: torch.Tensor, feedback: bool = True) -> CompressedMean:
         """The compressed mean of ``key`` (made on first use; it keeps that key's residuals)."""
         comp = self._compressors.get(key)

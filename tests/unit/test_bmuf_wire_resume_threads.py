@@ -3,7 +3,8 @@ learners as threads (``tests/trainer_threads.py``): a run stopped by a fault at 
 resumed from its step-10 checkpoint (a mean in flight, the wire's residuals per worker) ends
 bit for bit as the uninterrupted one. ``tests/mpi/test_bmuf_cli.py`` runs the same check
 under mpirun for int8 with a real ``kill -9``; here int4, sign and top-k, whose codes run
-unchanged on the thread world's side channel (:mod:`hadpsgd.comm.thread_links`)."""
+unchanged on the thread world's side channel (:mod:`hadpsgd.comm.thread_links`), and sign
+with its rounding kept in the worker's model (``--bmuf-residual model``)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def _train(data: tuple[Path, Path], out: Path, *extra: str,
                             env={"HADPSGD_TRACE_CHUNKS": str(out / "trace")})
 
 
-@pytest.mark.parametrize("wire", [("int4",), ("sign",), ("topk", "--topk-fraction", "0.03")],
-                         ids=["int4", "sign", "topk"])
+@pytest.mark.parametrize("wire", [("int4",), ("sign",), ("topk", "--topk-fraction", "0.03"),
+                                  ("sign", "--bmuf-residual", "model")],
+                         ids=["int4", "sign", "topk", "sign-residual-in-model"])
 def test_overlapped_streaming_compressed_resume_is_bit_exact(tiny_data, tmp_path, wire):
     k = 10
     extra = ("--max-steps", str(2 * k), "--checkpoint-every", str(k), "--bmuf-overlap",

@@ -317,9 +317,18 @@ class BMUF(Algorithm):
             self._agreed = self.buffers.copy()
 
     def _apply(self, frag: Fragment) -> None:
-        """Filter ``frag``'s average once it has arrived."""
+        """Filter ``frag``'s average once it has arrived.
+
+        With ``--bmuf-residual model`` the worker then takes back what its sync did not send
+        (the wire's rounding of its delta): its next block starts from the new start point
+        plus that, so its next delta carries it once, and nothing it learned is redone.
+        """
         self.exchange.wait(frag.average)
         self.filter.apply(frag)
+        if self.options.residual == "model":
+            for dtype, (lo, hi) in frag.spans.items():
+                self.exchange.move_model_residual_(frag.index, dtype,
+                                                   self.params.buffers[dtype][lo:hi])
 
     def evaluation_note(self) -> str:
         """The evaluated model is the initial one while no block sync has happened yet.

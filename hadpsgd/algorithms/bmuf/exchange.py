@@ -91,6 +91,16 @@ class BlockExchange:
         return {f"fragment{index}-{dtype}-{i}": part
                 for i, part in enumerate(pack.split(pack.numel() // self.segments))}
 
+    def move_model_residual_(self, index: int, dtype: torch.dtype,
+                             into: torch.Tensor) -> None:
+        """Add fragment ``index``'s model rounding error of its last mean to ``into``; zero it.
+
+        The model's part (segment 0 of :meth:`_parts`); nothing on fp32 or a single node.
+        Call it once the mean has arrived (:meth:`wait`).
+        """
+        if self.side is not None:
+            self.side.move_residual_(f"fragment{index}-{dtype}-0", into)
+
     def state_dict(self) -> dict[str, Any]:
         """The wire's rounding errors (per super-learner), or nothing without a side channel."""
         return self.side.state_dict() if self.side is not None else {}

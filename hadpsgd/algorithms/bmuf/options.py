@@ -11,16 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm.codec import FORMATS
+from hadpsgd.comm.codec import FORMATS, WIRES
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
 WARMUP_LRS: tuple[str, ...] = ("worker", "world")
+RESIDUALS: tuple[str, ...] = ("delta", "model")
 LOSSY_BELOW_BITS = 8.0
 """Wires of fewer bits a value (int4, sign, topk): a block longer than fp32's default costs
 them far more than it costs fp32 at more than 4 workers (said at start,
@@ -130,11 +131,24 @@ class BMUFOptions(WireOptions):
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
     the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
     leaves this open)."""
+    residual: str = field(default="delta", metadata={"choices": RESIDUALS,
+                                                     "flag": "bmuf-residual"})
+    """BMUF on a compressed --wire: where a worker's rounding error of a block sync goes.
+    delta (error feedback): into its next block's delta, the worker restarting from the
+    global model; model: kept in the worker's own model, which restarts from the global
+    model plus what its sync did not send (the bifurcated local models of CSER, Xie et al.
+    2020, without its periodic reset), so no worker redoes progress it made and the next
+    sync sends it once. Only the model's part; a moment buffer's rounding stays error
+    feedback."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
     floating-point ones (integer ones: rank 0's); --no-sync-buffers leaves each learner its
     own (docs/api.md, Buffers)."""
+
+    # --bmuf-residual is read by the compressed wires only (WireOptions.wire_readers).
+    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
+        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32")}
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "

@@ -1,0 +1,122 @@
+"""BMUF's ``--bmuf-residual``: where a compressed wire's rounding of a block delta goes.
+
+Two learners as threads, each its own node (:class:`hadpsgd.comm.threads.ThreadJob`, the
+side channel's own compressed mean), SGD at block momentum 0 and block rate 1, so the block
+filter adds the mean of the deltas to the start point. What is held, from the definitions
+and not from the code:
+
+- **Nothing learned is lost** in either form: the workers' mean model plus every rounding
+  error still waiting (the workers' residuals, the servers' shards) is the same after a sync
+  as before it. Error feedback (``delta``) keeps the worker's error in its residual and
+  restarts the worker from the global start point; the error reset (``model``) keeps it in
+  the worker's own model, leaving its residual at zero.
+- ``model``: each worker restarts at the start point plus its own rounding error (the
+  workers then differ); ``delta``: every worker restarts at the start point, bit for bit.
+- The wire carries the same bytes in both forms.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hadpsgd.algorithms import BMUF
+from hadpsgd.algorithms.bmuf.options import BMUFOptions
+from hadpsgd.cli import ConfigError
+from hadpsgd.comm import World
+from hadpsgd.comm.threads import ThreadJob
+
+TAU, BLOCKS = 2, 3
+KEY = "fragment0-torch.float32-0"
+
+
+def _residuals(algo: BMUF) -> tuple[torch.Tensor, torch.Tensor]:
+    """This worker's residual of the model's delta and its node's server shard (zeros before
+    the first mean)."""
+    n = algo.params.buffers[torch.float32].numel()
+    saved = algo.exchange.state_dict().get(KEY)
+    if saved is None:
+        return torch.zeros(n), torch.zeros(0)
+    return saved["worker"].clone(), saved["server"].clone()
+
+
+def _learner(world: World, residual: str, wire: str) -> dict:
+    torch.manual_seed(0)  # the same initial model on both learners
+    model = torch.nn.Linear(100, 50)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    algo = BMUF(model, opt, world, sync_period=TAU, block_momentum=0.0, wire=wire,
+                residual=residual, worker_lr="global")
+    syncs: list[dict] = []
+    send = algo.exchange.send
+
+    def recording_send(frag, average, background):  # the local model as the block ends
+        worker, server = _residuals(algo)
+        syncs.append({"local": algo.params.buffers[torch.float32].clone(),
+                      "worker": worker, "server": server})
+        send(frag, average, background)
+
+    algo.exchange.send = recording_send
+    gen = torch.Generator().manual_seed(1 + world.rank)  # each learner its own data
+    for step in range(TAU * BLOCKS):
+        x, y = torch.randn(16, 100, generator=gen), torch.randn(16, 50, generator=gen)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        algo.step()
+        algo.zero_grad()
+        if (step + 1) % TAU == 0:  # the block just synced: the state after it
+            worker, server = _residuals(algo)
+            syncs[-1].update(after=algo.params.buffers[torch.float32].clone(),
+                             start=algo.filter.start_point[torch.float32].clone(),
+                             worker_after=worker, server_after=server)
+    return {"syncs": syncs, "bytes": algo.exchange.bytes_sent}
+
+
+def _run(residual: str, wire: str) -> list[dict]:
+    return ThreadJob(2, timeout=60).run(lambda w: _learner(w, residual, wire))
+
+
+def _server(shards: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The servers' residual over the whole tensor: node k holds shard k (one bucket)."""
+    if not shards[0].numel():
+        return torch.zeros(n)
+    return torch.cat(shards)[:n]
+
+
+@pytest.mark.parametrize("wire", ["sign", "topk"])
+@pytest.mark.parametrize("residual", ["delta", "model"])
+def test_nothing_learned_is_lost(residual, wire):
+    runs = _run(residual, wire)
+    n = runs[0]["syncs"][0]["local"].numel()
+    for b in range(BLOCKS):
+        s = [r["syncs"][b] for r in runs]
+        before = (sum(x["local"] for x in s) / 2 + sum(x["worker"] for x in s) / 2
+                  + _server([x["server"] for x in s], n))
+        after = (sum(x["after"] for x in s) / 2 + sum(x["worker_after"] for x in s) / 2
+                 + _server([x["server_after"] for x in s], n))
+        torch.testing.assert_close(after, before, rtol=0, atol=1e-6,
+                                   msg=f"{residual}, {wire}, sync {b}")
+        start = s[0]["start"]
+        assert torch.equal(start, s[1]["start"])  # the global model: the same bits
+        for x in s:
+            rounding = x["after"] - start
+            if residual == "model":
+                assert not x["worker_after"].any(), "the error is in the model, not a residual"
+                assert rounding.abs().max() > 0, "the worker keeps what its sync did not send"
+            else:
+                assert torch.equal(x["after"], start), "error feedback restarts at the start"
+                assert x["worker_after"].abs().max() > 0
+        if residual == "model":  # each worker kept its own rounding error
+            assert not torch.equal(s[0]["after"], s[1]["after"])
+
+
+def test_the_wire_carries_the_same_bytes():
+    assert [r["bytes"] for r in _run("model", "sign")] == [r["bytes"] for r in
+                                                            _run("delta", "sign")]
+
+
+def test_residual_is_a_compressed_wires_option():
+    with pytest.raises(ConfigError, match="--bmuf-residual"):
+        BMUFOptions(residual="kept")
+    BMUFOptions(wire="fp32").check_read(["sync_period"])
+    with pytest.raises(ConfigError, match="--bmuf-residual is read by --wire bf16"):
+        BMUFOptions(wire="fp32", residual="model").check_read(["residual"])
+    BMUFOptions(wire="sign", residual="model").check_read(["residual"])
