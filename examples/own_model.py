@@ -204,6 +204,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--sync-period", type=int, default=4, help="BMUF's tau")
+    parser.add_argument("--wire", default="fp32", help="BMUF's block sync / ADPSGD's gossip "
+                        "on the link between nodes: fp32, bf16, int8, int4, sign or topk")
+    parser.add_argument("--adam-moments", default=None,
+                        help="BMUF: what a sync does with Adam's moments (corrected, "
+                        "average, local, reset); default: BMUF-Adam's recipe")
+    parser.add_argument("--block-momentum", type=float, default=None,
+                        help="BMUF's block momentum (default: its recipe's)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=10)
@@ -222,7 +229,12 @@ def main() -> None:
     # BMUF-Adam's recipe (the paper's beta1 0.5); Adam as usual for the others.
     betas = (0.5, 0.999) if args.algo == "bmuf" else (0.9, 0.999)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=betas)
-    options = {"sync_period": args.sync_period} if args.algo == "bmuf" else {}
+    options: dict[str, object] = {} if args.wire == "fp32" else {"wire": args.wire}
+    if args.algo == "bmuf":
+        options["sync_period"] = args.sync_period
+        for name in ("adam_moments", "block_momentum"):
+            if getattr(args, name) is not None:
+                options[name] = getattr(args, name)
 
     with hadpsgd.Distributed(model, optimizer, args.algo, topology=topo,
                              precision=args.precision, run_dir=args.run_dir,

@@ -167,7 +167,9 @@ def in_keywords(err: ConfigError, entry: AlgoSpec, prefix: bool = True) -> Optio
 
     ``prefix``: start it with ``<algorithm> option`` (a message about one option's value).
     """
-    by_flag = _keywords_by_flag(entry)
+    # The keywords every algorithm shares (Distributed's max_grad_norm=, ...) are flags of
+    # the run's too, and a recipe's message may name them.
+    by_flag = {**{flag(name): name for name in SHARED_OPTIONS}, **_keywords_by_flag(entry)}
     message = str(err)
     found = [by_flag[m] for m in _FLAG.findall(message) if m in by_flag]
     text = _FLAG.sub(lambda m: by_flag.get(m.group(0), m.group(0)), message)

@@ -106,18 +106,23 @@ def test_optimizer_kind_of_a_subclass_is_its_torch_base():
 
 @pytest.mark.parametrize("wire", ["sign", "int4", "topk"])
 def test_bmuf_adam_on_a_wire_below_8_bits_is_refused_in_each_callers_words(wire, capsys):
-    # Issue 57: a user's CTC model lost 19 WER points to SSGD with Adam on the sign wire;
-    # no measured recipe, so the run stops before any work, naming the ways on.
+    # Issue 57: a user's CTC model lost 19 WER points to SSGD with Adam on the sign wire,
+    # and no way measured since held Sync-Adam's WER, so the run stops before any work,
+    # naming the best measured way and the others.
     with pytest.raises(SystemExit) as stop:
         parse_config(["--algo", "bmuf", "--optimizer", "adam", "--wire", wire])
     assert stop.value.code == 2
     said = capsys.readouterr().err
-    assert f"BMUF with adam on --wire {wire} has no measured recipe" in said
+    assert f"BMUF with adam on --wire {wire} has no recipe that held Sync-Adam's WER" in said
     assert "--adam-moments" in said and "--wire int8 or fp32" in said
+    assert "--adam-moments local --bmuf-worker-lr global --block-momentum 0 " \
+        "--max-grad-norm 1" in said
     with pytest.raises(hadpsgd.OptionError) as err:
         _dist("adamw", wire=wire)
-    assert f"on wire {wire} has no measured recipe" in str(err.value)
+    assert f"on wire {wire} has no recipe that held" in str(err.value)
     assert "give adam_moments (corrected" in str(err.value)  # the keyword, not the flag
+    assert "adam_moments local worker_lr global block_momentum 0 max_grad_norm 1" \
+        in str(err.value)
     assert "--" not in str(err.value).split("SSGD")[1]
 
 
