@@ -21,13 +21,14 @@ import pytest
 import torch
 
 from hadpsgd.algorithms import BMUF
+from hadpsgd.algorithms.bmuf.exchange import part_key
 from hadpsgd.algorithms.bmuf.options import BMUFOptions
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm import World
 from hadpsgd.comm.threads import ThreadJob
 
 TAU, BLOCKS = 2, 3
-KEY = "fragment0-torch.float32-0"
+KEY = part_key(0, torch.float32, 0)  # the model's part of the one fragment
 
 
 def _residuals(algo: BMUF) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,17 @@ from hadpsgd.algorithms.bmuf.filter import BlockAverage, Flat, Fragment
 from hadpsgd.comm import World
 
 
+def part_key(index: int, dtype: torch.dtype, segment: int | None = None) -> str:
+    """The side channel's name of a fragment's pack of one dtype, or of one of its segments.
+
+    Whole on fp32; on a compressed wire ``segment`` 0 is the model's progress, then each
+    sent moment's. One spelling for the sender and for whoever reads a part's residual back
+    by name: a key the side channel does not know reads as nothing sent.
+    """
+    key = f"fragment{index}-{dtype}"
+    return key if segment is None else f"{key}-{segment}"
+
+
 class BlockExchange:
     """The cross-node mean of block averages: blocking, in the background, or compressed.
 
@@ -87,8 +98,8 @@ class BlockExchange:
         compressed wire scales each part on its own, so no quantisation chunk mixes them.
         """
         if self.wire == "fp32":
-            return {f"fragment{index}-{dtype}": pack}
-        return {f"fragment{index}-{dtype}-{i}": part
+            return {part_key(index, dtype): pack}
+        return {part_key(index, dtype, i): part
                 for i, part in enumerate(pack.split(pack.numel() // self.segments))}
 
     def move_model_residual_(self, index: int, dtype: torch.dtype,
@@ -99,7 +110,7 @@ class BlockExchange:
         Call it once the mean has arrived (:meth:`wait`).
         """
         if self.side is not None:
-            self.side.move_residual_(f"fragment{index}-{dtype}-0", into)
+            self.side.move_residual_(part_key(index, dtype, 0), into)
 
     def state_dict(self) -> dict[str, Any]:
         """The wire's rounding errors (per super-learner), or nothing without a side channel."""
