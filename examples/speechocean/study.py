@@ -149,6 +149,18 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                    "--ranks-per-node", "1", "--bmuf-residual", "model"]),
     "bmuf-sign-tau4-keep": (None, ["--algo", "bmuf", "--wire", "sign", "--sync-period", "4",
                                    "--ranks-per-node", "1", "--bmuf-residual", "model"]),
+    # Issue 57: the signs of each 64 values' two largest (--wire signtopk, 7 bits apiece,
+    # ~0.23 bit a value) at a block of 8, the rounding kept in the worker's model: 1/32 of
+    # the values a sync at ~1,100x fewer bytes than SSGD fp32.
+    "bmuf-signtopk-tau8-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                       "--sync-period", "8", "--ranks-per-node", "1",
+                                       "--bmuf-residual", "model"]),
+    # ... and at a block of 4 with 48 of 4,096 (~1,090x): the same values a step, in
+    # syncs twice as frequent.
+    "bmuf-signtopk48-tau4-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                         "--topk-fraction", "0.01171875", "--sync-period",
+                                         "4", "--ranks-per-node", "1", "--bmuf-residual",
+                                         "model"]),
     # Adam on a slow link (issue 57): Sync-Adam, and BMUF with Adam in the SGD recipe's shape
     # on the 1-bit code: the moments kept on each worker (only the model crosses), every
     # worker at the global rate, no block momentum, the worker's gradient clipped to 1.

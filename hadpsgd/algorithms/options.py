@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hadpsgd.cli import ConfigError, check_finite, flag, option_name
-from hadpsgd.comm.codec import TOPK_FRACTION, WIRES, wire_spec
+from hadpsgd.comm.codec import WIRES, wire_spec
 
 
 @dataclass(frozen=True)
@@ -145,18 +145,23 @@ class WireOptions(AlgoOptions):
     wire: str = field(default="fp32", metadata={"choices": WIRES})
     """Wire format of the inter-node exchanges (BMUF's block sync, ADPSGD's gossip): fp32
     (as is), bf16, int8 or int4 with one scale per 1024 values, sign (one bit a value and
-    one scale per 4096, 1-bit SGD's code: ~32x below fp32), or topk (per 4096 values the
-    largest --topk-fraction, 12-bit indices, 2-bit values; ~141x below fp32); ADPSGD sends
-    sign and topk as CHOCO-SGD's compressed differences; compressed formats carry their
-    rounding error into the next exchange (error feedback)."""
-    topk_fraction: float = TOPK_FRACTION
-    """--wire topk: the fraction of each chunk of 4096 values sent, in (0, 1] (default 1/64 =
-    0.015625: 64 values a chunk; each costs 14 bits, each chunk 4 more bytes). The rest
-    waits in the error-feedback residual for a later exchange."""
+    one scale per 4096, 1-bit SGD's code: ~32x below fp32), signtopk (per 4096 values the
+    signs of the largest, 112 by default, their places packed, 8 bits each, one scale:
+    ~139x below fp32), or topk (per 4096 values the largest fraction, 12-bit indices,
+    2-bit values; ~141x below fp32 at 1/64); ADPSGD sends sign, topk and signtopk as
+    CHOCO-SGD's compressed differences; compressed formats carry their rounding error into
+    the next exchange (error feedback)."""
+    topk_fraction: float | None = None
+    """--wire topk or signtopk: the fraction of each chunk of 4096 values sent, in (0, 1];
+    default the wire's own: topk 1/64 = 0.015625 (64 values a chunk, 14 bits each and 4
+    more bytes a chunk), signtopk 112/4096 = 0.02734375 (8 bits each: a block of 8 steps at
+    ~1,100x fewer bytes than SSGD fp32; 0.01171875 for a block of 4). The rest waits in the
+    error-feedback residual or the worker's model for a later exchange."""
 
     # The options only some wires read, and those wires (a comment, not a docstring, so that
     # the generated CLI does not take it for an option).
-    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {"topk_fraction": ("topk",)}
+    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
+        "topk_fraction": ("topk", "signtopk")}
 
     def check_read(self, given: Iterable[str]) -> None:
         """Refuse a wire's own option given with another wire (``--topk-fraction`` with sign).
@@ -184,12 +189,12 @@ class WireOptions(AlgoOptions):
             ConfigError: For the first such value.
         """
         self.check_choices()
-        if not 0.0 < self.topk_fraction <= 1.0:
+        if self.topk_fraction is not None and not 0.0 < self.topk_fraction <= 1.0:
             raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
-                              f"each 4096-value chunk --wire topk sends, e.g. 0.015625), got "
-                              f"{self.topk_fraction}")
+                              f"each 4096-value chunk --wire topk or signtopk sends, e.g. "
+                              f"0.015625), got {self.topk_fraction}")
 
     @property
     def wire_spec(self) -> str:
-        """The wire as the codec names it: ``topk:<fraction>`` for top-k, else ``wire``."""
+        """The wire as the codec names it: ``<wire>:<fraction>`` for a sparse one, else ``wire``."""
         return wire_spec(self.wire, self.topk_fraction)

@@ -29,6 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from hadpsgd.comm.signtopk import (
+    SIGNTOPK_FRACTION,
+    decode_signtopk_rows,
+    encode_signtopk_rows,
+    signtopk_bytes,
+)
 from hadpsgd.comm.sparse import (
     TOPK_FRACTION,
     absmax_codes,
@@ -92,6 +98,9 @@ class WireFormat:
     """``[R, m]`` values -> ``[R, P]`` bytes, each row on its own (may alias, fp32)."""
     decode: Callable[[torch.Tensor, int, Wire, torch.dtype], torch.Tensor]
     """``[R, P]`` bytes -> ``[R, m]`` values of the dtype (may alias, fp32)."""
+    fraction: float | None = None
+    """A sparse format's default share of the values sent (``--topk-fraction`` sets
+    another); None for the formats that send every value."""
 
 
 FORMATS: dict[str, WireFormat] = {f.name: f for f in (
@@ -119,39 +128,50 @@ FORMATS: dict[str, WireFormat] = {f.name: f for f in (
     WireFormat("topk", 0.23, sparse=True, differences=True, feedback=True,
                payload=lambda n, w, e: topk_bytes(n, w.fraction),
                encode=lambda x, w: encode_topk_rows(x, w.fraction),
-               decode=lambda p, m, w, d: decode_topk_rows(p, m, w.fraction, d)),
+               decode=lambda p, m, w, d: decode_topk_rows(p, m, w.fraction, d),
+               fraction=TOPK_FRACTION),
+    WireFormat("signtopk", 0.23, sparse=True, differences=True, feedback=True,
+               payload=lambda n, w, e: signtopk_bytes(n, w.fraction),
+               encode=lambda x, w: encode_signtopk_rows(x, w.fraction),
+               decode=lambda p, m, w, d: decode_signtopk_rows(p, m, d, w.fraction),
+               fraction=SIGNTOPK_FRACTION),
 )}
 """Every wire format by name, in the order ``--wire`` lists them."""
 WIRES: tuple[str, ...] = tuple(FORMATS)
 """Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
 
 
-def wire_spec(name: str, fraction: float = TOPK_FRACTION) -> str:
-    """The spec of format ``name``: ``topk:<fraction>`` for top-k, else ``name`` itself."""
-    spec = f"topk:{float(fraction)!r}" if name == "topk" else name
+def wire_spec(name: str, fraction: float | None = None) -> str:
+    """The spec of format ``name``: ``<name>:<fraction>`` for a sparse one, else ``name``.
+
+    A sparse format's own default fraction where ``fraction`` is None.
+    """
+    default = FORMATS[name].fraction if name in FORMATS else None
+    spec = name if default is None else (
+        f"{name}:{float(default if fraction is None else fraction)!r}")
     parse_wire(spec)  # refuses an unknown format or a fraction out of range
     return spec
 
 
 @functools.lru_cache(maxsize=64)
 def parse_wire(spec: str) -> Wire:
-    """The :class:`Wire` a spec names (``topk`` alone: the default fraction).
+    """The :class:`Wire` a spec names (``topk`` or ``signtopk`` alone: its default fraction).
 
     Raises:
         ValueError: For a format not in :data:`WIRES` or a fraction outside (0, 1].
     """
     name, _, rest = str(spec).partition(":")
-    if name not in WIRES or (rest and name != "topk"):
-        raise ValueError(f"wire must be one of {', '.join(WIRES)} (topk:FRACTION for a "
-                         f"fraction), got {spec!r}")
+    if name not in WIRES or (rest and FORMATS[name].fraction is None):
+        raise ValueError(f"wire must be one of {', '.join(WIRES)} (topk:FRACTION or "
+                         f"signtopk:FRACTION for a fraction), got {spec!r}")
     if not rest:
-        return Wire(name)
+        return Wire(name, FORMATS[name].fraction or TOPK_FRACTION)
     try:
         fraction = float(rest)
     except ValueError:
         fraction = float("nan")
     if not 0.0 < fraction <= 1.0:  # NaN fails this too
-        raise ValueError(f"the topk fraction must be in (0, 1], got {rest!r} in {spec!r}")
+        raise ValueError(f"the {name} fraction must be in (0, 1], got {rest!r} in {spec!r}")
     return Wire(name, fraction)
 
 

@@ -88,9 +88,10 @@ def test_import_hadpsgd_stays_light_and_names_the_api():
      "bmuf has no option sync_perod; did you mean sync_period?"),
     ({"algo": "bmuf", "precison": "bf16"}, "precison", "did you mean precision?"),
     ({"algo": "adpsgd", "wire": "sign", "topk_fraction": 0.1}, "topk_fraction",
-     "topk_fraction is read by wire topk only, not by wire sign"),
+     "topk_fraction is read by wire topk or wire signtopk only, not by wire sign"),
     ({"algo": "adpsgd", "wire": "int8", "gossip_step": 0.5}, "gossip_step",
-     "gossip_step is read by wire sign or wire topk only, not by wire int8"),
+     "gossip_step is read by wire sign or wire topk or wire signtopk only, not by wire "
+     "int8"),
     ({"algo": "bmuf", "topk_fraction": 0.1}, "topk_fraction", "not by wire fp32"),
     ({"precision": "fp8"}, "precision", "precision must be one of fp32, bf16, fp16"),
     ({"grad_wire": "int8"}, "grad_wire", "grad_wire must be one of"),

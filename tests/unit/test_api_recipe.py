@@ -76,6 +76,17 @@ def test_a_wire_keeps_fp32s_block_through_the_api_too():
     assert values["sync_period"] == 4
 
 
+def test_a_sparse_wire_keeps_its_rounding_in_the_model_through_the_api_too():
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    values, _, line = resolve_recipe(algorithm_spec("bmuf"), opt, {"wire": "signtopk"}, None)
+    assert values["residual"] == "model" and "residual='model'" in line
+    values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt,
+                                  {"wire": "signtopk", "residual": "delta"}, None)
+    assert values["residual"] == "delta"
+    values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt, {"wire": "sign"}, None)
+    assert "residual" not in values
+
+
 def test_what_the_user_gave_wins(capsys):
     dist = _dist("sgd", worker_lr="single", adam_moments="reset", max_grad_norm=0.0)
     assert dist.options.worker_lr == "single" and dist.options.adam_moments == "reset"

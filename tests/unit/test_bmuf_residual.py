@@ -82,7 +82,7 @@ def _server(shards: list[torch.Tensor], n: int) -> torch.Tensor:
     return torch.cat(shards)[:n]
 
 
-@pytest.mark.parametrize("wire", ["sign", "topk"])
+@pytest.mark.parametrize("wire", ["sign", "topk", "signtopk"])
 @pytest.mark.parametrize("residual", ["delta", "model"])
 def test_nothing_learned_is_lost(residual, wire):
     runs = _run(residual, wire)

@@ -32,8 +32,8 @@ def _train(data: tuple[Path, Path], out: Path, *extra: str,
 
 
 @pytest.mark.parametrize("wire", [("int4",), ("sign",), ("topk", "--topk-fraction", "0.03"),
-                                  ("sign", "--bmuf-residual", "model")],
-                         ids=["int4", "sign", "topk", "sign-residual-in-model"])
+                                  ("sign", "--bmuf-residual", "model"), ("signtopk",)],
+                         ids=["int4", "sign", "topk", "sign-residual-in-model", "signtopk"])
 def test_overlapped_streaming_compressed_resume_is_bit_exact(tiny_data, tmp_path, wire):
     k = 10
     extra = ("--max-steps", str(2 * k), "--checkpoint-every", str(k), "--bmuf-overlap",

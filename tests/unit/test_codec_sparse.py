@@ -110,7 +110,7 @@ def test_topk_payload_size_and_ratio_to_fp32():
     # Fixed sizes: the bytes depend on the count, never on the values.
     for n in SIZES:
         for x in (torch.zeros(n), torch.from_numpy(_data(n)), torch.full((n,), math.nan)):
-            for spec in ("int4", "sign", "topk", spec_of("topk", 0.2)):
+            for spec in ("int4", "sign", "topk", spec_of("topk", 0.2), "signtopk"):
                 assert encode(x, spec).numel() == payload_bytes(n, spec)
     assert payload_bytes(0, "topk") == 0 and encode(torch.zeros(0), "topk").numel() == 0
 
@@ -118,7 +118,7 @@ def test_topk_payload_size_and_ratio_to_fp32():
 def test_rows_are_coded_each_on_its_own():
     # CompressedMean sends row j to node j: each row's bytes are its own row's code.
     x = torch.from_numpy(_data(4 * 3000, seed=9)).view(4, 3000)
-    for spec in ("int4", "sign", "topk", spec_of("topk", 0.05)):
+    for spec in ("int4", "sign", "topk", spec_of("topk", 0.05), "signtopk"):
         rows = encode_rows(x, spec)
         assert rows.shape == (4, payload_bytes(3000, spec))
         for j in range(4):

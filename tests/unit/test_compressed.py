@@ -13,6 +13,7 @@ import torch
 
 from hadpsgd.comm import WIRES, decode, encode, payload_bytes
 from hadpsgd.comm.codec import INT8_CHUNK, parse_wire
+from hadpsgd.comm.signtopk import SIGNTOPK_CHUNK, SIGNTOPK_FRACTION
 from hadpsgd.comm.sparse import INT4_CHUNK, SIGN_CHUNK, TOPK_CHUNK
 
 SIZES = [0, 1, 5, INT8_CHUNK - 1, INT8_CHUNK, INT8_CHUNK + 1, 3 * INT8_CHUNK + 17]
@@ -101,7 +102,7 @@ def test_non_finite_input_stays_non_finite(wire, bad):
     y = decode(encode(x, wire), x.numel(), wire, torch.float32)
     assert not math.isfinite(float(y[at]))
     chunk = {"int8": INT8_CHUNK, "int4": INT4_CHUNK, "sign": SIGN_CHUNK,
-             "topk": TOPK_CHUNK}.get(wire, 1)
+             "topk": TOPK_CHUNK, "signtopk": SIGNTOPK_CHUNK}.get(wire, 1)
     lo = at // chunk * chunk
     if wire in ("int8", "int4", "sign"):  # every value of the chunk carries the spoilt scale
         assert not bool(torch.isfinite(y[lo:lo + chunk]).any())
@@ -109,7 +110,8 @@ def test_non_finite_input_stays_non_finite(wire, bad):
     assert bool(torch.isfinite(others).all())
 
 
-@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "sign", "topk", "topk:0.1"])
+@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "sign", "topk", "topk:0.1",
+                                  "signtopk"])
 def test_error_feedback_telescopes(wire):
     # By definition: s_k = decode(encode(x_k + e_{k-1})), e_k = x_k + e_{k-1} - s_k, e_0 = 0.
     # Summing e_k - e_{k-1} = x_k - s_k over k: sum s_k = sum x_k - e_K. So the sent values
@@ -117,7 +119,7 @@ def test_error_feedback_telescopes(wire):
     # does not grow with K (without feedback the error of the sum grows like K). For top-k
     # the residual holds what was not yet chosen: a value of at most 0.4 a round waits about
     # 1 / fraction rounds to be chosen, so it stays within a few times 0.4 / fraction.
-    topk = wire.startswith("topk")
+    topk = wire.startswith(("topk", "signtopk"))
     n, rounds = (2 * TOPK_CHUNK + 300, 600) if topk else (2 * INT8_CHUNK + 100, 50)
     e = torch.zeros(n, dtype=torch.float64)
     sent_sum = torch.zeros(n, dtype=torch.float64)
@@ -136,7 +138,8 @@ def test_error_feedback_telescopes(wire):
     # |e_K| is one rounding of y_K = x_K + e_{K-1}, |y_K| < 0.41: half a bf16 step, or half
     # an int8 scale (absmax / 127); int4's coarser residual (up to 0.031) makes |y_K| < 0.44
     bound = {"bf16": 2.0**-8 * 0.41, "int8": 0.5 * 0.41 / 127, "int4": 0.5 * 0.44 / 7}.get(
-        wire, 2 * 0.4 / parse_wire(wire).fraction)
+        wire, 2 * 0.4 / (SIGNTOPK_FRACTION if wire == "signtopk"
+                         else parse_wire(wire).fraction))
     assert float(e.abs().max()) <= bound
     assert float((sent_sum - x_sum).abs().max()) < float((plain_sum - x_sum).abs().max())
 

@@ -154,10 +154,11 @@ def test_an_option_the_chosen_wire_does_not_read_is_refused(tmp_path, capsys, mo
     not CHOCO's, were silently ignored."""
     for argv, says in [
             (["--algo", "adpsgd", "--wire", "sign", "--topk-fraction", "0.1"],
-             "--topk-fraction is read by --wire topk only, not by --wire sign; drop it or "
-             "choose --wire topk"),
+             "--topk-fraction is read by --wire topk or --wire signtopk only, not by --wire "
+             "sign; drop it or choose --wire topk or --wire signtopk"),
             (["--algo", "adpsgd", "--wire", "int4", "--gossip-step", "0.5"],
-             "--gossip-step is read by --wire sign or --wire topk only, not by --wire int4"),
+             "--gossip-step is read by --wire sign or --wire topk or --wire signtopk only, "
+             "not by --wire int4"),
             (["--algo", "bmuf", "--topk-fraction", "0.1"], "not by --wire fp32")]:
         with pytest.raises(SystemExit):
             parse_config(argv)
@@ -174,7 +175,8 @@ def test_an_option_the_chosen_wire_does_not_read_is_refused(tmp_path, capsys, mo
     monkeypatch.setattr(resume_config, "resume_checkpoint", lambda cfg: tmp_path)
     monkeypatch.setattr(resume_config, "saved_config",
                         lambda path: to_dict(parse_config(["--algo", "bmuf"])))
-    with pytest.raises(ConfigError, match="--topk-fraction is read by --wire topk only"):
+    with pytest.raises(ConfigError,
+                       match="--topk-fraction is read by --wire topk or --wire signtopk only"):
         resume_config.resumed_config(parse_config(
             ["--resume", "auto", "--out-dir", str(tmp_path), "--topk-fraction", "0.1",
              "--allow-resume-change", "topk-fraction"]))

@@ -51,8 +51,8 @@ def test_each_record_describes_its_codec(name: str) -> None:
 def test_the_algorithms_and_the_flag_read_the_table() -> None:
     assert WIRES == tuple(FORMATS) and WireOptions.__dataclass_fields__["wire"].metadata[
         "choices"] == WIRES
-    assert set(CHOCO_WIRES) == {n for n, f in FORMATS.items() if f.differences} == {"sign",
-                                                                                   "topk"}
+    assert set(CHOCO_WIRES) == {n for n, f in FORMATS.items() if f.differences} == {
+        "sign", "topk", "signtopk"}
     # No wire has a block of its own: BMUF's recipe keeps fp32's for all (issue 57)
     assert all("sync_period" not in BMUFOptions.recipe({"wire": name}) for name in FORMATS)
     # --help names every wire in the flag's own text, not only in argparse's list of choices

@@ -128,7 +128,8 @@ for split in ([False, True] if per_node > 1 else [False]):
         sent, received = cm.bytes_sent, cm.bytes_received
         check(f"bytes {tag}", cm.bytes_sent > 0 if nodes > 1 else cm.bytes_sent == 0)
     if nodes > 1:
-        for wire, least in (("int8", 3.5), ("int4", 7.0), ("sign", 25.0), ("topk", 90.0)):
+        for wire, least in (("int8", 3.5), ("int4", 7.0), ("sign", 25.0), ("topk", 90.0),
+                            ("signtopk", 90.0)):
             # top-k on shards shorter than a chunk: k = round(shard / 64), a scale per shard
             ratio = bytes_of["fp32", split] / bytes_of[wire, split]
             check(f"fp32/{wire} bytes {ratio:.2f} split={split}", ratio >= least)
@@ -139,7 +140,7 @@ for split in ([False, True] if per_node > 1 else [False]):
         check(f"fp32 bytes split={split}", ring <= bytes_of["fp32", split] <= ring * 1.01)
 
     # Error feedback over K rounds, in float64 (the rounding of the arithmetic is negligible).
-    for wire in ("bf16", "int8", "int4", "sign", "topk"):
+    for wire in ("bf16", "int8", "int4", "sign", "topk", "signtopk"):
         tag = f"{wire} split={split}"
         cm = compressed_mean(torch.float64, wire, split, BUCKET)
         out_sum = torch.zeros(N, dtype=torch.float64)

@@ -33,6 +33,7 @@ from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import World
+from hadpsgd.comm.codec import FORMATS
 from hadpsgd.comm.overlap import GradScope
 
 
@@ -475,10 +476,17 @@ class BMUF(Algorithm):
         if self._saved_layout is not None:
             b = relayout_state(b, self._saved_layout, now)
         # What is in flight was packed for one fragment layout and one wire: refuse another.
-        # The wire with its top-k fraction, which only counts for --wire topk.
+        # The wire with its fraction, which only counts for a sparse wire (its default where
+        # none was given: a state written with 0.015625 for topk is topk's default).
         for name in ("fragments", "wire", "topk_fraction"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
-            if then != now and (name != "topk_fraction" or self.options.wire == "topk"):
+            if name == "topk_fraction":
+                default = FORMATS[self.options.wire].fraction
+                if default is None:
+                    continue
+                then = default if then is None else then
+                now = default if now is None else now
+            if then != now:
                 flag = self.options.flag(name)
                 raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
                                  f"(now {now}); resume with {flag} {then}")
