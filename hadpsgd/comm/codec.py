@@ -1,17 +1,20 @@
-"""The wire formats of the inter-node exchanges: ``fp32``, ``bf16``, ``int8``, ``int4``, ``topk``.
+"""The wire formats of the inter-node exchanges: fp32, bf16, int8, int4, sign, topk, signtopk.
 
 ``--wire`` picks what BMUF's block sync and ADPSGD's gossip put on the inter-node link: the
 tensor's own bytes (``fp32``, no compression), bfloat16 (2 bytes a value), int8 with one fp32
-scale per :data:`INT8_CHUNK` values (~1 byte a value), or the sub-byte formats of
-:mod:`hadpsgd.comm.sparse`: ``int4`` (~0.5 byte a value) and ``topk`` (per chunk of 4,096
-values its largest ``fraction``, 12-bit indices and 2-bit values: ~141x below fp32 at the
-default 1/64). The payload is a flat ``uint8`` tensor, so MPI moves it as bytes whatever the
-dtype, and its size depends only on the number of values and the wire, never on the data.
+scale per :data:`INT8_CHUNK` values (~1 byte a value), the sub-byte formats of
+:mod:`hadpsgd.comm.sparse`: ``int4`` (~0.5 byte a value), ``sign`` (1 bit a value) and
+``topk`` (per chunk of 4,096 values its largest ``fraction``, 12-bit indices and 2-bit
+values: ~141x below fp32 at the default 1/64), and :mod:`hadpsgd.comm.signtopk`'s
+``signtopk`` (the signs of the largest 112 of 4,096, their places packed: ~139x). The
+payload is a flat ``uint8`` tensor, so MPI moves it as bytes whatever the dtype, and its
+size depends only on the number of values and the wire, never on the data.
 
 A wire is named by a *spec*, a string that says all a decoder needs: a format of
-:data:`WIRES`, with ``topk``'s fraction after a colon (``topk:0.015625``; :func:`wire_spec`
-writes one, :func:`parse_wire` reads it). Callers pass the spec where they passed the
-format, and checkpoints record it, so a resume with another fraction is refused by name.
+:data:`WIRES`, with a sparse format's fraction after a colon (``topk:0.015625``;
+:func:`wire_spec` writes one, :func:`parse_wire` reads it). Callers pass the spec where they
+passed the format, and checkpoints record it, so a resume with another fraction is refused
+by name.
 
 A compressed format rounds; *error feedback* (1-bit Adam, PowerSGD) carries what one exchange
 lost into the next: send ``encode(x + e)``, keep ``e = (x + e) - decode(that)``. Over K

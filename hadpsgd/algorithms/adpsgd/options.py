@@ -33,23 +33,24 @@ class ADPSGDOptions(WireOptions):
     """ADPSGD: a learner more than this many local steps past the snapshot of its exchange in
     flight waits for that exchange and applies it before stepping on (0: never wait)."""
     gossip_step: float = DEFAULT_GOSSIP_STEP
-    """ADPSGD with --wire topk or sign: CHOCO-SGD's consensus step gamma in (0, 1]: each exchange
-    moves a model gamma / 2 of the way to its partner's estimate (1: as plain gossip, which
-    lost the model with top-k; 0.2, the default, was the best measured: docs/results.md)."""
+    """ADPSGD with --wire topk, sign or signtopk: CHOCO-SGD's consensus step gamma in (0, 1]:
+    each exchange moves a model gamma / 2 of the way to its partner's estimate (1: as plain
+    gossip, which lost the model with top-k; 0.2, the default, was the best measured:
+    docs/results.md)."""
     gossip_graph: str | None = field(default=None, metadata={"choices": GRAPHS})
     """ADPSGD: who pairs with whom among the super-learners: ring (the h-adpsgd paper: a
     neighbour on either side) or exponential (at distance 1, 2, 4, ...: mixes in ~log N
     exchanges where a ring of N takes ~N**2; the complete graph up to 4 super-learners).
     Default: exponential (16 flat learners on the ring ended 1.9 WER points behind SSGD on
-    speechocean762, on it 0.1 behind: docs/results.md); ring with --wire topk or sign, whose
-    CHOCO estimates are kept per edge and were measured on the ring."""
+    speechocean762, on it 0.1 behind: docs/results.md); ring with --wire topk, sign or
+    signtopk, whose CHOCO estimates are kept per edge and were measured on the ring."""
     eval_model: str | None = field(default=None, metadata={"choices": ("average", "replicas")})
     """ADPSGD: what an epoch's held-out evaluation and checkpoint take: average (the replicas'
     mean, one model across the nodes each time: int8 on a compressed wire) or replicas (each
     learner scores its share of the held-out set with its own replica, and nothing but the
     sums crosses; the run's end still averages them, in fp32, into the deployed model).
-    Default: replicas with --wire topk or sign (a slow link, where an epoch's average weighed
-    as much as the gossip: docs/benchmarks.md), else average."""
+    Default: replicas with --wire topk, sign or signtopk (a slow link, where an epoch's
+    average weighed as much as the gossip: docs/benchmarks.md), else average."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
