@@ -36,6 +36,7 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, Dataset
 
 import hadpsgd
+from hadpsgd.comm import WIRES
 from hadpsgd.data import ChunkDataset
 
 BLANK = 0
@@ -204,8 +205,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--sync-period", type=int, default=4, help="BMUF's tau")
-    parser.add_argument("--wire", default="fp32", help="BMUF's block sync / ADPSGD's gossip "
-                        "on the link between nodes: fp32, bf16, int8, int4, sign or topk")
+    parser.add_argument("--wire", default="fp32", choices=WIRES,
+                        help="BMUF's block sync / ADPSGD's gossip on the link between nodes")
     parser.add_argument("--adam-moments", default=None,
                         help="BMUF: what a sync does with Adam's moments (corrected, "
                         "average, local, reset); default: BMUF-Adam's recipe")

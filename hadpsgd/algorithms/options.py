@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hadpsgd.cli import ConfigError, check_finite, flag, option_name
-from hadpsgd.comm.codec import WIRES, wire_spec
+from hadpsgd.comm.codec import SPARSE_WIRES, WIRES, wire_spec
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,7 @@ class WireOptions(AlgoOptions):
 
     # The options only some wires read, and those wires (a comment, not a docstring, so that
     # the generated CLI does not take it for an option).
-    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
-        "topk_fraction": ("topk", "signtopk")}
+    wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {"topk_fraction": SPARSE_WIRES}
 
     def check_read(self, given: Iterable[str]) -> None:
         """Refuse a wire's own option given with another wire (``--topk-fraction`` with sign).
@@ -191,8 +190,8 @@ class WireOptions(AlgoOptions):
         self.check_choices()
         if self.topk_fraction is not None and not 0.0 < self.topk_fraction <= 1.0:
             raise ConfigError(f"{self.flag('topk_fraction')} must be in (0, 1] (the fraction of "
-                              f"each 4096-value chunk --wire topk or signtopk sends, e.g. "
-                              f"0.015625), got {self.topk_fraction}")
+                              f"each 4096-value chunk --wire {' or '.join(SPARSE_WIRES)} "
+                              f"sends, e.g. 0.015625), got {self.topk_fraction}")
 
     @property
     def wire_spec(self) -> str:

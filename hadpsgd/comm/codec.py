@@ -142,6 +142,9 @@ FORMATS: dict[str, WireFormat] = {f.name: f for f in (
 """Every wire format by name, in the order ``--wire`` lists them."""
 WIRES: tuple[str, ...] = tuple(FORMATS)
 """Wire formats; ``fp32`` is the tensor's own dtype, uncompressed."""
+SPARSE_WIRES: tuple[str, ...] = tuple(n for n, f in FORMATS.items() if f.sparse)
+"""The formats that send a share of the values, each with its default fraction
+(``--topk-fraction`` sets another)."""
 
 
 def wire_spec(name: str, fraction: float | None = None) -> str:
@@ -158,15 +161,16 @@ def wire_spec(name: str, fraction: float | None = None) -> str:
 
 @functools.lru_cache(maxsize=64)
 def parse_wire(spec: str) -> Wire:
-    """The :class:`Wire` a spec names (``topk`` or ``signtopk`` alone: its default fraction).
+    """The :class:`Wire` a spec names (a sparse format alone: its default fraction).
 
     Raises:
         ValueError: For a format not in :data:`WIRES` or a fraction outside (0, 1].
     """
     name, _, rest = str(spec).partition(":")
     if name not in WIRES or (rest and FORMATS[name].fraction is None):
-        raise ValueError(f"wire must be one of {', '.join(WIRES)} (topk:FRACTION or "
-                         f"signtopk:FRACTION for a fraction), got {spec!r}")
+        raise ValueError(f"wire must be one of {', '.join(WIRES)} ("
+                         f"{' or '.join(f'{w}:FRACTION' for w in SPARSE_WIRES)} for a "
+                         f"fraction), got {spec!r}")
     if not rest:
         return Wire(name, FORMATS[name].fraction or TOPK_FRACTION)
     try:
@@ -228,6 +232,6 @@ def decode(payload: torch.Tensor, numel: int, wire: str, dtype: torch.dtype) -> 
     return out.clone() if parse_wire(wire).name == "fp32" else out
 
 
-__all__ = ["FORMATS", "INT8_CHUNK", "TOPK_FRACTION", "WIRES", "Wire", "WireFormat", "check_wire",
-           "decode", "decode_rows", "encode", "encode_rows", "parse_wire", "payload_bytes",
-           "reinterpret", "wire_spec"]
+__all__ = ["FORMATS", "INT8_CHUNK", "SPARSE_WIRES", "TOPK_FRACTION", "WIRES", "Wire",
+           "WireFormat", "check_wire", "decode", "decode_rows", "encode", "encode_rows",
+           "parse_wire", "payload_bytes", "reinterpret", "wire_spec"]

@@ -28,14 +28,14 @@ chunk's top ``k``. Non-finite input is always chosen and spoils its chunk's scal
 chunk's chosen values decode non-finite and the trainer's finiteness checks still see them.
 
 A row is ``[scales (fp32) | low bits | high bit vectors | sign bits]``, each part packed
-lowest bit first (:func:`pack_bits`).
+lowest bit first (:func:`hadpsgd.comm.sparse.pack_bits`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from hadpsgd.comm.sparse import reinterpret
+from hadpsgd.comm.sparse import pack_bits, reinterpret, unpack_bits
 
 SIGNTOPK_CHUNK = 4096
 """Values per chunk: one scale, one choice, one Elias-Fano code."""
@@ -66,32 +66,6 @@ def _parts(m: int, fraction: float) -> tuple[int, int, int, int]:
 def signtopk_bytes(m: int, fraction: float = SIGNTOPK_FRACTION) -> int:
     """Bytes of a ``signtopk`` row of ``m`` values."""
     return 0 if m == 0 else sum(_parts(m, fraction))
-
-
-def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``[R, n]`` integer codes below ``2**bits`` -> ``[R, ceil(n * bits / 8)]`` bytes.
-
-    Code ``i``'s bit ``b`` is bit ``i * bits + b`` of the row, the lowest bit of a byte first.
-    """
-    rows, n = codes.shape
-    if bits == 0:  # a chunk that sends all its values has no low bits
-        return torch.empty(rows, 0, dtype=torch.uint8, device=codes.device)
-    shifts = torch.arange(bits, device=codes.device)
-    plane = ((codes.to(torch.int64).unsqueeze(2) >> shifts) & 1).view(rows, n * bits)
-    plane = torch.nn.functional.pad(plane, (0, _ceil(n * bits, 8) * 8 - n * bits))
-    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.int64, device=codes.device)
-    return (plane.view(rows, -1, 8) * weights).sum(dim=2).to(torch.uint8)
-
-
-def unpack_bits(p: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: ``[R, B]`` bytes -> ``[R, n]`` codes (int64)."""
-    rows = p.shape[0]
-    if bits == 0:
-        return torch.zeros(rows, n, dtype=torch.int64, device=p.device)
-    shifts = torch.arange(8, device=p.device)
-    plane = ((p.to(torch.int64).unsqueeze(2) >> shifts) & 1).view(rows, -1)[:, :n * bits]
-    weights = torch.tensor([1 << b for b in range(bits)], dtype=torch.int64, device=p.device)
-    return (plane.reshape(rows, n, bits) * weights).sum(dim=2)
 
 
 def encode_signtopk_rows(x: torch.Tensor, fraction: float = SIGNTOPK_FRACTION) -> torch.Tensor:
@@ -144,4 +118,4 @@ def decode_signtopk_rows(p: torch.Tensor, m: int, dtype: torch.dtype,
 
 
 __all__ = ["SIGNTOPK_CHUNK", "SIGNTOPK_FRACTION", "decode_signtopk_rows", "encode_signtopk_rows",
-           "pack_bits", "signtopk_bytes", "signtopk_shape", "unpack_bits"]
+           "signtopk_bytes", "signtopk_shape"]

@@ -233,6 +233,34 @@ def _unpack(p: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return torch.stack(parts, dim=2).view(p.shape[0], -1)[:, :n]
 
 
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``[R, n]`` integer codes below ``2**bits`` -> ``[R, ceil(n * bits / 8)]`` bytes.
+
+    Any width: code ``i``'s bit ``b`` is bit ``i * bits + b`` of the row, the lowest bit of a
+    byte first, the layout :func:`_pack` gives the widths that divide a byte (which take it).
+    """
+    rows, n = codes.shape
+    if bits == 0:  # nothing to send (a chunk that sends all its values has no low bits)
+        return torch.empty(rows, 0, dtype=torch.uint8, device=codes.device)
+    if 8 % bits == 0:
+        return _pack(codes.to(torch.uint8), bits)
+    shifts = torch.arange(bits, device=codes.device)
+    plane = ((codes.to(torch.int64).unsqueeze(2) >> shifts) & 1).view(rows, n * bits)
+    plane = torch.nn.functional.pad(plane, (0, _chunks(n * bits, 8) * 8 - n * bits))
+    return _pack(plane.to(torch.uint8), 1)
+
+
+def unpack_bits(p: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits`: ``[R, B]`` bytes -> ``[R, n]`` codes (int64)."""
+    rows = p.shape[0]
+    if bits == 0:
+        return torch.zeros(rows, n, dtype=torch.int64, device=p.device)
+    if 8 % bits == 0:
+        return _unpack(p, bits, n).to(torch.int64)
+    plane = _unpack(p, 1, n * bits).to(torch.int64).view(rows, n, bits)
+    return (plane << torch.arange(bits, device=p.device)).sum(dim=2)
+
+
 def _pack12(index: torch.Tensor) -> torch.Tensor:
     """``[R, n]`` indices below 4096 -> ``[R, 3 * ceil(n / 2)]`` bytes (a pair in 3 bytes)."""
     rows, n = index.shape
@@ -253,5 +281,5 @@ def _unpack12(p: torch.Tensor, n: int) -> torch.Tensor:
 
 __all__ = ["INT4_CHUNK", "SIGN_CHUNK", "TOPK_CHUNK", "TOPK_FRACTION", "decode_int4_rows",
            "decode_sign_rows", "decode_topk_rows", "encode_int4_rows", "encode_sign_rows",
-           "encode_topk_rows", "int4_bytes", "reinterpret", "sign_bytes", "topk_bytes",
-           "topk_shape"]
+           "encode_topk_rows", "int4_bytes", "pack_bits", "reinterpret", "sign_bytes",
+           "topk_bytes", "topk_shape", "unpack_bits"]

@@ -18,7 +18,7 @@ import torch
 
 from hadpsgd.comm import decode, encode, payload_bytes
 from hadpsgd.comm.codec import decode_rows, encode_rows, parse_wire, wire_spec
-from hadpsgd.comm.signtopk import pack_bits, unpack_bits
+from hadpsgd.comm.sparse import pack_bits, unpack_bits
 from hadpsgd.config import parse_config
 
 

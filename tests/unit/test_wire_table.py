@@ -17,6 +17,7 @@ from hadpsgd.algorithms.bmuf.options import BMUFOptions
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.comm.codec import (
     FORMATS,
+    SPARSE_WIRES,
     WIRES,
     decode,
     encode,
@@ -46,6 +47,8 @@ def test_each_record_describes_its_codec(name: str) -> None:
     assert payload_bytes(big, spec) * 8 / big == pytest.approx(fmt.bits, rel=0.02)
     sent = int((y != 0).sum())
     assert (sent < x.numel() // 2) == fmt.sparse, (name, sent)
+    # a sparse format, and only one, has a default fraction (SPARSE_WIRES, --topk-fraction)
+    assert (fmt.fraction is not None) == fmt.sparse == (name in SPARSE_WIRES), name
 
 
 def test_the_algorithms_and_the_flag_read_the_table() -> None:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm.codec import FORMATS, WIRES
+from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, WIRES
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
@@ -203,8 +203,7 @@ class BMUFOptions(WireOptions):
                        beta1=0.5)  # the paper's choice for BMUF-Adam (section 2.2)
         else:
             out.update(adam_moments="local", bmuf_worker_lr="global", max_grad_norm=1.0)
-        wire = str(given.get("wire", "fp32"))
-        if wire.partition(":")[0] in FORMATS and FORMATS[wire.partition(":")[0]].sparse:
+        if str(given.get("wire", "fp32")).partition(":")[0] in SPARSE_WIRES:
             # What a sparse sync leaves out stays in the worker's model: with error feedback
             # a worker restarting from the global model redoes it and it is sent twice
             # (top-k on FSDD's 9 runs: 2.5 WER points worse; issue 57, docs/results.md).
