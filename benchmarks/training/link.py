@@ -44,6 +44,7 @@ CONFIGS: dict[str, list[str]] = {
     "ssgd": ["--algo", "ssgd"],
     "bmuf": ["--algo", "bmuf"],
     "bmuf-sign": ["--algo", "bmuf", "--wire", "sign"],
+    "bmuf-signtopk": ["--algo", "bmuf", "--wire", "signtopk"],
     "hadpsgd": ["--algo", "adpsgd"],
     "hadpsgd-topk": ["--algo", "adpsgd", "--wire", "topk"],
     "adpsgd-topk": ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node", "1"],
