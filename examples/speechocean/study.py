@@ -162,7 +162,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                          "4", "--ranks-per-node", "1", "--bmuf-residual",
                                          "model"]),
     # ... with each worker at one learner's rate and block momentum 1 - 1/N (the BMUF papers'
-    # form): a worker's rounding kept in its model is then 1/N of the global rate's.
+    # form): a worker's rounding kept in its model is then 1/N of the global rate's. At 16
+    # workers, 2 epochs, seed 1 it diverged (99.5 % WER; the global rate's 76.7, SSGD 66.6).
     "bmuf-signtopk48-tau4-keep-single": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                                 "--topk-fraction", "0.01171875",
                                                 "--sync-period", "4", "--ranks-per-node", "1",
