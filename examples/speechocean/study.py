@@ -155,6 +155,18 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-signtopk-tau8-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                        "--sync-period", "8", "--ranks-per-node", "1",
                                        "--bmuf-residual", "model"]),
+    # ... the same bytes a step spent on a longer or a shorter block (issue 57): 192 of
+    # 4,096 at tau 12 (1,070x: Elias-Fano's places cost less at a higher share, so 16 values
+    # a step against 14; +0.83 on 2 seeds) and 84 at tau 6 (1,033x, 14 a step; +0.49 +- 0.15
+    # over 8 seeds, -0.08 +- 0.24 against tau 8 on the same seeds: no different).
+    "bmuf-signtopk192-tau12-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                           "--topk-fraction", "0.046875", "--sync-period",
+                                           "12", "--ranks-per-node", "1", "--bmuf-residual",
+                                           "model"]),
+    "bmuf-signtopk84-tau6-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                         "--topk-fraction", "0.0205078125", "--sync-period",
+                                         "6", "--ranks-per-node", "1", "--bmuf-residual",
+                                         "model"]),
     # ... and at a block of 4 with 48 of 4,096 (~1,025x at 16 workers, BMUF's block there):
     # 67.33 % against SSGD's 61.74 at 16 workers, 8 epochs, seed 0 (issue 57).
     "bmuf-signtopk48-tau4-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
