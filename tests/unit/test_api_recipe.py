@@ -76,15 +76,16 @@ def test_a_wire_keeps_fp32s_block_through_the_api_too():
     assert values["sync_period"] == 4
 
 
-def test_a_sparse_wire_keeps_its_rounding_in_the_model_through_the_api_too():
+def test_a_sparse_wire_leaves_its_rounding_to_the_workers_through_the_api_too():
+    # Where the rounding goes depends on the workers, known only once the algorithm is
+    # built (BMUFOptions.residual_mode, tested through BMUF in test_bmuf_residual.py); the
+    # recipe leaves it and the user's choice stays.
     opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     values, _, line = resolve_recipe(algorithm_spec("bmuf"), opt, {"wire": "signtopk"}, None)
-    assert values["residual"] == "model" and "residual='model'" in line
+    assert "residual" not in values and "residual" not in line
     values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt,
                                   {"wire": "signtopk", "residual": "delta"}, None)
     assert values["residual"] == "delta"
-    values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt, {"wire": "sign"}, None)
-    assert "residual" not in values
 
 
 def test_what_the_user_gave_wins(capsys):

@@ -107,6 +107,8 @@ class BMUF(Algorithm):
         opts.check_fragments(self.tau)
         self.warmup_lr = opts.warmup_rate(topo.num_nodes)
         """The synchronous warm-up's rate in use: ``warmup_lr``, or its default."""
+        self.residual = opts.residual_mode(topo.num_nodes)
+        """Where a compressed sync's rounding goes: ``residual``, or its default."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
         self._agreed: list[torch.Tensor] | None = None
@@ -326,7 +328,7 @@ class BMUF(Algorithm):
         """
         self.exchange.wait(frag.average)
         self.filter.apply(frag)
-        if self.options.residual == "model":
+        if self.residual == "model":
             for dtype, (lo, hi) in frag.spans.items():
                 self.exchange.move_model_residual_(frag.index, dtype,
                                                    self.params.buffers[dtype][lo:hi])
@@ -418,7 +420,8 @@ class BMUF(Algorithm):
             "wire_bytes": self.exchange.bytes_sent,
             "wire_bytes_received": self.exchange.bytes_received,
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta,
-                        "sync_period": self.tau, "warmup_lr": self.warmup_lr},
+                        "sync_period": self.tau, "warmup_lr": self.warmup_lr,
+                        "residual": self.residual},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
         if self._agreed is not None:  # the global model's buffers, the same on every learner

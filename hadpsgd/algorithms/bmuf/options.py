@@ -78,6 +78,26 @@ def default_warmup_lr(num_workers: int) -> str:
     return "world" if num_workers > WARMUP_LR_WORLD_ABOVE else "worker"
 
 
+MODEL_RESIDUAL_UP_TO = 4
+"""Super-learners up to which a sparse wire keeps each worker's rounding in its model."""
+
+
+def default_residual(wire: str, num_workers: int) -> str:
+    """Where a worker's rounding goes when the user gave no ``--bmuf-residual``.
+
+    A sparse wire (top-k, signtopk) up to 4 workers keeps it in the worker's model: with
+    error feedback the unsent part is progress the worker, restarting from the global
+    model, makes again and sends twice (top-k on FSDD's 9 runs at 4 workers: 2.5 WER points
+    worse). Above, error feedback: on speechocean762 at 16 workers (signtopk, 48 of 4,096 at
+    tau 4) it was 3.8 points better after 8 epochs (seed 0) and 4.3 after 2 (seed 1); likely
+    sixteen workers each keeping its own unsent part drift apart where error feedback
+    restarts every worker from the global model each block. Dense codes keep error feedback.
+    Measured: docs/results.md, *The signs of the largest, their places packed*.
+    """
+    sparse = wire.partition(":")[0] in SPARSE_WIRES
+    return "model" if sparse and num_workers <= MODEL_RESIDUAL_UP_TO else "delta"
+
+
 @dataclass(frozen=True)
 class BMUFOptions(WireOptions):
     """BMUF / BMUF-Adam options (the one place they are defined and checked)."""
@@ -137,15 +157,16 @@ class BMUFOptions(WireOptions):
     """BMUF: the optimizer's moment buffers when BMUF starts after --bmuf-warmup-steps: keep
     the warmed buffers (and Adam's step k) or reset them to a fresh optimizer's (the paper
     leaves this open)."""
-    residual: str = field(default="delta", metadata={"choices": RESIDUALS,
-                                                     "flag": "bmuf-residual"})
+    residual: str | None = field(default=None, metadata={"choices": RESIDUALS,
+                                                            "flag": "bmuf-residual"})
     """BMUF on a compressed --wire: where a worker's rounding error of a block sync goes.
     delta (error feedback): into its next block's delta, the worker restarting from the
     global model; model: kept in the worker's own model, which restarts from the global
     model plus what its sync did not send (the bifurcated local models of CSER, Xie et al.
     2020, without its periodic reset), so no worker redoes progress it made and the next
     sync sends it once. Only the model's part; a moment buffer's rounding stays error
-    feedback."""
+    feedback. Default: model on a sparse wire (topk, signtopk) up to 4 super-learners,
+    delta otherwise (default_residual: at 16 workers delta was 3.8-4.3 WER points better)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -164,8 +185,9 @@ class BMUFOptions(WireOptions):
                    "traffic; every --wire keeps that tau (--wire sign: ~250x fewer bytes "
                    "than SSGD fp32 at 4 workers, ~125x at 16, at its word error rate on "
                    "speechocean762; the longer blocks tuned on FSDD trailed there; a sparse "
-                   "wire, topk or signtopk, keeps each worker's rounding in its own model, "
-                   "--bmuf-residual model: --wire signtopk ~1,100x). "
+                   "wire, topk or signtopk, keeps each worker's rounding in its own model up "
+                   "to 4 workers, --bmuf-residual model, and error feedback above, delta: "
+                   "--wire signtopk ~1,100x). "
                    "--optimizer adam gives the "
                    "BMUF-Adam paper's recipe (--beta1 0.5 --adam-moments corrected "
                    "--bmuf-worker-lr single, block momentum 1 - 1/N), tau 8 up to 8 "
@@ -191,8 +213,9 @@ class BMUFOptions(WireOptions):
         SSGD by 3.46 WER points at 4 workers and 24.8 at 16, at tau 8 it matched SSGD at 4.
         Adam or AdamW: the BMUF-Adam paper's recipe (beta1 0.5,
         corrected moments, the single learner's rate, block momentum 1 - 1/N).
-        A sparse wire (``topk``, ``signtopk``) keeps the worker's rounding in its model
-        (``--bmuf-residual model``), with either optimizer.
+        A sparse wire (``topk``, ``signtopk``) keeps the worker's rounding in its model up
+        to 4 workers and error feedback above, with either optimizer: ``--bmuf-residual``'s
+        own default (:func:`default_residual`), since the workers are known only at start.
         """
         optimizer = given.get("optimizer", "sgd")
         adam = optimizer in ("adam", "adamw")
@@ -203,11 +226,6 @@ class BMUFOptions(WireOptions):
                        beta1=0.5)  # the paper's choice for BMUF-Adam (section 2.2)
         else:
             out.update(adam_moments="local", bmuf_worker_lr="global", max_grad_norm=1.0)
-        if str(given.get("wire", "fp32")).partition(":")[0] in SPARSE_WIRES:
-            # What a sparse sync leaves out stays in the worker's model: with error feedback
-            # a worker restarting from the global model redoes it and it is sent twice
-            # (top-k on FSDD's 9 runs: 2.5 WER points worse; issue 57, docs/results.md).
-            out["bmuf_residual"] = "model"
         return {k: v for k, v in out.items() if k not in given}
 
     @classmethod
@@ -321,4 +339,10 @@ class BMUFOptions(WireOptions):
         if self.sync_period is not None:
             return self.sync_period
         return default_sync_period(self.worker_lr, num_workers)
+
+    def residual_mode(self, num_workers: int) -> str:
+        """Where the rounding goes: ``residual``, or its default for the wire and workers."""
+        if self.residual is not None:
+            return self.residual
+        return default_residual(self.wire, num_workers)
 
