@@ -94,9 +94,9 @@ def _setup(cfg: RunConfig, topo: comm.Topology, clock: StartupClock) -> Trainer:
               f"parameters, {len(trainer.train_set):,} training chunks, global batch "
               f"{cfg.train.batch_size * topo.size}, peak lr {trainer.schedule.peak:g}",
               flush=True)
-        said = cfg.recipe_note()
-        if said:
-            print(f"[hadpsgd] {said}", flush=True)
+        for said in (cfg.recipe_note(), trainer.algo.defaults_note()):
+            if said:
+                print(f"[hadpsgd] {said}", flush=True)
     return trainer
 
 

@@ -184,6 +184,10 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-signtopk48-tau4-ef": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                        "--topk-fraction", "0.01171875", "--sync-period", "4",
                                        "--ranks-per-node", "1", "--bmuf-residual", "delta"]),
+    # ... at the same bytes a step on a block of 2 (20 of 4,096), error feedback (issue 57).
+    "bmuf-signtopk20-tau2-ef": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                       "--topk-fraction", "0.0048828125", "--sync-period", "2",
+                                       "--ranks-per-node", "1", "--bmuf-residual", "delta"]),
     # ... with each worker at one learner's rate and block momentum 1 - 1/N (the BMUF papers'
     # form): a worker's rounding kept in its model is then 1/N of the global rate's. At 16
     # workers, 2 epochs, seed 1 it diverged (99.5 % WER; the global rate's 76.7, SSGD 66.6).

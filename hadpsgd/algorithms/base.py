@@ -381,6 +381,14 @@ class Algorithm:
         size (``--allow-resume-change``), when the algorithm's saved state does not apply.
         """
 
+    def defaults_note(self) -> str:
+        """What the run's size chose among the algorithm's defaults (``""``: nothing).
+
+        Said once at start: BMUF's block and, on a sparse wire, where the rounding goes
+        depend on the number of workers, known only once the algorithm is built.
+        """
+        return ""
+
     def evaluation_note(self) -> str:
         """What the held-out line should say about the model it scores (``""``: nothing).
 

@@ -423,3 +423,11 @@ def test_a_wires_long_block_on_many_workers_is_said_at_start():
     assert said(16, "--sync-period", "40") is None  # fp32 itself: its own business
     assert said(16, "--wire", "int8", "--sync-period", "40") is None
 
+
+
+def test_the_start_says_the_block_the_workers_chose():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert BMUF(model, opt, OneLearner()).defaults_note() == (
+        "bmuf: --sync-period 8 (the default for 1 worker)")
+    assert BMUF(model, opt, OneLearner(), sync_period=3).defaults_note() == ""

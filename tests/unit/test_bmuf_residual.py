@@ -68,7 +68,8 @@ def _learner(world: World, residual: str | None, wire: str) -> dict:
             syncs[-1].update(after=algo.params.buffers[torch.float32].clone(),
                              start=algo.filter.start_point[torch.float32].clone(),
                              worker_after=worker, server_after=server)
-    return {"syncs": syncs, "bytes": algo.exchange.bytes_sent, "residual": algo.residual}
+    return {"syncs": syncs, "bytes": algo.exchange.bytes_sent, "residual": algo.residual,
+            "note": algo.defaults_note()}
 
 
 def _run(residual: str | None, wire: str, workers: int = 2) -> list[dict]:
@@ -117,12 +118,19 @@ def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(
     # it at the global model; the model form keeps it in the model, the residual at zero.
     runs = _run(None, "signtopk", workers)
     assert {r["residual"] for r in runs} == {form}
+    # Said at start, as the block would be had the user left it out (TAU is given here).
+    assert runs[0]["note"] == (f"bmuf: --bmuf-residual {form}: the rounding of --wire signtopk "
+                               + ("kept in each worker's model" if form == "model"
+                                  else "error feedback") + " (model up to 4 workers, delta "
+                               "above)")
     for r in runs:
         last = r["syncs"][-1]
         kept = last["worker_after"].abs().max() > 0
         assert kept == (form == "delta")
         assert torch.equal(last["after"], last["start"]) == (form == "delta")
-    assert {r["residual"] for r in _run(None, "sign", 2)} == {"delta"}  # a dense code
+    dense = _run(None, "sign", 2)
+    assert {r["residual"] for r in dense} == {"delta"} and dense[0]["note"] == ""  # dense code
+    assert _run("model", "signtopk", 2)[0]["note"] == ""  # the user's choice: nothing to say
 
 
 def test_the_wire_carries_the_same_bytes():

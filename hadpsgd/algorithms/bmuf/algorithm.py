@@ -28,12 +28,12 @@ from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.bmuf.exchange import BlockExchange
 from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
-from hadpsgd.algorithms.bmuf.options import BMUFOptions
+from hadpsgd.algorithms.bmuf.options import MODEL_RESIDUAL_UP_TO, BMUFOptions
 from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import World
-from hadpsgd.comm.codec import FORMATS
+from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES
 from hadpsgd.comm.overlap import GradScope
 
 
@@ -332,6 +332,21 @@ class BMUF(Algorithm):
             for dtype, (lo, hi) in frag.spans.items():
                 self.exchange.move_model_residual_(frag.index, dtype,
                                                    self.params.buffers[dtype][lo:hi])
+
+    def defaults_note(self) -> str:
+        """The block and the rounding's place where the workers chose them (not the user)."""
+        opts, n = self.options, self.topo.num_nodes
+        said = []
+        if opts.sync_period is None:
+            said.append(f"{opts.flag('sync_period')} {self.tau} (the default for {n} "
+                        f"worker{'s' if n != 1 else ''})")
+        if opts.residual is None and opts.wire in SPARSE_WIRES:
+            form = ("kept in each worker's model" if self.residual == "model"
+                    else "error feedback")
+            said.append(f"{opts.flag('residual')} {self.residual}: the rounding of --wire "
+                        f"{opts.wire} {form} (model up to {MODEL_RESIDUAL_UP_TO} workers, "
+                        "delta above)")
+        return f"bmuf: {'; '.join(said)}" if said else ""
 
     def evaluation_note(self) -> str:
         """The evaluated model is the initial one while no block sync has happened yet.
