@@ -347,4 +347,3 @@ class BMUFOptions(WireOptions):
         if self.residual is not None:
             return self.residual
         return default_residual(self.wire, num_workers)
-
