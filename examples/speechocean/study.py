@@ -178,8 +178,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                          "4", "--ranks-per-node", "1", "--bmuf-residual",
                                          "model"]),
     # ... with error feedback instead (--bmuf-residual delta: each worker restarts from the
-    # global model, its rounding joins its next delta): at 16 workers, 8 epochs, seeds 0-2,
-    # +1.06 +- 0.68 against SSGD where the model form was +5.6 (seed 0): the default above 4
+    # global model, its rounding joins its next delta): at 16 workers, 8 epochs, seeds 0-4,
+    # +1.24 +- 0.40 against SSGD where the model form was +5.6 (seed 0): the default above 4
     # workers since (issue 57).
     "bmuf-signtopk48-tau4-ef": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                        "--topk-fraction", "0.01171875", "--sync-period", "4",

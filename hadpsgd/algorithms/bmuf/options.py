@@ -90,7 +90,7 @@ def default_residual(wire: str, num_workers: int) -> str:
     model, makes again and sends twice (at 4 workers error feedback was 2.5 WER points worse
     with top-k on FSDD's 9 runs, 0.47 with signtopk on speechocean762 over 3 seeds). Above,
     error feedback: on speechocean762 at 16 workers (signtopk, 48 of 4,096 at tau 4) it was
-    3.8 points better after 8 epochs (seed 0; +1.06 against SSGD over 3 seeds where the model
+    3.8 points better after 8 epochs (seed 0; +1.24 against SSGD over 5 seeds where the model
     form was +5.6) and 4.3 after 2 (seed 1); likely sixteen workers each keeping its own
     unsent part drift apart where error feedback restarts every worker from the global
     model each block. Dense codes keep error feedback.
