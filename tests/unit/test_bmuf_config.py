@@ -129,7 +129,7 @@ def test_a_sparse_wire_keeps_its_rounding_in_the_workers_model_up_to_4_workers()
     # Issue 57: with error feedback a sparse sync's unsent part is progress the worker,
     # restarting from the global model, makes again and sends twice (top-k on FSDD at 4
     # workers: 2.5 WER points worse over 9 runs); kept in its model it is sent once. At 16
-    # workers error feedback was the better one (signtopk on speechocean762: 3.8-4.3
+    # workers error feedback was the better one (signtopk on speechocean762: 3.8-6.0
     # points). Dense codes keep error feedback. The user's choice wins at any size.
     def options(*argv: str) -> BMUFOptions:
         return parse_config(["--algo", "bmuf", *argv]).algo_options()

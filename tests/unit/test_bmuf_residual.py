@@ -113,7 +113,7 @@ def test_nothing_learned_is_lost(residual, wire):
 @pytest.mark.parametrize("workers,form", [(2, "model"), (5, "delta")])
 def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(workers, form):
     # Issue 57 (docs/results.md): the model form up to 4 super-learners, error feedback
-    # above (at 16 on speechocean762 it was 3.8-4.3 WER points better). Seen in what the
+    # above (at 16 on speechocean762 it was 3.8-6.0 WER points better). Seen in what the
     # sync leaves: error feedback keeps the worker's rounding in its residual and restarts
     # it at the global model; the model form keeps it in the model, the residual at zero.
     runs = _run(None, "signtopk", workers)

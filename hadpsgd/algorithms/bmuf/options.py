@@ -90,10 +90,10 @@ def default_residual(wire: str, num_workers: int) -> str:
     model, makes again and sends twice (at 4 workers error feedback was 2.5 WER points worse
     with top-k on FSDD's 9 runs, 0.47 with signtopk on speechocean762 over 3 seeds). Above,
     error feedback: on speechocean762 at 16 workers (signtopk, 48 of 4,096 at tau 4) it was
-    3.8 points better after 8 epochs (seed 0; +1.24 against SSGD over 5 seeds where the model
-    form was +5.6) and 4.3 after 2 (seed 1); likely sixteen workers each keeping its own
-    unsent part drift apart where error feedback restarts every worker from the global
-    model each block. Dense codes keep error feedback.
+    3.8 and 6.0 points better after 8 epochs (seeds 0, 1; +1.24 against SSGD over 5 seeds
+    where the model form was +5.6 over 2) and 4.3 after 2 (seed 1); likely sixteen workers
+    each keeping its own unsent part drift apart where error feedback restarts every worker
+    from the global model each block. Dense codes keep error feedback.
     Measured: docs/results.md, *The signs of the largest, their places packed*.
     """
     sparse = wire.partition(":")[0] in SPARSE_WIRES
@@ -168,7 +168,7 @@ class BMUFOptions(WireOptions):
     2020, without its periodic reset), so no worker redoes progress it made and the next
     sync sends it once. Only the model's part; a moment buffer's rounding stays error
     feedback. Default: model on a sparse wire (topk, signtopk) up to 4 super-learners,
-    delta otherwise (default_residual: at 16 workers delta was 3.8-4.3 WER points better)."""
+    delta otherwise (default_residual: at 16 workers delta was 3.8-6.0 WER points better)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
