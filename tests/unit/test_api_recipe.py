@@ -86,6 +86,8 @@ def test_a_sparse_wire_leaves_its_rounding_to_the_workers_through_the_api_too():
     values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt,
                                   {"wire": "signtopk", "residual": "delta"}, None)
     assert values["residual"] == "delta"
+    values, _, _ = resolve_recipe(algorithm_spec("bmuf"), opt, {"wire": "sign"}, None)
+    assert "residual" not in values
 
 
 def test_what_the_user_gave_wins(capsys):

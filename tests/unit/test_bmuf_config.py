@@ -147,6 +147,9 @@ def test_a_sparse_wire_keeps_its_rounding_in_the_workers_model_up_to_4_workers()
         assert chosen.residual_mode(4) == chosen.residual_mode(16) == "model"
     for wire in ("fp32", "bf16", "int8", "int4", "sign"):
         assert {options("--wire", wire).residual_mode(n) for n in (2, 4, 16)} == {"delta"}
+    bare = options("--wire", "topk", "--recipe", "none")  # the option's own default: the same
+    assert bare.residual is None and [bare.residual_mode(n) for n in (4, 16)] == ["model",
+                                                                                  "delta"]
     assert "--bmuf-residual model" in BMUFOptions.recipe_help
 
 
@@ -422,7 +425,6 @@ def test_a_wires_long_block_on_many_workers_is_said_at_start():
     assert said(16, "--wire", "sign") is None  # the recipe: fp32's block
     assert said(16, "--sync-period", "40") is None  # fp32 itself: its own business
     assert said(16, "--wire", "int8", "--sync-period", "40") is None
-
 
 
 def test_the_start_says_the_block_the_workers_chose():
