@@ -155,8 +155,10 @@ class WireOptions(AlgoOptions):
     """--wire topk or signtopk: the fraction of each chunk of 4096 values sent, in (0, 1];
     default the wire's own: topk 1/64 = 0.015625 (64 values a chunk, 14 bits each and 4
     more bytes a chunk), signtopk 112/4096 = 0.02734375 (8 bits each: a block of 8 steps at
-    ~1,100x fewer bytes than SSGD fp32; 0.01171875 keeps ~1,000x at a block of 4). The rest
-    waits in the error-feedback residual or the worker's model for a later exchange."""
+    ~1,100x fewer bytes than SSGD fp32); BMUF's block sync scales it to its block, keeping
+    those bytes a step (signtopk 46 of 4,096 at a block of 4, 16 workers' default; said at
+    start). The rest waits in the error-feedback residual or the worker's model for a later
+    exchange."""
 
     # The options only some wires read, and those wires (a comment, not a docstring, so that
     # the generated CLI does not take it for an option).

@@ -42,7 +42,8 @@ SIGNTOPK_CHUNK = 4096
 SIGNTOPK_FRACTION = 112 / 4096
 """The default share chosen, 112 of each 4,096 (7 in 256, ~1/37): at 8 bits a chosen value
 a block sync of 8 steps is ~1,100x fewer bytes than SSGD fp32 a step (1/32 would be 992x).
-``--topk-fraction`` sets another (48 of 4,096, 0.01171875, for a block of 4)."""
+``--topk-fraction`` sets another; BMUF's default scales it to its block, keeping these bytes
+a step (46 of 4,096 at a block of 4: ``hadpsgd.algorithms.bmuf.options.default_share``)."""
 
 
 def _ceil(a: int, b: int) -> int:

@@ -79,9 +79,9 @@ def test_bmuf_benchmark_across_two_hosts(tmp_path):
     assert fp32["inter_bytes_per_step"] / int8["inter_bytes_per_step"] >= 3.5
     assert fp32["link_bytes_per_step"] / int8["link_bytes_per_step"] >= 2.5
     assert rows["bmuf-tau2+overlap+frag2"]["link_bytes_per_step"] > 0
-    # top-k block syncs (1/64 of each 4,096-value chunk, 14 bits a value): a payload far
-    # below int8's on the wire and on the link (31x and 26x measured; the tiny model's shards
-    # round k up)
+    # top-k block syncs (at a block of 2 the default share is 14 of each 4,096-value chunk,
+    # the bytes a step of 1/64 at 8; 14 bits a value): a payload far below int8's on the
+    # wire and on the link (31x and 26x measured at 1/64; the tiny model's shards round k up)
     topk = rows["bmuf-tau2+topk"]
     assert int8["inter_bytes_per_step"] / topk["inter_bytes_per_step"] >= 10
     assert int8["link_bytes_per_step"] / topk["link_bytes_per_step"] >= 3

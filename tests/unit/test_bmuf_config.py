@@ -13,10 +13,15 @@ import torch
 from hadpsgd.algorithms import BMUF, BMUFOptions, get
 from hadpsgd.algorithms.bmuf.algorithm import default_block_momentum
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, corrected_coefficients
-from hadpsgd.algorithms.bmuf.options import default_sync_period, default_warmup_lr
+from hadpsgd.algorithms.bmuf.options import (
+    default_share,
+    default_sync_period,
+    default_warmup_lr,
+)
 from hadpsgd.assembly import build_algorithm
 from hadpsgd.assembly.build import build_optimizer
 from hadpsgd.cli import add_arguments, field_docs, to_dict
+from hadpsgd.comm.codec import payload_bytes, wire_spec
 from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
 from hadpsgd.run import parse_config
 from tests.fakes import OneLearner
@@ -151,6 +156,32 @@ def test_a_sparse_wire_keeps_its_rounding_in_the_workers_model_up_to_4_workers()
     assert bare.residual is None and [bare.residual_mode(n) for n in (4, 16)] == ["model",
                                                                                   "delta"]
     assert "--bmuf-residual model" in BMUFOptions.recipe_help
+
+
+def test_a_sparse_wires_default_share_keeps_its_bytes_a_step_at_any_block():
+    # Issue 57: signtopk's 112 of 4,096 was set for a block of 8 (~1,100x fewer bytes than
+    # SSGD fp32); at 16 workers BMUF's block is 4 and the same share sent twice the bytes a
+    # step (~550x). By hand from the code's definition (signtopk.py: a 4-byte scale, k low
+    # parts of L = floor(log2(4096 / k)) bits, a unary vector of k + (4095 >> L) bits, k
+    # signs): k = 112 -> L 5 -> 4 + 70 + 30 + 14 = 118 bytes a sync, 59 at a block of 4;
+    # k = 46 -> L 6 -> 4 + 35 + 14 + 6 = 59 (within); k = 47 -> 4 + 36 + 14 + 6 = 60 (not).
+    assert default_share("signtopk", 8) == 112 / 4096
+    assert default_share("signtopk", 4) == 46 / 4096
+    for wire in ("signtopk", "topk"):
+        for tau in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32):
+            k = round(default_share(wire, tau) * 4096)
+            own = payload_bytes(4096, wire_spec(wire))  # the wire's default share
+            assert payload_bytes(4096, wire_spec(wire, k / 4096)) * 8 <= own * tau
+            assert k == 4096 or payload_bytes(4096, wire_spec(wire, (k + 1) / 4096)) * 8 > (
+                own * tau)
+    for wire in ("fp32", "bf16", "int8", "int4", "sign"):
+        assert default_share(wire, 4) is None
+    # Resolved where the block is known; --topk-fraction given wins at any block.
+    opts = parse_config(["--algo", "bmuf", "--wire", "signtopk"]).algo_options()
+    assert opts.topk_fraction is None and opts.share(4) == 46 / 4096
+    opts = parse_config(["--algo", "bmuf", "--wire", "signtopk", "--topk-fraction",
+                         "0.01171875"]).algo_options()
+    assert opts.share(4) == opts.share(8) == 0.01171875
 
 
 def test_paper_recipe_is_one_flag_away():

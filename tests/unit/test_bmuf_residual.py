@@ -17,6 +17,8 @@ and not from the code:
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -69,7 +71,7 @@ def _learner(world: World, residual: str | None, wire: str) -> dict:
                              start=algo.filter.start_point[torch.float32].clone(),
                              worker_after=worker, server_after=server)
     return {"syncs": syncs, "bytes": algo.exchange.bytes_sent, "residual": algo.residual,
-            "note": algo.defaults_note()}
+            "note": algo.defaults_note(), "wire": algo.exchange.wire}
 
 
 def _run(residual: str | None, wire: str, workers: int = 2) -> list[dict]:
@@ -118,8 +120,12 @@ def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(
     # it at the global model; the model form keeps it in the model, the residual at zero.
     runs = _run(None, "signtopk", workers)
     assert {r["residual"] for r in runs} == {form}
-    # Said at start, as the block would be had the user left it out (TAU is given here).
-    assert runs[0]["note"] == (f"bmuf: --bmuf-residual {form}: the rounding of --wire signtopk "
+    # Said at start, as the block would be had the user left it out (TAU is given here),
+    # with the share the block of 2 takes (17 of 4,096: the bytes a step of 112 at 8).
+    assert runs[0]["wire"] == f"signtopk:{17 / 4096!r}"
+    assert runs[0]["note"] == (f"bmuf: --topk-fraction {17 / 4096!r} (17 of 4,096 a sync: the "
+                               "bytes a step of the wire's default at a block of 8); "
+                               f"--bmuf-residual {form}: the rounding of --wire signtopk "
                                + ("kept in each worker's model" if form == "model"
                                   else "error feedback") + " (model up to 4 workers, delta "
                                "above)")
@@ -130,7 +136,8 @@ def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(
         assert torch.equal(last["after"], last["start"]) == (form == "delta")
     dense = _run(None, "sign", 2)
     assert {r["residual"] for r in dense} == {"delta"} and dense[0]["note"] == ""  # dense code
-    assert _run("model", "signtopk", 2)[0]["note"] == ""  # the user's choice: nothing to say
+    assert _run("model", "signtopk", 2)[0]["note"].startswith(  # the user's choice: unsaid
+        "bmuf: --topk-fraction") and "residual" not in _run("model", "signtopk", 2)[0]["note"]
 
 
 def test_the_wire_carries_the_same_bytes():
@@ -145,3 +152,36 @@ def test_residual_is_a_compressed_wires_option():
     with pytest.raises(ConfigError, match="--bmuf-residual is read by --wire bf16"):
         BMUFOptions(wire="fp32", residual="model").check_read(["residual"])
     BMUFOptions(wire="sign", residual="model").check_read(["residual"])
+
+
+def _resume_checks(world: World) -> dict:
+    """Run a block on signtopk with the default share, then load the state three ways."""
+    def make(seed: int, **kw: object) -> tuple[torch.nn.Module, BMUF]:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(100, 50)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, BMUF(model, opt, world, sync_period=3, block_momentum=0.0,
+                           wire="signtopk", worker_lr="global", **kw)
+
+    model, algo = make(0)
+    for _ in range(4):
+        torch.nn.functional.mse_loss(model(torch.randn(4, 100)), torch.randn(4, 50)).backward()
+        algo.step()
+        algo.zero_grad()
+    state = copy.deepcopy(algo.state_dict())
+    out = {"saved": state["bmuf"]["options"]["topk_fraction"], "share": algo.share}
+    make(1)[1].load_state_dict(state)  # the same run: resumes
+    # A state saved before the share followed the block ran the wire's own 112 of 4,096.
+    state["bmuf"]["options"]["topk_fraction"] = None
+    try:
+        make(2)[1].load_state_dict(state)
+    except ValueError as e:
+        out["refused"] = str(e)
+    make(3, topk_fraction=112 / 4096)[1].load_state_dict(state)  # named: it resumes
+    return out
+
+
+def test_a_sparse_wires_share_is_saved_resolved_and_an_older_state_names_its_own():
+    for r in ThreadJob(2, timeout=60).run(_resume_checks):
+        assert r["saved"] == r["share"] == 32 / 4096  # a block of 3: 32 of 4,096
+        assert "resume with --topk-fraction 0.02734375" in r["refused"]

@@ -28,12 +28,17 @@ from hadpsgd.algorithms.base import Algorithm
 from hadpsgd.algorithms.bmuf.exchange import BlockExchange
 from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
-from hadpsgd.algorithms.bmuf.options import MODEL_RESIDUAL_UP_TO, BMUFOptions
+from hadpsgd.algorithms.bmuf.options import (
+    DEFAULT_SYNC_PERIOD,
+    MODEL_RESIDUAL_UP_TO,
+    SHARE_CHUNK,
+    BMUFOptions,
+)
 from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import World
-from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES
+from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, wire_spec
 from hadpsgd.comm.overlap import GradScope
 
 
@@ -109,6 +114,9 @@ class BMUF(Algorithm):
         """The synchronous warm-up's rate in use: ``warmup_lr``, or its default."""
         self.residual = opts.residual_mode(topo.num_nodes)
         """Where a compressed sync's rounding goes: ``residual``, or its default."""
+        self.share = opts.share(self.tau)
+        """A sparse wire's share in use: ``topk_fraction``, or its default for the block
+        (None on a dense wire)."""
         self.started = False
         """Whether BMUF runs (False during the synchronous warm-up)."""
         self._agreed: list[torch.Tensor] | None = None
@@ -121,7 +129,7 @@ class BMUF(Algorithm):
                                   float(opts.block_lr), opts.nesterov, opts.wire != "fp32")
         self.fragments: list[Fragment] = split(self.moments.layout, list(self.params.params),
                                                opts.fragments, self.tau)
-        self.exchange = BlockExchange(topo, opts.wire_spec, opts.block_overlap,
+        self.exchange = BlockExchange(topo, wire_spec(opts.wire, self.share), opts.block_overlap,
                                       segments=1 + len(self.moments.sent_keys))
         if topo.num_nodes == 1 and topo.size > 1 and topo.rank == 0:
             warnings.warn(
@@ -340,6 +348,11 @@ class BMUF(Algorithm):
         if opts.sync_period is None:
             said.append(f"{opts.flag('sync_period')} {self.tau} (the default for {n} "
                         f"worker{'s' if n != 1 else ''})")
+        if opts.topk_fraction is None and self.share is not None:
+            k = round(self.share * SHARE_CHUNK)
+            said.append(f"{opts.flag('topk_fraction')} {self.share!r} ({k} of {SHARE_CHUNK:,} "
+                        f"a sync: the bytes a step of the wire's default at a block of "
+                        f"{DEFAULT_SYNC_PERIOD})")
         if opts.residual is None and opts.wire in SPARSE_WIRES:
             form = ("kept in each worker's model" if self.residual == "model"
                     else "error feedback")
@@ -436,7 +449,7 @@ class BMUF(Algorithm):
             "wire_bytes_received": self.exchange.bytes_received,
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta,
                         "sync_period": self.tau, "warmup_lr": self.warmup_lr,
-                        "residual": self.residual},
+                        "residual": self.residual, "topk_fraction": self.share},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
         if self._agreed is not None:  # the global model's buffers, the same on every learner
@@ -498,12 +511,12 @@ class BMUF(Algorithm):
         # none was given: a state written with 0.015625 for topk is topk's default).
         for name in ("fragments", "wire", "topk_fraction"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
-            if name == "topk_fraction":
+            if name == "topk_fraction":  # the share in use (states before: None, 112/4096)
                 default = FORMATS[self.options.wire].fraction
                 if default is None:
                     continue
                 then = default if then is None else then
-                now = default if now is None else now
+                now = self.share
             if then != now:
                 flag = self.options.flag(name)
                 raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, WIRES
+from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, WIRES, payload_bytes, wire_spec
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
@@ -98,6 +98,36 @@ def default_residual(wire: str, num_workers: int) -> str:
     """
     sparse = wire.partition(":")[0] in SPARSE_WIRES
     return "model" if sparse and num_workers <= MODEL_RESIDUAL_UP_TO else "delta"
+
+
+SHARE_CHUNK = 4096
+"""Values of the chunk a sparse wire's share is counted in (both sparse codes' chunk)."""
+
+
+def default_share(wire: str, tau: int) -> float | None:
+    """A sparse wire's share of each chunk when the user gave no ``--topk-fraction``.
+
+    The wire's own default (signtopk 112 of 4,096, topk 64) was set for a block of 8
+    steps, where it sends ~1,100x fewer bytes than SSGD fp32 over a run. A block sends once
+    per tau steps, so at another tau the same share sends 8/tau times the bytes a step: at
+    16 workers (tau 4) ~550x. So the default follows the block: the largest share of
+    :data:`SHARE_CHUNK` whose sync costs at most tau/8 of the default's sync, i.e. the
+    same bytes a step (signtopk: 46 at tau 4, 17 at tau 2, 76 at tau 6; measured at 16
+    workers with 48 at tau 4, 1,025x: docs/results.md, *The signs of the largest*). None
+    for a dense wire.
+    """
+    default = FORMATS[wire].fraction if wire in FORMATS else None
+    if default is None or tau == DEFAULT_SYNC_PERIOD:
+        return default
+    budget = payload_bytes(SHARE_CHUNK, wire_spec(wire, default)) * tau / DEFAULT_SYNC_PERIOD
+    lo, hi = 1, SHARE_CHUNK  # bytes grow with the share: the largest within the budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if payload_bytes(SHARE_CHUNK, wire_spec(wire, mid / SHARE_CHUNK)) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo / SHARE_CHUNK
 
 
 @dataclass(frozen=True)
@@ -189,7 +219,7 @@ class BMUFOptions(WireOptions):
                    "speechocean762; the longer blocks tuned on FSDD trailed there; a sparse "
                    "wire, topk or signtopk, keeps each worker's rounding in its own model up "
                    "to 4 workers, --bmuf-residual model, and error feedback above, delta: "
-                   "--wire signtopk ~1,100x). "
+                   "--wire signtopk ~1,100x, its share of each 4,096 following tau). "
                    "--optimizer adam gives the "
                    "BMUF-Adam paper's recipe (--beta1 0.5 --adam-moments corrected "
                    "--bmuf-worker-lr single, block momentum 1 - 1/N), tau 8 up to 8 "
@@ -341,6 +371,12 @@ class BMUFOptions(WireOptions):
         if self.sync_period is not None:
             return self.sync_period
         return default_sync_period(self.worker_lr, num_workers)
+
+    def share(self, tau: int) -> float | None:
+        """A sparse wire's share in use: ``topk_fraction``, or its default for the block."""
+        if self.topk_fraction is not None:
+            return self.topk_fraction
+        return default_share(self.wire, tau)
 
     def residual_mode(self, num_workers: int) -> str:
         """Where the rounding goes: ``residual``, or its default for the wire and workers."""
