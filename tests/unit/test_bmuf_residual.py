@@ -134,6 +134,13 @@ def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(
         kept = last["worker_after"].abs().max() > 0
         assert kept == (form == "delta")
         assert torch.equal(last["after"], last["start"]) == (form == "delta")
+    def note_at_8(world: World) -> str:
+        model = torch.nn.Linear(3, 2)
+        return BMUF(model, torch.optim.SGD(model.parameters(), lr=0.1), world,
+                    wire="signtopk", worker_lr="global", residual="model").defaults_note()
+
+    at8 = ThreadJob(2, timeout=60).run(note_at_8)
+    assert at8 == ["bmuf: --sync-period 8 (the default for 2 workers)"] * 2  # the wire's share
     dense = _run(None, "sign", 2)
     assert {r["residual"] for r in dense} == {"delta"} and dense[0]["note"] == ""  # dense code
     assert _run("model", "signtopk", 2)[0]["note"].startswith(  # the user's choice: unsaid

@@ -348,7 +348,7 @@ class BMUF(Algorithm):
         if opts.sync_period is None:
             said.append(f"{opts.flag('sync_period')} {self.tau} (the default for {n} "
                         f"worker{'s' if n != 1 else ''})")
-        if opts.topk_fraction is None and self.share is not None:
+        if opts.topk_fraction is None and self.share != FORMATS[opts.wire].fraction:
             k = round(self.share * SHARE_CHUNK)
             said.append(f"{opts.flag('topk_fraction')} {self.share!r} ({k} of {SHARE_CHUNK:,} "
                         f"a sync: the bytes a step of the wire's default at a block of "
