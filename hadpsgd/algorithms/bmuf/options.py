@@ -91,7 +91,8 @@ def default_residual(wire: str, num_workers: int) -> str:
     with top-k on FSDD's 9 runs, 0.47 with signtopk on speechocean762 over 3 seeds). Above,
     error feedback: on speechocean762 at 16 workers (signtopk, 48 of 4,096 at tau 4) it was
     3.8 and 6.0 points better after 8 epochs (seeds 0, 1; +1.24 against SSGD over 5 seeds
-    where the model form was +5.6 over 2) and 4.3 after 2 (seed 1); likely sixteen workers
+    where the model form was +5.6 over 2) and 4.3 after 2 (seed 1), at 8 workers 1.4 after 2
+    (seed 1, a screen); likely sixteen workers
     each keeping its own unsent part drift apart where error feedback restarts every worker
     from the global model each block. Dense codes keep error feedback.
     Measured: docs/results.md, *The signs of the largest, their places packed*.
