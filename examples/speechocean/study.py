@@ -196,15 +196,15 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                                 "--sync-period", "4", "--ranks-per-node", "1",
                                                 "--bmuf-residual", "model",
                                                 "--bmuf-worker-lr", "single"]),
-    # Adam on a slow link (issue 57): Sync-Adam, and BMUF with Adam in the SGD recipe's shape
-    # on the 1-bit code: the moments kept on each worker (only the model crosses), every
-    # worker at the global rate, no block momentum, the worker's gradient clipped to 1.
     # The recipe's own block and share for the workers (tau 6 and 76 of 4,096 at 8), with
     # the rounding's place chosen: where the model form's line between 4 and 16 sits.
     "bmuf-signtopk-model": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                    "1", "--bmuf-residual", "model"]),
     "bmuf-signtopk-delta": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                    "1", "--bmuf-residual", "delta"]),
+    # Adam on a slow link (issue 57): Sync-Adam, and BMUF with Adam in the SGD recipe's shape
+    # on the 1-bit code: the moments kept on each worker (only the model crosses), every
+    # worker at the global rate, no block momentum, the worker's gradient clipped to 1.
     "ssgd-adam": (None, ["--algo", "ssgd", "--optimizer", "adam", "--ranks-per-node", "1"]),
     "bmuf-adam-sign-local": (None, ["--algo", "bmuf", "--optimizer", "adam", "--wire", "sign",
                                     "--adam-moments", "local", "--bmuf-worker-lr", "global",

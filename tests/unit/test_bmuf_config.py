@@ -14,6 +14,7 @@ from hadpsgd.algorithms import BMUF, BMUFOptions, get
 from hadpsgd.algorithms.bmuf.algorithm import default_block_momentum
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, corrected_coefficients
 from hadpsgd.algorithms.bmuf.options import (
+    SHARE_CHUNK,
     default_share,
     default_sync_period,
     default_warmup_lr,
@@ -22,6 +23,7 @@ from hadpsgd.assembly import build_algorithm
 from hadpsgd.assembly.build import build_optimizer
 from hadpsgd.cli import add_arguments, field_docs, to_dict
 from hadpsgd.comm.codec import payload_bytes, wire_spec
+from hadpsgd.comm.sparse import TOPK_CHUNK
 from hadpsgd.config import AlgoConfig, ConfigError, RunConfig
 from hadpsgd.run import parse_config
 from tests.fakes import OneLearner
@@ -165,6 +167,7 @@ def test_a_sparse_wires_default_share_keeps_its_bytes_a_step_at_any_block():
     # parts of L = floor(log2(4096 / k)) bits, a unary vector of k + (4095 >> L) bits, k
     # signs): k = 112 -> L 5 -> 4 + 70 + 30 + 14 = 118 bytes a sync, 59 at a block of 4;
     # k = 46 -> L 6 -> 4 + 35 + 14 + 6 = 59 (within); k = 47 -> 4 + 36 + 14 + 6 = 60 (not).
+    assert SHARE_CHUNK == TOPK_CHUNK == 4096  # both sparse codes count their share in it
     assert default_share("signtopk", 8) == 112 / 4096
     assert default_share("signtopk", 4) == 46 / 4096
     for wire in ("signtopk", "topk"):

@@ -143,8 +143,8 @@ def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(
     assert at8 == ["bmuf: --sync-period 8 (the default for 2 workers)"] * 2  # the wire's share
     dense = _run(None, "sign", 2)
     assert {r["residual"] for r in dense} == {"delta"} and dense[0]["note"] == ""  # dense code
-    assert _run("model", "signtopk", 2)[0]["note"].startswith(  # the user's choice: unsaid
-        "bmuf: --topk-fraction") and "residual" not in _run("model", "signtopk", 2)[0]["note"]
+    chosen = _run("model", "signtopk", 2)[0]["note"]  # the user's choice: unsaid
+    assert chosen.startswith("bmuf: --topk-fraction") and "residual" not in chosen
 
 
 def test_the_wire_carries_the_same_bytes():

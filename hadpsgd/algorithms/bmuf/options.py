@@ -17,6 +17,7 @@ from hadpsgd.algorithms.bmuf.moments import STRATEGIES
 from hadpsgd.algorithms.options import WireOptions
 from hadpsgd.cli import ConfigError
 from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, WIRES, payload_bytes, wire_spec
+from hadpsgd.comm.signtopk import SIGNTOPK_CHUNK
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
@@ -101,8 +102,9 @@ def default_residual(wire: str, num_workers: int) -> str:
     return "model" if sparse and num_workers <= MODEL_RESIDUAL_UP_TO else "delta"
 
 
-SHARE_CHUNK = 4096
-"""Values of the chunk a sparse wire's share is counted in (both sparse codes' chunk)."""
+SHARE_CHUNK = SIGNTOPK_CHUNK
+"""Values of the chunk a sparse wire's share is counted in: both sparse codes' chunk
+(``TOPK_CHUNK`` is the same; tests/unit/test_bmuf_config.py holds them together)."""
 
 
 def default_share(wire: str, tau: int) -> float | None:
