@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # kill): hadpsgd.run's ranks note their own exits, and a job without one failed.
     with tempfile.TemporaryDirectory(prefix="hadpsgd-exits-") as exits:
         env[EXITS_ENV] = exits
-        code = run_forwarding(cmd, env)
+        code = run_forwarding(cmd, env, exits=Path(exits), nprocs=nprocs)
         if code == 0 and not any(Path(exits).iterdir()):
             print(f"hadpsgd.launch: error: every rank of the {nprocs} ended by a signal "
                   "(killed or crashed: see above), none by an exit of its own; mpirun "

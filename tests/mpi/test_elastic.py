@@ -43,9 +43,14 @@ def _launch(nprocs: int, data: tuple[Path, Path], out: Path, *extra: str,
         try:
             stdout, stderr = proc.communicate(timeout=240)
         except subprocess.TimeoutExpired:
+            # Which process stayed (a rank, mpirun, the launcher), before they are killed.
+            left = subprocess.run(["ps", "-s", str(proc.pid), "-o", "pid,ppid,stat,wchan:24,"
+                                   "etime,args", "--forest"], capture_output=True,
+                                  text=True).stdout
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-            pytest.fail(f"{' '.join(cmd)} did not finish (hang?)\n{stdout}\n{stderr}")
+            pytest.fail(f"{' '.join(cmd)} did not finish (hang?)\n{stdout}\n{stderr}\n"
+                        f"processes left:\n{left}")
         if proc.returncode == 0 or not (launcher_failed_to_start(stdout + stderr)
                                         or _crashed_in_mpi_init(env, stdout + stderr)):
             break
