@@ -196,6 +196,9 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                                 "--sync-period", "4", "--ranks-per-node", "1",
                                                 "--bmuf-residual", "model",
                                                 "--bmuf-worker-lr", "single"]),
+    # The slow-link recipe as a user types it: every default (the block, the share that
+    # follows it, the rounding's place) left to BMUF.
+    "bmuf-signtopk": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node", "1"]),
     # The recipe's own block and share for the workers (tau 6 and 76 of 4,096 at 8), with
     # the rounding's place chosen: where the model form's line between 4 and 16 sits.
     "bmuf-signtopk-model": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
