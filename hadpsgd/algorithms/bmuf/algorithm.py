@@ -16,7 +16,6 @@ with ``theta_init_0 = theta_0`` the initial (broadcast, or warmed-up) model.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 from torch import nn
 
 from hadpsgd.algorithms.base import Algorithm
+from hadpsgd.algorithms.bmuf.checkpoint import BlockCheckpoint
 from hadpsgd.algorithms.bmuf.exchange import BlockExchange
 from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
@@ -34,7 +34,6 @@ from hadpsgd.algorithms.bmuf.options import (
     SHARE_CHUNK,
     BMUFOptions,
 )
-from hadpsgd.algorithms.bmuf.relayout import relayout_node, relayout_state
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
 from hadpsgd.comm import World
@@ -55,7 +54,7 @@ def default_block_momentum(worker_lr: str, num_workers: int) -> float:
 
 @register("bmuf", "blockwise model-update filtering with block momentum every tau steps, "
                   "and the Adam moment correction (BMUF-Adam)")
-class BMUF(Algorithm):
+class BMUF(BlockCheckpoint, Algorithm):
     """Blockwise model-update filtering with block momentum over super-learners (nodes).
 
     Every step averages the gradients inside the node (a super-learner is synchronous) and
@@ -429,104 +428,3 @@ class BMUF(Algorithm):
         finally:
             self.exchange.close()
         super().close()
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """Everything to resume mid-block: the filter, counters, moments and optimizer.
-
-        Adam's ``k`` is the optimizer's own ``state["step"]`` (in ``optimizer``); the local
-        parameters are the model's (the trainer saves ``model.state_dict()``). An overlapped
-        mean in flight is waited for: the mean is the same on every learner and saved here,
-        what it is re-based on is per super-learner (:meth:`node_state`).
-        """
-        self.wait_in_flight()
-        state = super().state_dict()
-        state["bmuf"] = {
-            "started": self.started, "block_steps": self.block_steps,
-            "num_syncs": self.num_syncs, "rho": self.rho,
-            **self.filter.state_dict(self.fragments), "moments": self.moments.state_dict(),
-            "wire_bytes": self.exchange.bytes_sent,
-            "wire_bytes_received": self.exchange.bytes_received,
-            "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta,
-                        "sync_period": self.tau, "warmup_lr": self.warmup_lr,
-                        "residual": self.residual, "topk_fraction": self.share},
-            "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
-        }
-        if self._agreed is not None:  # the global model's buffers, the same on every learner
-            state["bmuf"]["buffers"] = self.buffers.state(self._agreed)
-        return state
-
-    def node_state(self) -> dict[str, Any] | None:
-        """Mid-block, each super-learner's own local model and optimizer state.
-
-        At a block boundary (or on one node) every learner holds the same, and rank 0's
-        state in the checkpoint is everyone's: nothing extra is saved. With an overlapped
-        mean pending or a compressed wire, the local state at the block's end and the
-        wire's rounding errors are per super-learner too.
-        """
-        shared = super().node_state()  # fp16's loss scale, decided per super-learner
-        if not self.started or self.topo.num_nodes == 1:
-            return shared
-        self.wait_in_flight()  # the wire's rounding errors change while a mean is in flight
-        snaps = self.filter.node_snaps(self.fragments)
-        mid_block = any(f.block_steps for f in self.fragments)
-        if not (mid_block or snaps or self.exchange.side is not None):
-            return shared
-        # The buffers too: mid-block each super-learner's differ (the checkpoint's model
-        # state holds rank 0's).
-        own = {"buffers": self.buffers.state()} if self.syncs_buffers else {}
-        return {"params": {str(d): b.clone() for d, b in self.params.buffers.items()},
-                "optimizer": self.optimizer.state_dict(), "snaps": snaps,
-                "wire": self.exchange.state_dict(), **own, **(shared or {})}
-
-    def load_node_state(self, state: dict[str, Any]) -> None:
-        """This super-learner's local model, optimizer state and overlapped/wire state."""
-        super().load_node_state(state)
-        if "params" not in state:  # only the loss scale (at a block boundary)
-            return
-        if self._saved_layout is not None:  # written in another flat order: by name
-            state = relayout_node(state, self._saved_layout, self.flat_layout())
-        for dtype, buf in self.params.buffers.items():
-            buf.copy_(state["params"][str(dtype)].to(buf.device, buf.dtype))
-        if self.syncs_buffers:
-            self.buffers.load_state(state.get("buffers", {}))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.filter.load_node_snaps(state.get("snaps", {}), self.fragments)
-        self.exchange.load_state_dict(state.get("wire", {}), self.fragments, self.params.buffers)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (load the model's local parameters separately)."""
-        super().load_state_dict(state)
-        b = state["bmuf"]
-        was = b.get("options", {})
-        # A state of another flat-buffer order (CUDA's cuDNN layout against CPU's, another
-        # parameter order) is moved parameter by parameter; one without a record is of this
-        # process's order (written before the order was recorded, on the same device).
-        saved, now = b.get("flat_layout"), self.flat_layout()
-        self._saved_layout = saved if saved is not None and saved != now else None
-        if self._saved_layout is not None:
-            b = relayout_state(b, self._saved_layout, now)
-        # What is in flight was packed for one fragment layout and one wire: refuse another.
-        # The wire with its fraction, which only counts for a sparse wire (its default where
-        # none was given: a state written with 0.015625 for topk is topk's default).
-        for name in ("fragments", "wire", "topk_fraction"):
-            then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
-            if name == "topk_fraction":  # the share in use (states before: None, 112/4096)
-                default = FORMATS[self.options.wire].fraction
-                if default is None:
-                    continue
-                then = default if then is None else then
-                now = self.share
-            if then != now:
-                flag = self.options.flag(name)
-                raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
-                                 f"(now {now}); resume with {flag} {then}")
-        self.started = bool(b["started"])
-        if self.syncs_buffers:  # a state without them: the loaded model's are the global ones
-            self._agreed = self.buffers.copy() if self.started else None
-            if self._agreed is not None:
-                self.buffers.load_state(b.get("buffers", {}), self._agreed)
-        self.filter.load_state_dict(b, self.fragments)
-        self.exchange.bytes_sent = int(b.get("wire_bytes", 0))
-        self.exchange.bytes_received = int(b.get("wire_bytes_received", b.get("wire_bytes", 0)))
-        self.moments.load_state_dict(b["moments"])
