@@ -81,10 +81,11 @@ def noted_exits(exits: Path) -> list[int]:
 
 def _run_once(cmd: Sequence[str], env: dict[str, str],
               watch: tuple[Path, int, float] | None = None) -> tuple[int, bytes, bool]:
-    """One launch: ``(exit code, the end of its stderr, whether a stop was asked)``."""
-    if watch is not None:  # the notes of an earlier launch that never started are not ours
-        for note in watch[0].glob("pid-*"):
-            note.unlink(missing_ok=True)
+    """One launch: ``(exit code, the end of its stderr, whether a stop was asked)``.
+
+    A launch is only repeated where no rank ran, so no earlier launch left notes in
+    ``watch``'s folder.
+    """
     sink = getattr(sys.stderr, "buffer", None)  # None: a caller replaced sys.stderr
     proc = subprocess.Popen(list(cmd), env=env,
                             stderr=subprocess.PIPE if sink is not None else None)
