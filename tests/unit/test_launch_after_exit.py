@@ -9,6 +9,7 @@ SIGTERM ignored, or not); the launcher's own supervision of it is what is tested
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +33,10 @@ sys.exit(7)
 
 def _launch(tmp_path: Path, codes: str, then: str, nprocs: int = 3, grace: float = 1.0,
             linger: float = 600) -> tuple[int, float]:
-    script, exits = tmp_path / "mpirun.py", tmp_path / "exits"
+    script = tmp_path / "mpirun.py"
     script.write_text(_MPIRUN)
-    exits.mkdir(exist_ok=True)
+    # A folder of its own a launch, as the launcher makes one (a temporary directory).
+    exits = Path(tempfile.mkdtemp(prefix="exits-", dir=tmp_path))
     start = time.monotonic()
     code = run_forwarding([sys.executable, str(script), str(exits), codes, then, str(linger)], {},
                           exits=exits, nprocs=nprocs, after_last_exit_s=grace)
