@@ -57,7 +57,7 @@ from hadpsgd.assembly.build import build_trainer
 from hadpsgd.assembly.resume import adopt
 from hadpsgd.assembly.runlock import release_runs
 from hadpsgd.cli import ConfigError
-from hadpsgd.comm import ulfm
+from hadpsgd.comm import frozen, ulfm
 from hadpsgd.config import RunConfig
 from hadpsgd.train.loop import Trainer
 from hadpsgd.train.pooled import PooledPlan, reorder
@@ -162,12 +162,12 @@ def recover(cfg: RunConfig, topo: comm.Topology, trainer: Trainer, err: BaseExce
     ulfm.revoke(topo.communicators())
     _quietly(trainer.algo.close)  # background threads see the revoked channels and end
     old_hosts = list(topo.hosts)
-    ulfm.kill_noted(topo)  # a frozen learner on this host that a peer found at its deadline
+    frozen.kill_noted(topo)  # a frozen learner on this host that a peer found at its deadline
     world, gone_now = ulfm.shrink(topo.comm, timeout=topo.timeout)
     # A learner's own error (it revoked the world and joined the shrink to say so) ends
     # every learner with its message: only a dead or frozen learner is gone through.
     ulfm.own_errors(world, topo.launch_ranks[topo.rank], topo.hosts[topo.rank], None)
-    ulfm.kill_gone(topo, gone_now)  # one the detector found frozen would hold up mpirun
+    frozen.kill_gone(topo, gone_now)  # one the detector found frozen would hold up mpirun
     gone = [topo.launch_ranks[r] for r in gone_now]  # processes keep their launch ranks
     lost = ", ".join(f"rank {topo.launch_ranks[r]} ({old_hosts[r]})" for r in gone_now)
     # BMUF, H-ADPSGD: a super-learner that lost a member leaves as a whole (its local model

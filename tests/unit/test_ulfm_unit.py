@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hadpsgd.comm import deadline, timeouts, ulfm
+from hadpsgd.comm import deadline, frozen, timeouts, ulfm
 from hadpsgd.comm.deadline import CommTimeoutError
 
 
@@ -36,7 +36,7 @@ class _Notes:
 @pytest.fixture
 def killed(monkeypatch):
     pids: list[int] = []
-    monkeypatch.setattr(ulfm, "kill_pid", pids.append)
+    monkeypatch.setattr(frozen, "kill_pid", pids.append)
     yield pids
     deadline.on_silent_peers(None)
 
@@ -48,18 +48,18 @@ def _topo(hosts: list[str], rank: int) -> SimpleNamespace:
 
 def test_a_learner_on_the_frozen_ones_host_kills_it_and_tells_the_others_there(killed):
     topo = _topo(["a", "a", "a", "b"], rank=3)  # rank 3 on host b found rank 1 frozen
-    ulfm.kill_frozen_peers(topo)
+    frozen.kill_frozen_peers(topo)
     assert timeouts.silent_handler() is not None and timeouts.silent_handler()([1])
     assert killed == []  # not on its host: it cannot kill it itself
     assert sorted(topo._errors.sent) == [(1, 0), (1, 2)]  # asks ranks 0 and 2, on host a
     topo = _topo(["a", "a", "a", "b"], rank=0)
-    ulfm.kill_frozen_peers(topo)
+    frozen.kill_frozen_peers(topo)
     assert timeouts.silent_handler()([1]) and killed == [101]
 
 
 def test_a_frozen_learner_alone_on_its_host_cannot_be_killed(killed):
     topo = _topo(["a", "a", "b"], rank=0)
-    ulfm.kill_frozen_peers(topo)
+    frozen.kill_frozen_peers(topo)
     assert not timeouts.silent_handler()([2]) and killed == [] and topo._errors.sent == []
 
 
