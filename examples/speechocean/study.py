@@ -205,6 +205,13 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                    "1", "--bmuf-residual", "model"]),
     "bmuf-signtopk-delta": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                    "1", "--bmuf-residual", "delta"]),
+    # 16 learners as 4 nodes of 4 (a slow link between the nodes, NCCL's inside): the
+    # recipe between 4 super-learners, and SSGD over the same nodes for its bytes.
+    "bmuf-signtopk-rpn4": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
+                                  "4"]),
+    "ssgd-rpn4": (None, ["--algo", "ssgd", "--ranks-per-node", "4"]),
+    "adpsgd-topk-rpn4": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node",
+                                "4"]),
     # Adam on a slow link (issue 57): Sync-Adam, and BMUF with Adam in the SGD recipe's shape
     # on the 1-bit code: the moments kept on each worker (only the model crosses), every
     # worker at the global rate, no block momentum, the worker's gradient clipped to 1.

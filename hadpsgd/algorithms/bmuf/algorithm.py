@@ -137,9 +137,10 @@ class BMUF(BlockCheckpoint, Algorithm):
                 "set --ranks-per-node 1 for one worker per rank (per GPU, as in the BMUF-Adam "
                 "paper) or --ranks-per-node K for workers of K ranks.",
                 RuntimeWarning, stacklevel=2)
-        long_block = opts.long_block_warning(topo.num_nodes)
-        if long_block and topo.rank == 0:
-            warnings.warn(long_block, RuntimeWarning, stacklevel=2)
+        for said in (opts.long_block_warning(topo.num_nodes),
+                     opts.many_nodes_warning(topo.num_nodes)):
+            if said and topo.rank == 0:
+                warnings.warn(said, RuntimeWarning, stacklevel=2)
         if opts.warmup_steps == 0:
             self._start()
 

@@ -365,6 +365,26 @@ class BMUFOptions(WireOptions):
                 f"int4 at 32: 79 %). Leave {self.flag('sync_period')} out (fp32's block) or use "
                 "fewer workers")
 
+    def many_nodes_warning(self, num_workers: int) -> str | None:
+        """What to say when a sparse wire averages more than 4 super-learners.
+
+        On speechocean762 (8 epochs, docs/results.md, *Sixteen learners as four nodes*)
+        ``--wire signtopk`` trailed SSGD by 1.56 ± 0.36 WER points with 16 learners each
+        its own node (5 seeds), by 0.93 ± 0.12 with the same 16 learners as 4 nodes of 4
+        (SSGD inside a node, the code only between nodes; 5 seeds, 0.63 ± 0.28 better
+        paired) and by 0.57 ± 0.22 with 4 learners (8 seeds): fewer nodes averaged cost
+        less, so learners that share a fast link belong in one node. None up to 4
+        super-learners or on a dense wire.
+        """
+        if self.wire.partition(":")[0] not in SPARSE_WIRES or num_workers <= MODEL_RESIDUAL_UP_TO:
+            return None
+        return (f"bmuf --wire {self.wire} averages {num_workers} nodes: on speechocean762 "
+                "signtopk trailed SSGD by 1.6 WER points with 16 learners each its own node, "
+                "by 0.9 as 4 nodes of 4 and by 0.6 at 4 nodes of one (docs/results.md). "
+                "Learners that share a fast link belong in one node: --ranks-per-node (or "
+                "hosts with several learners each), so that only the nodes' means cross the "
+                "slow link")
+
     def warmup_rate(self, num_workers: int) -> str:
         """The warm-up's rate in use: ``warmup_lr``, or its default for ``num_workers``."""
         return self.warmup_lr if self.warmup_lr is not None else default_warmup_lr(num_workers)
