@@ -209,6 +209,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # recipe between 4 super-learners, and SSGD over the same nodes for its bytes.
     "bmuf-signtopk-rpn4": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                   "4"]),
+    "bmuf-signtopk-rpn2": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
+                                  "2"]),
     "ssgd-rpn4": (None, ["--algo", "ssgd", "--ranks-per-node", "4"]),
     "adpsgd-topk-rpn4": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node",
                                 "4"]),
