@@ -83,6 +83,11 @@ MODEL_RESIDUAL_UP_TO = 4
 """Super-learners up to which a sparse wire keeps each worker's rounding in its model."""
 
 
+SPARSE_CLOSEST_UP_TO = 4
+"""Super-learners up to which a sparse wire was measured closest to SSGD's WER; above, the
+start says what more nodes cost (:meth:`BMUFOptions.many_nodes_warning`)."""
+
+
 def default_residual(wire: str, num_workers: int) -> str:
     """Where a worker's rounding goes when the user gave no ``--bmuf-residual``.
 
@@ -376,7 +381,7 @@ class BMUFOptions(WireOptions):
         less, so learners that share a fast link belong in one node. None up to 4
         super-learners or on a dense wire.
         """
-        if self.wire.partition(":")[0] not in SPARSE_WIRES or num_workers <= MODEL_RESIDUAL_UP_TO:
+        if self.wire not in SPARSE_WIRES or num_workers <= SPARSE_CLOSEST_UP_TO:
             return None
         return (f"bmuf --wire {self.wire} averages {num_workers} nodes: on speechocean762 "
                 "signtopk trailed SSGD by 1.6 WER points with 16 learners each its own node, "
