@@ -151,7 +151,7 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                    "--ranks-per-node", "1", "--bmuf-residual", "model"]),
     # Issue 57: the signs of each 4,096 values' largest 112 with their places packed
     # (--wire signtopk, 8 bits a chosen value) at a block of 8, the rounding kept in the
-    # worker's model: 1,092x fewer bytes than SSGD fp32, +0.57 +- 0.22 WER (8 seeds, 8 ep).
+    # worker's model: 1,092x fewer bytes than SSGD fp32, +0.72 +- 0.18 WER (11 runs, 8 ep).
     "bmuf-signtopk-tau8-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                        "--sync-period", "8", "--ranks-per-node", "1",
                                        "--bmuf-residual", "model"]),
@@ -161,8 +161,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                      "8", "--ranks-per-node", "1", "--bmuf-residual", "delta"]),
     # ... the same bytes a step spent on a longer or a shorter block (issue 57): 192 of
     # 4,096 at tau 12 (1,070x: Elias-Fano's places cost less at a higher share, so 16 values
-    # a step against 14; +0.83 on 2 seeds) and 84 at tau 6 (1,033x, 14 a step; +0.49 +- 0.15
-    # over 8 seeds, -0.08 +- 0.24 against tau 8 on the same seeds: no different).
+    # a step against 14; +0.83 on 2 seeds) and 84 at tau 6 (1,033x, 14 a step; +0.60 +- 0.13
+    # over 11 runs, no different from tau 8 on the same seeds).
     "bmuf-signtopk192-tau12-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                            "--topk-fraction", "0.046875", "--sync-period",
                                            "12", "--ranks-per-node", "1", "--bmuf-residual",
