@@ -2,8 +2,9 @@
 
 usage: python examples/speechocean/study.py BUILD RUNS [--configs single,ssgd,...]
            [--workers 4,16] [--seeds 0,1,2] [--epochs 2] [--preset small] [--batch-size 8]
-           [--test-every 4] [--scales 0.15,0.2,0.25] [--beam 12] [--max-active 3000]
-       python examples/speechocean/study.py BUILD RUNS --report [--markdown]
+           [--test-every 4] [--scales 0.15,0.2,0.25] [--prior-scales 1] [--beam 12]
+           [--max-active 3000] [--redecode] [--results results.jsonl]
+       python examples/speechocean/study.py BUILD RUNS --report [--results results.jsonl]
 
 BUILD is what ``build.py`` wrote (``train.h5``, ``dev.h5``, ``test.h5``, ``*.text``,
 ``HCLG.fst``, ``words.txt``). Every cell (configuration x workers x seed) is the path a user
@@ -13,8 +14,10 @@ takes, one command after the other:
    (every learner its own emulated node, ``--ranks-per-node 1``, so that the bytes between
    nodes are counted; H-ADPSGD's super-learners are 2 ranks);
 2. ``python -m hadpsgd.forward`` over the dev set and the test subset;
-3. ``python -m hadpsgd.decode --graph BUILD/HCLG.fst`` on dev at each ``--scales``; the scale
-   with the lowest dev WER (never test's) decodes the test subset once.
+3. ``python -m hadpsgd.decode --graph BUILD/HCLG.fst`` on dev at each ``--scales`` and each
+   ``--prior-scales`` (the forward's ``--prior-scale``: the priors' exponent in the hybrid's
+   pseudo-likelihood); the pair with the lowest dev WER (never test's) decodes the test
+   subset once. ``--redecode`` skips step 1 for runs already trained.
 
 The test subset is every ``--test-every``-th utterance of ``test.h5`` in id order (ids start
 with the speaker, so all 125 test speakers are in it: ~5 sentences each), written once to
@@ -248,9 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode every k-th test utterance (1: the whole test set)")
     p.add_argument("--scales", default="0.15,0.2,0.25",
                    help="acoustic scales tried on dev (the best decodes test)")
+    p.add_argument("--prior-scales", default="1",
+                   help="exponents on the class priors tried on dev with every acoustic "
+                        "scale (hadpsgd.forward --prior-scale; 1 divides by the priors)")
     p.add_argument("--beam", type=float, default=12.0, help="decoding beam")
     p.add_argument("--max-active", type=int, default=3000, help="decoding max active states")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a command may take")
+    p.add_argument("--redecode", action="store_true",
+                   help="no training: forward and decode the cells' trained runs again (with "
+                        "another --prior-scales or --scales); pair with another --results")
+    p.add_argument("--results", default="results.jsonl",
+                   help="the file in RUNS that holds one row a finished cell (default "
+                        "results.jsonl)")
     p.add_argument("--report", action="store_true", help="print the table and stop")
     return p
 
@@ -289,6 +301,14 @@ def _run(cmd: list[str], log: Path, timeout: float) -> int:
                                   timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             return 124
+
+
+def _forward(run: Path, feats: Path, out: Path, prior_scale: float, log: Path,
+             args: argparse.Namespace) -> int:
+    """``hadpsgd.forward`` of ``run`` over ``feats`` into ``out``; its exit status."""
+    cmd = [sys.executable, "-m", "hadpsgd.forward", str(run), "--features", str(feats),
+           "--out", str(out), "--overwrite", "--no-progress", "--prior-scale", f"{prior_scale:g}"]
+    return _run(cmd, log, args.timeout)
 
 
 def _decode(ll: Path, build: Path, refs: Path, scale: float, args: argparse.Namespace,
@@ -332,33 +352,44 @@ def run_cell(config: str, workers: int, seed: int, args: argparse.Namespace,
                            "epochs": args.epochs, "preset": args.preset,
                            "batch_size": args.batch_size, "run": str(run)}
     start = time.time()
-    cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(n), "--",
-           "--train", str(args.build / "train.h5"), "--heldout", str(args.build / "dev.h5"),
-           *(["--batch-size", str(args.batch_size)] if args.batch_size else []),
-           "--preset", args.preset, "--epochs", str(args.epochs), "--seed", str(seed),
-           "--out-dir", str(run), "--overwrite", "--no-progress", *options]
-    code = _run(cmd, log, args.timeout)
-    row["train_s"] = round(time.time() - start, 1)
-    if code != 0:
-        return {**row, "status": f"train exit {code}"}
+    if args.redecode:  # the trained run as it is: only forward and decoding again
+        if not (run / "metrics.jsonl").is_file() or not (run / "checkpoints").is_dir():
+            return {**row, "status": "not trained (--redecode decodes trained runs only)"}
+    else:
+        cmd = [sys.executable, "-m", "hadpsgd.launch", "-n", str(n), "--",
+               "--train", str(args.build / "train.h5"), "--heldout", str(args.build / "dev.h5"),
+               *(["--batch-size", str(args.batch_size)] if args.batch_size else []),
+               "--preset", args.preset, "--epochs", str(args.epochs), "--seed", str(seed),
+               "--out-dir", str(run), "--overwrite", "--no-progress", *options]
+        code = _run(cmd, log, args.timeout)
+        row["train_s"] = round(time.time() - start, 1)
+        if code != 0:
+            return {**row, "status": f"train exit {code}"}
     row.update(train_summary(run))
-    for name, feats in (("dev", args.build / "dev.h5"), ("test", test[0])):
-        cmd = [sys.executable, "-m", "hadpsgd.forward", str(run), "--features", str(feats),
-               "--out", str(run / f"{name}.ll.h5"), "--overwrite", "--no-progress"]
-        if _run(cmd, log, args.timeout) != 0:
-            return {**row, "status": f"forward {name} failed"}
-    dev = {}
-    for scale in (float(s) for s in args.scales.split(",")):
-        rec = _decode(run / "dev.ll.h5", args.build, args.build / "dev.text", scale, args,
-                      run / f"dev-{scale}.wer.json", log)
-        if rec is None:
-            return {**row, "status": f"decode dev {scale} failed"}
-        dev[scale] = rec["score"]["wer"]
-    best = min(dev, key=lambda s: dev[s])
+    grid: dict[float, dict[float, float]] = {}  # prior scale -> acoustic scale -> dev WER
+    for ps in (float(v) for v in args.prior_scales.split(",")):
+        ll = run / ("dev.ll.h5" if ps == 1 else f"dev.ps{ps:g}.ll.h5")
+        if _forward(run, args.build / "dev.h5", ll, ps, log, args) != 0:
+            return {**row, "status": "forward dev failed"}
+        grid[ps] = {}
+        for scale in (float(v) for v in args.scales.split(",")):
+            suffix = "" if ps == 1 else f".ps{ps:g}"
+            rec = _decode(ll, args.build, args.build / "dev.text", scale, args,
+                          run / f"dev-{scale}{suffix}.wer.json", log)
+            if rec is None:
+                return {**row, "status": f"decode dev {scale} failed"}
+            grid[ps][scale] = rec["score"]["wer"]
+    # The pair with the lowest dev WER (never test's) decodes test, once.
+    ps, best = min(((p, s) for p in grid for s in grid[p]), key=lambda k: grid[k[0]][k[1]])
+    if _forward(run, test[0], run / "test.ll.h5", ps, log, args) != 0:
+        return {**row, "status": "forward test failed"}
     rec = _decode(run / "test.ll.h5", args.build, test[1], best, args, run / "test.wer.json",
                   log)
     if rec is None:
         return {**row, "status": "decode test failed"}
+    dev: dict[Any, Any] = grid[ps]
+    if len(grid) > 1:
+        row["prior_scale"], row["dev_grid"] = ps, {str(p): grid[p] for p in grid}
     score = rec["score"]
     return {**row, "status": "ok", "dev_wer": dev, "scale": best, "wer": score["wer"],
             "ref_words": score["ref_words"], "sentences": score["sentences"],
@@ -366,9 +397,9 @@ def run_cell(config: str, workers: int, seed: int, args: argparse.Namespace,
             "cell_s": round(time.time() - start, 1)}
 
 
-def load_rows(runs: Path) -> list[dict[str, Any]]:
-    """The last row of every cell in ``runs/results.jsonl``."""
-    path = runs / "results.jsonl"
+def load_rows(runs: Path, name: str = "results.jsonl") -> list[dict[str, Any]]:
+    """The last row of every cell in ``runs/name``."""
+    path = runs / name
     if not path.exists():
         return []
     rows: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -449,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the cells not yet done, or print the report."""
     args = build_parser().parse_args(argv)
     if args.report:
-        print(report(load_rows(args.runs)))
+        print(report(load_rows(args.runs, args.results)))
         return 0
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -469,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in (int(s) for s in args.seeds.split(",")):
             for config in configs:
                 # Read again before every cell: another driver may have run it meanwhile.
-                done = {(r["config"], r["workers"], r["seed"]) for r in load_rows(args.runs)
-                        if r.get("status") == "ok"}
+                done = {(r["config"], r["workers"], r["seed"])
+                        for r in load_rows(args.runs, args.results) if r.get("status") == "ok"}
                 if (config, workers, seed) in done:
                     continue
                 claim = args.runs / f"{config}-w{workers}-s{seed}.claim"
@@ -478,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 try:
                     row = run_cell(config, workers, seed, args, test)
-                    with (args.runs / "results.jsonl").open("a") as f:
+                    with (args.runs / args.results).open("a") as f:
                         f.write(json.dumps(row) + "\n")
                 finally:
                     claim.unlink(missing_ok=True)

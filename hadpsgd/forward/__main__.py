@@ -16,6 +16,7 @@ thing and the fix, before any work), 1 a failure while running.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import traceback
 from collections.abc import Sequence
@@ -73,6 +74,10 @@ def parser() -> Parser:
                    help="auto (default): the run's priors.json if it has one, else none; "
                         "FILE: a priors JSON, a Kaldi text vector of counts, or a training "
                         ".h5 file (its labels counted); none: write log-posteriors")
+    p.add_argument("--prior-scale", type=float, default=1.0, metavar="P",
+                   help="exponent on the priors: log p(s|x) - P log p(s) (default 1, the "
+                        "textbook division; hybrid systems tune P on dev, often 0.3-0.7: "
+                        "docs/forward.md)")
     p.add_argument("--context", choices=CONTEXTS, default=DEFAULT_CONTEXT,
                    help=f"whole: each utterance in one pass; chunks: overlapping windows "
                         f"(default {DEFAULT_CONTEXT}, see docs/forward.md)")
@@ -119,6 +124,22 @@ def resolve_priors(spec: str, loaded: LoadedModel) -> tuple[Priors | None, str]:
                     "add-one smoothed): writing pseudo-log-likelihoods")
 
 
+def check_prior_scale(scale: float, priors: Priors | None) -> None:
+    """Refuse a ``--prior-scale`` that is not a finite number >= 0, or one without priors.
+
+    Raises:
+        ForwardError: Naming the value and what to pass instead.
+    """
+    if not math.isfinite(scale) or scale < 0:
+        raise ForwardError(f"--prior-scale {scale:g}: the priors' exponent must be a finite "
+                           "number >= 0 (1 divides by the priors, 0 leaves the posteriors; "
+                           "hybrid systems tune it on dev, often 0.3-0.7)")
+    if priors is None and scale != 1.0:
+        raise ForwardError(f"--prior-scale {scale:g} without priors (--priors none, or none "
+                           "found): it scales the priors' logarithm; pass --priors auto|FILE, "
+                           "or leave --prior-scale out to write log-posteriors")
+
+
 def _precision(flag: str, loaded: LoadedModel) -> str:
     if flag != "auto":
         return flag
@@ -137,10 +158,14 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
         check_new(out, topo.size, args.overwrite)
         loaded = load_averaged(args.model, args.avg, args.avg_best)
         priors, priors_line = resolve_priors(args.priors, loaded)
+        check_prior_scale(args.prior_scale, priors)
+        if priors is not None and args.prior_scale != 1.0:
+            priors_line += f", the priors to the power {args.prior_scale:g} (--prior-scale)"
         chunk_len = args.chunk_len if args.chunk_len is not None else loaded.chunk_len
         opts = Options(args.context, chunk_len, args.chunk_overlap,
                        _precision(args.precision, loaded),
-                       progress=not args.no_progress and on_terminal())
+                       progress=not args.no_progress and on_terminal(),
+                       prior_scale=args.prior_scale)
         features, norm_line = open_features(args.features, args.norm, loaded.train_file,
                                             args.utt2spk, args.cmvn)
         return Job(loaded, features, out, priors, opts), priors_line, norm_line

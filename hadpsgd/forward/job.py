@@ -75,6 +75,8 @@ class Options:
     overlap: int
     precision: str
     progress: bool
+    prior_scale: float = 1.0
+    """The priors' exponent: pseudo-log-likelihoods ``log p(s|x) - prior_scale log p(s)``."""
 
     def __post_init__(self) -> None:
         if self.context == "chunks":
@@ -224,7 +226,7 @@ class _Scores:
         self.frames = sum(self.lengths)
         flat = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
         if log_priors is not None:
-            flat = flat - log_priors  # log p(s|x) - log p(s)
+            flat = flat - log_priors  # log p(s|x) - P log p(s)
         self.done: torch.cuda.Event | None = None
         if flat.device.type == "cuda":
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
@@ -264,13 +266,14 @@ def run(topo: Topology, job: Job) -> dict[str, Any]:
     model = loaded.model.to(topo.device).eval()
     log_priors = None
     if priors is not None:
-        log_priors = torch.as_tensor(np.log(priors.priors), dtype=torch.float32,
-                                     device=topo.device)
+        log_priors = torch.as_tensor(opts.prior_scale * np.log(priors.priors),
+                                     dtype=torch.float32, device=topo.device)
     mine = part_spec(out, topo.rank) if topo.size > 1 else out
     attrs = {"kind": "pseudo-log-likelihoods" if priors else "log-posteriors",
              "priors": priors.source if priors else "", "checkpoint": loaded.source,
              "context": opts.context, "chunk_len": opts.chunk_len,
-             "chunk_overlap": opts.overlap, "precision": opts.precision}
+             "chunk_overlap": opts.overlap, "precision": opts.precision,
+             "prior_scale": opts.prior_scale if priors else 0.0}
     writer = open_writer(mine, loaded.num_classes, attrs)
     utts = frames = 0
     bar = tqdm(total=total, unit="frame", unit_scale=True, file=sys.stderr, leave=False,

@@ -122,6 +122,37 @@ def test_pseudo_log_likelihoods_are_log_posteriors_minus_log_priors(
                                rtol=0, atol=1e-5)
 
 
+def test_a_prior_scale_takes_that_power_of_the_priors(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    # The hybrid's scaled likelihood p(s|x) / p(s)^P, from the log-posteriors and the priors'
+    # own counts (add-one smoothed), not from the code's log_priors.
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "post.h5",
+            "--priors", "none")
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "p03.h5",
+            "--prior-scale", "0.3")
+    post, scaled = read_h5(tmp_path / "post.h5"), read_h5(tmp_path / "p03.h5")
+    counts = load_priors(run_dir / PRIORS_FILE).counts
+    priors = (counts + 1) / (counts.sum() + len(counts))
+    np.testing.assert_allclose(scaled[0] - post[0],
+                               np.broadcast_to(-0.3 * np.log(priors), post[0].shape),
+                               rtol=0, atol=1e-5)
+    assert scaled[3]["kind"] == "pseudo-log-likelihoods" and scaled[3]["prior_scale"] == 0.3
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--prior-scale", "-0.5"], "--prior-scale -0.5: the priors' exponent must be"),
+    (["--prior-scale", "nan"], "--prior-scale nan: the priors' exponent must be"),
+    (["--prior-scale", "0.5", "--priors", "none"], "--prior-scale 0.5 without priors"),
+])
+def test_a_prior_scale_that_cannot_apply_is_refused(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path, flags: list[str],
+        named: str) -> None:
+    with pytest.raises(ForwardError, match=named):
+        forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "o.h5",
+                *flags)
+    assert not (tmp_path / "o.h5").exists()
+
+
 def test_ark_read_back_with_kaldiio_equals_the_h5(run_dir: Path, tiny_data: tuple[Path, Path],
                                                   tmp_path: Path) -> None:
     kaldiio = pytest.importorskip("kaldiio")

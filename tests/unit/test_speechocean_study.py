@@ -101,3 +101,51 @@ def test_a_cell_is_claimed_by_one_live_driver_and_a_dead_drivers_claim_is_taken(
     assert not study._claim(claim)  # held by a live process (this one)
     claim.write_text("999999999")  # no such process
     assert study._claim(claim) and claim.read_text() == str(os.getpid())
+
+
+def test_dev_picks_the_prior_and_acoustic_scale_pair_and_redecode_does_not_train(
+        tmp_path, monkeypatch):
+    # The commands are recorded, not run: a decode writes a dev WER that is lowest at prior
+    # scale 0.5 and acoustic scale 0.2, so test must be forwarded at 0.5 and decoded at 0.2.
+    commands: list[list[str]] = []
+    wer = {("1", "0.15"): 60.0, ("1", "0.2"): 59.0, ("0.5", "0.15"): 58.5, ("0.5", "0.2"): 57.0}
+
+    def fake_run(cmd, log, timeout):
+        commands.append(cmd)
+        if "hadpsgd.decode" in cmd:
+            ll, out = cmd[cmd.index("hadpsgd.decode") + 1], cmd[cmd.index("--json") + 1]
+            ps = ll.split(".ps")[1].rsplit(".ll", 1)[0] if ".ps" in ll else "1"
+            scale = cmd[cmd.index("--acoustic-scale") + 1]
+            score = {"wer": wer.get((ps, scale), 99.0), "ref_words": 10, "sentences": 2}
+            with open(out, "w") as f:
+                json.dump({"score": score}, f)
+        return 0
+
+    monkeypatch.setattr(study, "_run", fake_run)
+    build, runs = tmp_path / "build", tmp_path / "runs"
+    build.mkdir()
+    args = study.build_parser().parse_args([str(build), str(runs), "--scales", "0.15,0.2",
+                                            "--prior-scales", "1,0.5"])
+    run = runs / "ssgd-w4-s0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "epoch": 0,
+                                                   "heldout_loss": 2.0}) + "\n")
+    test = (build / "test-every4.h5", build / "test-every4.text")
+    row = study.run_cell("ssgd", 4, 0, args, test)
+    assert row["status"] == "ok" and (row["prior_scale"], row["scale"]) == (0.5, 0.2)
+    assert row["dev_wer"] == {0.15: 58.5, 0.2: 57.0}
+    assert row["dev_grid"] == {"1.0": {0.15: 60.0, 0.2: 59.0}, "0.5": {0.15: 58.5, 0.2: 57.0}}
+    assert any("hadpsgd.launch" in c for c in commands)
+    forward_test = [c for c in commands if "hadpsgd.forward" in c and str(test[0]) in c]
+    assert len(forward_test) == 1 and forward_test[0][-1] == "0.5"
+    decode_test = [c for c in commands if "hadpsgd.decode" in c and str(test[1]) in c]
+    assert len(decode_test) == 1 and decode_test[0][decode_test[0].index(
+        "--acoustic-scale") + 1] == "0.2"
+
+    commands.clear()
+    args.redecode = True
+    assert study.run_cell("ssgd", 4, 0, args, test)["status"] == "not trained " \
+        "(--redecode decodes trained runs only)"  # no checkpoints yet: nothing to decode
+    (run / "checkpoints").mkdir()
+    assert study.run_cell("ssgd", 4, 0, args, test)["scale"] == 0.2
+    assert not any("hadpsgd.launch" in c for c in commands)
