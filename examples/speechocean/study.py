@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -476,6 +477,23 @@ def _claim(path: Path) -> bool:
     return True
 
 
+def _bad_grid(values: str, flag: str) -> str:
+    """Why ``values`` is not a comma-separated list of finite numbers in range ('' if it is).
+
+    Prior exponents may be 0 (the posteriors themselves); acoustic scales must be above 0.
+    """
+    priors = flag == "--prior-scales"
+    try:
+        numbers = [float(v) for v in values.split(",")]
+    except ValueError:
+        numbers = []
+    if not numbers or not all(math.isfinite(v) and (v >= 0 if priors else v > 0)
+                              for v in numbers):
+        return (f"{flag} {values}: give comma-separated numbers {'>= 0' if priors else '> 0'},"
+                f" e.g. {flag} {'0.5,0.75,1' if priors else '0.15,0.2,0.25'}")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the cells not yet done, or print the report."""
     args = build_parser().parse_args(argv)
@@ -487,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"{PROG}: unknown configuration(s) {', '.join(unknown)}: choose from "
               f"{', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    bad = _bad_grid(args.prior_scales, "--prior-scales") or _bad_grid(args.scales, "--scales")
+    if bad:  # before any training: the forward or the decoder would refuse it after it
+        print(f"{PROG}: {bad}", file=sys.stderr)
         return 2
     missing = [n for n in ("train.h5", "dev.h5", "test.h5", "test.text", "dev.text",
                            "HCLG.fst", "words.txt") if not (args.build / n).exists()]

@@ -149,3 +149,11 @@ def test_dev_picks_the_prior_and_acoustic_scale_pair_and_redecode_does_not_train
     (run / "checkpoints").mkdir()
     assert study.run_cell("ssgd", 4, 0, args, test)["scale"] == 0.2
     assert not any("hadpsgd.launch" in c for c in commands)
+
+
+def test_a_grid_of_scales_that_cannot_decode_is_refused_before_any_training(tmp_path, capsys):
+    for flags, named in ((["--prior-scales", "0.5,-1"], "--prior-scales 0.5,-1: give"),
+                         (["--scales", "0.1,x"], "--scales 0.1,x: give")):
+        assert study.main([str(tmp_path / "build"), str(tmp_path / "runs"), *flags]) == 2
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
