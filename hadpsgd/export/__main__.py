@@ -75,6 +75,9 @@ def parser() -> Parser:
                    help="as hadpsgd.forward's: auto (default) the run's priors.json if it has "
                         "one (pseudo-log-likelihoods), else none (log-posteriors); FILE a "
                         "priors JSON, Kaldi vector of counts or training .h5")
+    p.add_argument("--prior-scale", type=float, default=1.0, metavar="P",
+                   help="as hadpsgd.forward's: the priors' exponent baked into the graph, "
+                        "log p(s|x) - P log p(s) (default 1)")
     p.add_argument("--norm", default="auto", metavar="auto|FILE|none",
                    help="the normalisation baked into the graph: auto (default) the training "
                         "file's norm/ statistics, FILE a feature file or .npz (mean, std), "
@@ -127,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USER_ERROR
         _check_out(args.out, args.overwrite)
         loaded = load_averaged(args.model, args.avg, args.avg_best)
-        scores, norm_line, priors_line = resolve(args.norm, args.priors, loaded)
+        scores, norm_line, priors_line = resolve(args.norm, args.priors, loaded,
+                                                   args.prior_scale)
     except ForwardError as err:
         print(f"hadpsgd.export: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -41,6 +41,8 @@ class Scores:
     """The normalisation's standard deviation ``[feat_dim]``, or None."""
     priors: Priors | None
     """The class priors subtracted in the log domain, or None (log-posteriors)."""
+    prior_scale: float = 1.0
+    """Their exponent, as forward's ``--prior-scale``: ``log p(s|x) - prior_scale log p(s)``."""
 
     @property
     def output_name(self) -> str:
@@ -51,7 +53,8 @@ class Scores:
         """The priors' logarithm as forward takes it (float32), or None."""
         if self.priors is None:
             return None
-        return torch.as_tensor(np.log(self.priors.priors), dtype=torch.float32)
+        return torch.as_tensor(self.prior_scale * np.log(self.priors.priors),
+                               dtype=torch.float32)
 
 
 class Deployable(nn.Module):

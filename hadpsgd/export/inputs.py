@@ -22,7 +22,7 @@ from hadpsgd.data.pipeline import read_record
 from hadpsgd.data.synth import SynthSpec
 from hadpsgd.export.graph import Scores
 from hadpsgd.forward import ForwardError, LoadedModel
-from hadpsgd.forward.__main__ import resolve_priors
+from hadpsgd.forward.__main__ import check_prior_scale, resolve_priors
 from hadpsgd.forward.model import check_priors
 
 Stats = tuple[np.ndarray, np.ndarray] | None
@@ -107,8 +107,9 @@ def resolve_norm(spec: str, loaded: LoadedModel) -> tuple[Stats, str]:
                    f"does){note}")
 
 
-def resolve(norm: str, priors: str, loaded: LoadedModel) -> tuple[Scores, str, str]:
-    """The :class:`Scores` of ``--norm`` and ``--priors``, and a line on each.
+def resolve(norm: str, priors: str, loaded: LoadedModel,
+            prior_scale: float = 1.0) -> tuple[Scores, str, str]:
+    """The :class:`Scores` of ``--norm``, ``--priors`` and ``--prior-scale``, and a line on each.
 
     Raises:
         ForwardError: For either flag, naming it and the fix.
@@ -119,5 +120,8 @@ def resolve(norm: str, priors: str, loaded: LoadedModel) -> tuple[Scores, str, s
     except (PriorsError, FileNotFoundError, ValueError) as err:
         raise ForwardError(f"--priors {priors}: {err}") from None
     check_priors(loaded, found)
+    check_prior_scale(prior_scale, found)
+    if found is not None and prior_scale != 1.0:
+        priors_line += f", the priors to the power {prior_scale:g} (--prior-scale)"
     mean, std = stats if stats is not None else (None, None)
-    return Scores(mean, std, found), norm_line, priors_line
+    return Scores(mean, std, found, prior_scale), norm_line, priors_line

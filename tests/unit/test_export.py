@@ -89,6 +89,20 @@ def test_the_exported_model_on_raw_features_equals_forward(
     np.testing.assert_allclose(got, forwarded, rtol=0, atol=1e-4)
 
 
+def test_a_prior_scale_is_baked_in_as_forward_applies_it(
+        run_dir: Path, tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    forward("--model", run_dir, "--features", tiny_data[1], "--output", tmp_path / "ll.h5",
+            "--prior-scale", "0.4")
+    with h5py.File(tmp_path / "ll.h5", "r") as h5:
+        expected = h5["loglikes"][: int(h5["offsets"][1])]
+    out = tmp_path / "model.pt"
+    assert export(run_dir, "--out", out, "--prior-scale", "0.4") == 0
+    module = torch.jit.load(str(out), _extra_files={EXTRA_FILE: ""})
+    with torch.no_grad():
+        got = module(torch.from_numpy(raw_utterance(tiny_data[1])[None]))[0].numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+
+
 def test_a_wrong_export_fails_the_check_and_writes_nothing(
         run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture) -> None:
@@ -120,6 +134,9 @@ def test_onnx_without_onnxruntime_says_how_to_install(
     (["--out", "{tmp}/there.pt"], "already exists; pass --overwrite"),
     (["--out", "{tmp}/m.pt", "--avg", "3"], "has 2 complete checkpoints"),
     (["--out", "{tmp}/m.pt", "--norm", "{tmp}/none.h5"], "--norm {tmp}/none.h5"),
+    (["--out", "{tmp}/m.pt", "--prior-scale", "-1"], "--prior-scale -1: the priors' exponent"),
+    (["--out", "{tmp}/m.pt", "--priors", "none", "--prior-scale", "0.5"],
+     "--prior-scale 0.5 without priors"),
 ])
 def test_user_errors_are_one_line_and_exit_2(run_dir: Path, tmp_path: Path, argv: list[str],
                                              named: str, capsys: pytest.CaptureFixture) -> None:
