@@ -369,12 +369,12 @@ def run_cell(config: str, workers: int, seed: int, args: argparse.Namespace,
     row.update(train_summary(run))
     grid: dict[float, dict[float, float]] = {}  # prior scale -> acoustic scale -> dev WER
     for ps in (float(v) for v in args.prior_scales.split(",")):
-        ll = run / ("dev.ll.h5" if ps == 1 else f"dev.ps{ps:g}.ll.h5")
+        suffix = "" if ps == 1 else f".ps{ps:g}"  # exponent 1 keeps the files' old names
+        ll = run / f"dev{suffix}.ll.h5"
         if _forward(run, args.build / "dev.h5", ll, ps, log, args) != 0:
             return {**row, "status": "forward dev failed"}
         grid[ps] = {}
         for scale in (float(v) for v in args.scales.split(",")):
-            suffix = "" if ps == 1 else f".ps{ps:g}"
             rec = _decode(ll, args.build, args.build / "dev.text", scale, args,
                           run / f"dev-{scale}{suffix}.wer.json", log)
             if rec is None:

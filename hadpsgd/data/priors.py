@@ -77,6 +77,10 @@ class Priors:
         """The add-one smoothed priors, float64, positive, summing to one."""
         return smooth(self.counts)
 
+    def scaled_log(self, scale: float = 1.0) -> np.ndarray:
+        """``scale * log(priors)``, what forward and export subtract (``--prior-scale``)."""
+        return scale * np.log(self.priors)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``RUN/priors.json``."""
         counts = [int(c) if float(c).is_integer() else float(c) for c in self.counts]

@@ -53,8 +53,7 @@ class Scores:
         """The priors' logarithm as forward takes it (float32), or None."""
         if self.priors is None:
             return None
-        return torch.as_tensor(self.prior_scale * np.log(self.priors.priors),
-                               dtype=torch.float32)
+        return torch.as_tensor(self.priors.scaled_log(self.prior_scale), dtype=torch.float32)
 
 
 class Deployable(nn.Module):

@@ -120,8 +120,6 @@ def resolve(norm: str, priors: str, loaded: LoadedModel,
     except (PriorsError, FileNotFoundError, ValueError) as err:
         raise ForwardError(f"--priors {priors}: {err}") from None
     check_priors(loaded, found)
-    check_prior_scale(prior_scale, found)
-    if found is not None and prior_scale != 1.0:
-        priors_line += f", the priors to the power {prior_scale:g} (--prior-scale)"
+    priors_line += check_prior_scale(prior_scale, found)
     mean, std = stats if stats is not None else (None, None)
     return Scores(mean, std, found, prior_scale), norm_line, priors_line

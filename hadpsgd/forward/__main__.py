@@ -124,8 +124,11 @@ def resolve_priors(spec: str, loaded: LoadedModel) -> tuple[Priors | None, str]:
                     "add-one smoothed): writing pseudo-log-likelihoods")
 
 
-def check_prior_scale(scale: float, priors: Priors | None) -> None:
+def check_prior_scale(scale: float, priors: Priors | None) -> str:
     """Refuse a ``--prior-scale`` that is not a finite number >= 0, or one without priors.
+
+    Returns:
+        What to add to the priors' start-up line: the exponent where it is not 1, else ''.
 
     Raises:
         ForwardError: Naming the value and what to pass instead.
@@ -138,6 +141,8 @@ def check_prior_scale(scale: float, priors: Priors | None) -> None:
         raise ForwardError(f"--prior-scale {scale:g} without priors (--priors none, or none "
                            "found): it scales the priors' logarithm; pass --priors auto|FILE, "
                            "or leave --prior-scale out to write log-posteriors")
+    return "" if priors is None or scale == 1.0 else \
+        f", the priors to the power {scale:g} (--prior-scale)"
 
 
 def _precision(flag: str, loaded: LoadedModel) -> str:
@@ -158,9 +163,7 @@ def setup(args: argparse.Namespace, topo: comm.Topology) -> Job:
         check_new(out, topo.size, args.overwrite)
         loaded = load_averaged(args.model, args.avg, args.avg_best)
         priors, priors_line = resolve_priors(args.priors, loaded)
-        check_prior_scale(args.prior_scale, priors)
-        if priors is not None and args.prior_scale != 1.0:
-            priors_line += f", the priors to the power {args.prior_scale:g} (--prior-scale)"
+        priors_line += check_prior_scale(args.prior_scale, priors)
         chunk_len = args.chunk_len if args.chunk_len is not None else loaded.chunk_len
         opts = Options(args.context, chunk_len, args.chunk_overlap,
                        _precision(args.precision, loaded),

@@ -266,7 +266,7 @@ def run(topo: Topology, job: Job) -> dict[str, Any]:
     model = loaded.model.to(topo.device).eval()
     log_priors = None
     if priors is not None:
-        log_priors = torch.as_tensor(opts.prior_scale * np.log(priors.priors),
+        log_priors = torch.as_tensor(priors.scaled_log(opts.prior_scale),
                                      dtype=torch.float32, device=topo.device)
     mine = part_spec(out, topo.rank) if topo.size > 1 else out
     attrs = {"kind": "pseudo-log-likelihoods" if priors else "log-posteriors",
