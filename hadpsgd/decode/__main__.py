@@ -231,9 +231,16 @@ def _user_graph(args: argparse.Namespace) -> Any:
 
 
 def _settings_line(kind: str | None, kind_from: str, scale: float, penalty: float,
-                   defaulted: bool, user: bool) -> str:
-    """What the scores are and which scale and penalty they get, for stderr."""
-    line = f"scores: {kind or 'kind unknown'} ({kind_from}); acoustic scale {scale:g}"
+                   defaulted: bool, user: bool, prior_scale: float | None = None) -> str:
+    """What the scores are and which scale and penalty they get, for stderr.
+
+    The priors' exponent is named where the file records it, so that a decode of
+    ``hadpsgd.forward --prior-scale 0.5`` output cannot pass for one of the default's.
+    """
+    what = kind or "kind unknown"
+    if prior_scale is not None:
+        what += f" at the priors' exponent {prior_scale:g}"
+    line = f"scores: {what} ({kind_from}); acoustic scale {scale:g}"
     if user:
         return line
     line += f", word penalty {penalty:g}"
@@ -286,7 +293,8 @@ def _run(args: argparse.Namespace) -> int:
         decoder = Decoder(user.fitted(reader.num_classes), args.acoustic_scale, args.beam,
                           args.max_active)
     print(_settings_line(reader.kind, reader.kind_from, args.acoustic_scale, penalty,
-                         args.word_penalty is None, user is not None), file=sys.stderr)
+                         args.word_penalty is None, user is not None, reader.prior_scale),
+          file=sys.stderr)
     hyps: dict[str, tuple[str, ...]] = {}
     not_final: list[str] = []
     frames, seconds = 0, 0.0
@@ -334,6 +342,7 @@ def _run(args: argparse.Namespace) -> int:
         digits = user is None
         report = {"loglikes": args.loglikes, "refs": refs_mode,
                   "kind": reader.kind, "kind_from": reader.kind_from,
+                  "prior_scale": reader.prior_scale,
                   "settings": {"acoustic_scale": args.acoustic_scale, "beam": args.beam,
                                "max_active": args.max_active,
                                "graph": args.graph, "words": args.words,

@@ -92,22 +92,41 @@ def sidecar_of(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}.json")
 
 
-def _sidecar_kind(path: Path) -> tuple[str | None, str]:
-    """The kind a file's sidecar records, and where that came from (or why it is unknown)."""
+def _sidecar_kind(path: Path) -> tuple[str | None, str, float | None]:
+    """The kind a file's sidecar records, where that came from, and the priors' exponent.
+
+    The second item says why the kind is unknown where it is; the third is None where the
+    sidecar records no exponent.
+    """
     sidecar = sidecar_of(path)
     if not sidecar.is_file():
-        return None, f"unknown (no {sidecar.name} beside it)"
+        return None, f"unknown (no {sidecar.name} beside it)", None
     try:
         info = json.loads(sidecar.read_text(encoding="utf-8"))
         kind, size = info.get("kind"), info.get("bytes")
     except (OSError, ValueError, AttributeError):
-        return None, f"unknown ({sidecar} is not the forward pass's sidecar)"
+        return None, f"unknown ({sidecar} is not the forward pass's sidecar)", None
     if kind not in (POSTERIORS, PSEUDO):
-        return None, f"unknown ({sidecar} names no kind)"
+        return None, f"unknown ({sidecar} names no kind)", None
     if size != path.stat().st_size:
         return None, (f"unknown ({sidecar} describes a file of {size} bytes, {path.name} has "
-                      f"{path.stat().st_size}: written again since)")
-    return kind, f"{sidecar.name}"
+                      f"{path.stat().st_size}: written again since)"), None
+    return kind, f"{sidecar.name}", _prior_scale(kind, info.get("prior_scale"))
+
+
+def _prior_scale(kind: Any, value: Any) -> float | None:
+    """The priors' exponent recorded with pseudo-log-likelihoods (None if absent or odd).
+
+    ``hadpsgd.forward --prior-scale`` records it; files written before it have none, and
+    log-posteriors subtract no priors, so neither has an exponent to report.
+    """
+    if kind != PSEUDO or isinstance(value, bool):
+        return None
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        return None
+    return scale if np.isfinite(scale) else None
 
 
 def check_matrix(utt: str, matrix: Any, num_classes: int, source: str,
@@ -158,10 +177,12 @@ class LoglikesReader:
         """``log-posteriors``, ``pseudo-log-likelihoods``, or None if not recorded."""
         self.kind_from = "unknown (a stream)"
         """Where :attr:`kind` was read, or why it is unknown."""
+        self.prior_scale: float | None = None
+        """The priors' exponent the pseudo-log-likelihoods were written with, if recorded."""
         if self._rspecifier is None:
             self._open_hdf5(path)
         elif path.is_file():
-            self.kind, self.kind_from = _sidecar_kind(path)
+            self.kind, self.kind_from, self.prior_scale = _sidecar_kind(path)
 
     def _open_hdf5(self, path: Path) -> None:
         if not h5py.is_hdf5(path):
@@ -178,6 +199,7 @@ class LoglikesReader:
             offsets = np.asarray(h5[OFFSETS][:], dtype=np.int64)
             ids = [u.decode() if isinstance(u, bytes) else str(u) for u in h5[UTT_IDS][:]]
             kind = h5.attrs.get("kind")
+            self.prior_scale = _prior_scale(kind, h5.attrs.get("prior_scale"))
         if kind in (POSTERIORS, PSEUDO):
             self.kind, self.kind_from = str(kind), f"the 'kind' attribute of {path.name}"
         else:

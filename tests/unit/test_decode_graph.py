@@ -97,6 +97,16 @@ def test_a_graph_that_does_not_fit_is_refused_by_name(yes_no: tuple[Path, Path, 
     assert "not an FST" in capsys.readouterr().err
 
 
+def write_h5(path: Path, **attrs: object) -> Path:
+    """The utterances of ``UTTS`` as ``hadpsgd.forward`` lays them out, with these attributes."""
+    with h5py.File(path, "w") as h5:
+        h5["loglikes"] = np.concatenate(list(UTTS.values()))
+        h5["offsets"] = np.cumsum([0] + [len(m) for m in UTTS.values()])
+        h5.create_dataset("utt_ids", data=list(UTTS), dtype=h5py.string_dtype())
+        h5.attrs.update(attrs)
+    return path
+
+
 def test_the_word_penalty_follows_the_kind_of_scores(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     def settings(source: str) -> tuple[float, str | None]:
@@ -105,12 +115,7 @@ def test_the_word_penalty_follows_the_kind_of_scores(tmp_path: Path,
         data = json.loads(report.read_text())
         return data["settings"]["word_penalty"], data["kind"]
 
-    path = tmp_path / "ll.h5"
-    with h5py.File(path, "w") as h5:
-        h5["loglikes"] = np.concatenate(list(UTTS.values()))
-        h5["offsets"] = np.cumsum([0] + [len(m) for m in UTTS.values()])
-        h5.create_dataset("utt_ids", data=list(UTTS), dtype=h5py.string_dtype())
-        h5.attrs["kind"] = "pseudo-log-likelihoods"
+    path = write_h5(tmp_path / "ll.h5", kind="pseudo-log-likelihoods")
     assert settings(str(path)) == (4.0, "pseudo-log-likelihoods")
     assert "word penalty 4 (the default for this kind)" in capsys.readouterr().err
     ark, scp = write_ark(tmp_path)
@@ -119,3 +124,29 @@ def test_the_word_penalty_follows_the_kind_of_scores(tmp_path: Path,
     (tmp_path / "ll.scp.json").write_text(json.dumps(
         {"kind": "log-posteriors", "bytes": scp.stat().st_size}))
     assert settings(f"ark,scp:{ark},{scp}") == (0.0, "log-posteriors")
+
+
+def test_the_priors_exponent_is_said_and_recorded(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A file written with ``hadpsgd.forward --prior-scale`` says so in the decode's report."""
+    def decode(source: str) -> tuple[float | None, str]:
+        report = tmp_path / "r.json"
+        assert main([source, "--json", str(report), "--overwrite"]) == 0
+        return json.loads(report.read_text())["prior_scale"], capsys.readouterr().err
+
+    path = write_h5(tmp_path / "ll.h5", kind="pseudo-log-likelihoods", prior_scale=0.75)
+    scale, err = decode(str(path))
+    assert scale == 0.75
+    assert "pseudo-log-likelihoods at the priors' exponent 0.75" in err
+    with h5py.File(path, "a") as h5:
+        del h5.attrs["prior_scale"]  # written before the flag: nothing to say
+    scale, err = decode(str(path))
+    assert scale is None and "exponent" not in err
+    ark, scp = write_ark(tmp_path)
+    (tmp_path / "ll.scp.json").write_text(json.dumps(
+        {"kind": "pseudo-log-likelihoods", "bytes": scp.stat().st_size, "prior_scale": 1.0}))
+    scale, err = decode(f"ark,scp:{ark},{scp}")
+    assert scale == 1.0 and "at the priors' exponent 1 (ll.scp.json)" in err
+    (tmp_path / "ll.scp.json").write_text(json.dumps(
+        {"kind": "log-posteriors", "bytes": scp.stat().st_size, "prior_scale": 0.0}))
+    assert decode(f"ark,scp:{ark},{scp}")[0] is None  # posteriors subtract no priors
