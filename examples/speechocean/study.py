@@ -51,6 +51,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: make ``hadpsgd`` importable from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from examples.speechocean.frames import frame_stats  # noqa: E402
 from hadpsgd.data.writer import FeatureWriter  # noqa: E402
 
 PROG = "examples/speechocean/study.py"
@@ -159,6 +160,19 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-signtopk-tau8-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                        "--sync-period", "8", "--ranks-per-node", "1",
                                        "--bmuf-residual", "model"]),
+    # ... each worker at half the global rate with block momentum 0.5: the same steady-state
+    # step (0.25 / (1 - 0.5)), the block momentum filtering the rounding over syncs, and
+    # half the rounding kept in each worker's model (issue 57).
+    "bmuf-signtopk-tau8-keep-half": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                            "--sync-period", "8", "--ranks-per-node", "1",
+                                            "--bmuf-residual", "model", "--lr", "0.25",
+                                            "--block-momentum", "0.5"]),
+    # ... and at one learner's rate with block momentum 1 - 1/N (the BMUF papers' form; the
+    # same steady-state step again, a quarter of the rounding kept at 4 workers; issue 57).
+    "bmuf-signtopk-tau8-keep-single": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                              "--sync-period", "8", "--ranks-per-node", "1",
+                                              "--bmuf-residual", "model",
+                                              "--bmuf-worker-lr", "single"]),
     # ... with error feedback instead (--bmuf-residual delta), the form that moved signtopk
     # at 16 workers, tried at 4 (issue 57).
     "bmuf-signtopk-tau8-ef": (None, ["--algo", "bmuf", "--wire", "signtopk", "--sync-period",
@@ -388,6 +402,11 @@ def run_cell(config: str, workers: int, seed: int, args: argparse.Namespace,
                   log)
     if rec is None:
         return {**row, "status": "decode test failed"}
+    # The same utterances frame by frame (~60x the words): accuracy and how sure the model is.
+    try:
+        row["test_frames"] = frame_stats(run / "test.ll.h5", test[0], run / "priors.json", ps)
+    except (OSError, KeyError, ValueError) as e:  # a diagnostic: the WER row stands without
+        row["test_frames"] = {"error": str(e)}
     dev: dict[Any, Any] = grid[ps]
     if len(grid) > 1:
         row["prior_scale"], row["dev_grid"] = ps, {str(p): grid[p] for p in grid}
@@ -421,7 +440,8 @@ def report(rows: list[dict[str, Any]]) -> str:
     ssgd = {(r["workers"], r["seed"]): r["wer"] for r in ok if r["config"] == "ssgd"}
     out = ["| configuration | workers | test WER by seed | mean ± s.e. | vs SSGD (paired, "
            "mean ± s.e.) | held-out loss by epoch (seed 0) | MiB between nodes a rank | "
-           "frames/s |", "|---|---|---|---|---|---|---|---|"]
+           "frames/s | test frames: accuracy %, posterior entropy (mean) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:  # finished cells and diverged ones (exit 4: the run stopped itself)
         if r.get("status") in ("ok", DIVERGED):
@@ -433,7 +453,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         rs = [r for r in every if r["status"] == "ok"]
         if not rs:
             out.append(f"| {config} | {workers} | {' / '.join('diverged' for _ in every)} | "
-                       "— | — | — | — | — |")
+                       "— | — | — | — | — | — |")
             continue
         wers = [r["wer"] for r in rs]
         diffs = [r["wer"] - ssgd[(workers, r["seed"])] for r in rs
@@ -445,8 +465,19 @@ def report(rows: list[dict[str, Any]]) -> str:
         by_seed = " / ".join(f"{r['wer']:.1f}" if r["status"] == "ok" else "diverged"
                              for r in every)
         out.append(f"| {config} | {workers} | {by_seed} | "
-                   f"{_mean_se(wers)} | {vs} | {loss} | {mib:,.1f} | {fps:,.0f} |")
+                   f"{_mean_se(wers)} | {vs} | {loss} | {mib:,.1f} | {fps:,.0f} | "
+                   f"{_frames(rs)} |")
     return "\n".join(out)
+
+
+def _frames(rows: list[dict[str, Any]]) -> str:
+    """Mean test frame accuracy and posterior entropy of the rows that scored their frames."""
+    scored = [r["test_frames"] for r in rows if "frame_acc" in r.get("test_frames", {})]
+    if not scored:
+        return "—"
+    acc = statistics.mean(f["frame_acc"] for f in scored) * 100
+    ent = statistics.mean(f["posterior_entropy"] for f in scored)
+    return f"{acc:.2f}, {ent:.3f} nats"
 
 
 def _mean_se(xs: list[float], signed: bool = False) -> str:

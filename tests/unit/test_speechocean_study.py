@@ -67,6 +67,8 @@ def test_rows_resume_from_the_last_line_of_a_cell_and_the_report_pairs_by_seed(t
 
     lines = [row("ssgd", 0, 50.0), row("ssgd", 1, 60.0), row("bmuf", 0, 0.0, "train exit 1"),
              row("bmuf", 0, 53.0), row("bmuf", 1, 61.0)]
+    lines[3]["test_frames"] = {"frame_acc": 0.52, "posterior_entropy": 1.5}
+    lines[4]["test_frames"] = {"frame_acc": 0.50, "posterior_entropy": 1.3}
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     rows = study.load_rows(tmp_path)
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
@@ -77,6 +79,7 @@ def test_rows_resume_from_the_last_line_of_a_cell_and_the_report_pairs_by_seed(t
     assert f"+2.00 ± {se:.2f}" in bmuf and "57.00 ±" in bmuf and "53.0 / 61.0" in bmuf
     ssgd = next(line for line in table.splitlines() if line.startswith("| ssgd |"))
     assert "| — |" in ssgd and "| 1.0 |" in ssgd
+    assert bmuf.endswith("| 51.00, 1.400 nats |") and ssgd.endswith("| — |")  # frames: means
     # A run that stopped itself (exit 4) is a result, said as such; a crash is not.
     rows += [row("adpsgd", 0, 0.0, study.DIVERGED), row("adpsgd", 1, 0.0, study.DIVERGED),
              row("hadpsgd", 0, 0.0, study.DIVERGED), row("hadpsgd", 1, 58.0),
@@ -122,6 +125,8 @@ def test_dev_picks_the_prior_and_acoustic_scale_pair_and_redecode_does_not_train
         return 0
 
     monkeypatch.setattr(study, "_run", fake_run)
+    scored = []
+    monkeypatch.setattr(study, "frame_stats", lambda *a: scored.append(a) or {"frame_acc": 0.5})
     build, runs = tmp_path / "build", tmp_path / "runs"
     build.mkdir()
     args = study.build_parser().parse_args([str(build), str(runs), "--scales", "0.15,0.2",
@@ -141,6 +146,9 @@ def test_dev_picks_the_prior_and_acoustic_scale_pair_and_redecode_does_not_train
     decode_test = [c for c in commands if "hadpsgd.decode" in c and str(test[1]) in c]
     assert len(decode_test) == 1 and decode_test[0][decode_test[0].index(
         "--acoustic-scale") + 1] == "0.2"
+    # The frames are scored from the test forward's own file, at its prior exponent.
+    assert scored == [(run / "test.ll.h5", test[0], run / "priors.json", 0.5)]
+    assert row["test_frames"] == {"frame_acc": 0.5}
 
     commands.clear()
     args.redecode = True

@@ -1,0 +1,66 @@
+"""The study's frame-level scores of a test decode, against a reference worked frame by frame."""
+
+from __future__ import annotations
+
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from examples.speechocean.frames import frame_stats
+from hadpsgd.data.priors import Priors, save_priors
+from hadpsgd.data.writer import FeatureWriter
+
+CLASSES = 5
+
+
+def _files(tmp_path, prior_scale: float, lengths=(4, 7, 3)):
+    """Features with labels, the priors, and pseudo-log-likelihoods as the forward writes them."""
+    rng = np.random.default_rng(0)
+    counts = np.array([50.0, 10.0, 0.0, 25.0, 15.0])
+    priors = save_priors(Priors(counts, "train.h5"), tmp_path / "priors.json")
+    p = (counts + 1) / (counts.sum() + CLASSES)  # add-one smoothing, from the priors' doc
+    ids = [f"utt{i}" for i in range(len(lengths))]
+    labels = [rng.integers(0, CLASSES, n) for n in lengths]
+    logits = [rng.normal(0, 2, (n, CLASSES)) for n in lengths]
+    with FeatureWriter(tmp_path / "test.h5", 3, CLASSES) as w:
+        for u, lab in zip(ids, labels, strict=True):
+            w.append(u, np.zeros((len(lab), 3), np.float32), lab)
+    posts = []
+    with h5py.File(tmp_path / "ll.h5", "w") as h5:
+        rows = []
+        for z in logits:
+            log_post = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+            posts.append(log_post)
+            rows.append(log_post - prior_scale * np.log(p))
+        h5["loglikes"] = np.concatenate(rows).astype(np.float32)
+        h5["offsets"] = np.cumsum([0, *lengths])
+        h5.create_dataset("utt_ids", data=ids, dtype=h5py.string_dtype())
+    return priors, np.concatenate(labels), np.concatenate(posts)
+
+
+@pytest.mark.parametrize("prior_scale", [1.0, 0.5, 0.0])
+def test_frame_scores_match_a_frame_by_frame_reference(tmp_path, prior_scale):
+    priors, labels, log_post = _files(tmp_path, prior_scale)
+    got = frame_stats(tmp_path / "ll.h5", tmp_path / "test.h5", priors, prior_scale)
+    right = nll = ent = 0.0
+    for t, label in enumerate(labels):
+        probs = [math.exp(v) for v in log_post[t]]
+        right += max(range(CLASSES), key=lambda c: probs[c]) == label
+        nll += -log_post[t][label]
+        ent += -sum(q * math.log(q) for q in probs)
+    n = len(labels)
+    assert got["frames"] == n
+    assert got["frame_acc"] == pytest.approx(right / n)
+    assert got["frame_nll"] == pytest.approx(nll / n, rel=1e-5)
+    assert got["posterior_entropy"] == pytest.approx(ent / n, rel=1e-5)
+    assert 0 < got["posterior_entropy"] < math.log(CLASSES)
+
+
+def test_scores_of_other_utterances_are_refused(tmp_path):
+    priors, _, _ = _files(tmp_path, 1.0)
+    with FeatureWriter(tmp_path / "other.h5", 3, CLASSES) as w:
+        w.append("utt0", np.zeros((4, 3), np.float32), np.zeros(4, np.int64))
+    with pytest.raises(ValueError, match="do not hold the same utterances"):
+        frame_stats(tmp_path / "ll.h5", tmp_path / "other.h5", priors, 1.0)
