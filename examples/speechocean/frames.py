@@ -34,12 +34,18 @@ def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict
 
     Returns:
         ``frame_acc`` (the argmax is the aligned label), ``frame_nll`` (nats a frame),
-        ``posterior_entropy`` (nats a frame) and ``frames``.
+        ``posterior_entropy`` (nats a frame), ``frames``, ``class_recall`` (the mean over
+        the classes present of each one's recall) and ``recall_by_frequency``: the same mean
+        over each third of those classes ordered by their training frames, rarest first (a
+        code that starves small gradients shows in the rare third first).
 
     Raises:
         ValueError: If the two files do not hold the same utterances frame by frame.
     """
-    back = load_priors(priors).scaled_log(prior_scale)
+    loaded = load_priors(priors)
+    back = loaded.scaled_log(prior_scale)
+    classes = loaded.num_classes
+    hits, seen = np.zeros(classes, np.int64), np.zeros(classes, np.int64)
     with h5py.File(ll, "r") as scores, h5py.File(feats, "r") as data:
         same = (np.array_equal(scores["offsets"][:], data["offsets"][:])
                 and list(scores["utt_ids"][:]) == list(data["utt_ids"][:]))
@@ -53,9 +59,17 @@ def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict
             x = np.asarray(scores["loglikes"][lo:hi], dtype=np.float64) + back
             x -= np.logaddexp.reduce(x, axis=1, keepdims=True)  # exact up to rounding
             labels = np.asarray(data["labels"][lo:hi], dtype=np.int64)
-            right += int((x.argmax(axis=1) == labels).sum())
+            good = x.argmax(axis=1) == labels
+            right += int(good.sum())
+            seen += np.bincount(labels, minlength=classes)
+            hits += np.bincount(labels[good], minlength=classes)
             nll -= float(x[np.arange(hi - lo), labels].sum())
             entropy -= float((np.exp(x) * x).sum())
     n = max(frames, 1)
+    present = np.flatnonzero(seen > 0)
+    recall = hits[present] / seen[present]
+    thirds = np.array_split(np.argsort(loaded.counts[present], kind="stable"), 3)
     return {"frame_acc": right / n, "frame_nll": nll / n, "posterior_entropy": entropy / n,
-            "frames": frames}
+            "frames": frames, "class_recall": float(recall.mean()) if present.size else 0.0,
+            "recall_by_frequency": [float(recall[t].mean()) if t.size else 0.0
+                                    for t in thirds]}

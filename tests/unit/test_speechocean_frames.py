@@ -56,6 +56,19 @@ def test_frame_scores_match_a_frame_by_frame_reference(tmp_path, prior_scale):
     assert got["frame_nll"] == pytest.approx(nll / n, rel=1e-5)
     assert got["posterior_entropy"] == pytest.approx(ent / n, rel=1e-5)
     assert 0 < got["posterior_entropy"] < math.log(CLASSES)
+    # Per class: frames whose argmax is the class, over the class's frames; classes absent
+    # from the test labels do not count; thirds by training count (10 < 15 < 25 < 50, 0).
+    recall = {}
+    for c in range(CLASSES):
+        frames = [t for t, label in enumerate(labels) if label == c]
+        if frames:
+            recall[c] = sum(int(np.argmax(log_post[t]) == c) for t in frames) / len(frames)
+    assert got["class_recall"] == pytest.approx(sum(recall.values()) / len(recall))
+    by_count = sorted(recall, key=lambda c: [50.0, 10.0, 0.0, 25.0, 15.0][c])
+    sizes = [len(by_count) // 3 + (i < len(by_count) % 3) for i in range(3)]  # larger first
+    thirds = [by_count[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(3)]
+    assert got["recall_by_frequency"] == pytest.approx(
+        [sum(recall[c] for c in t) / len(t) for t in thirds])
 
 
 def test_scores_of_other_utterances_are_refused(tmp_path):
