@@ -33,7 +33,9 @@ def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict
         prior_scale: The exponent it subtracted them at (``--prior-scale``).
 
     Returns:
-        ``frame_acc`` (the argmax is the aligned label), ``frame_nll`` (nats a frame),
+        ``frame_acc`` (the argmax is the aligned label), ``score_acc`` (the same of the
+        scores as written, the posteriors divided by the priors: what the decoder weighs),
+        ``frame_nll`` (nats a frame),
         ``posterior_entropy`` (nats a frame), ``frames``, ``class_recall`` (the mean over
         the classes present of each one's recall) and ``recall_by_frequency``: the same mean
         over each third of those classes ordered by their training frames, rarest first (a
@@ -53,12 +55,14 @@ def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict
             raise ValueError(f"{ll} and {feats} do not hold the same utterances frame by frame; "
                              "score the features the forward pass read")
         frames = int(scores["loglikes"].shape[0])
-        right, nll, entropy = 0, 0.0, 0.0
+        right, scored, nll, entropy = 0, 0, 0.0, 0.0
         for lo in range(0, frames, BLOCK):
             hi = min(lo + BLOCK, frames)
-            x = np.asarray(scores["loglikes"][lo:hi], dtype=np.float64) + back
-            x -= np.logaddexp.reduce(x, axis=1, keepdims=True)  # exact up to rounding
+            raw = np.asarray(scores["loglikes"][lo:hi], dtype=np.float64)
             labels = np.asarray(data["labels"][lo:hi], dtype=np.int64)
+            scored += int((raw.argmax(axis=1) == labels).sum())
+            x = raw + back
+            x -= np.logaddexp.reduce(x, axis=1, keepdims=True)  # exact up to rounding
             good = x.argmax(axis=1) == labels
             right += int(good.sum())
             seen += np.bincount(labels, minlength=classes)
@@ -69,7 +73,8 @@ def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict
     present = np.flatnonzero(seen > 0)
     recall = hits[present] / seen[present]
     thirds = np.array_split(np.argsort(loaded.counts[present], kind="stable"), 3)
-    return {"frame_acc": right / n, "frame_nll": nll / n, "posterior_entropy": entropy / n,
-            "frames": frames, "class_recall": float(recall.mean()) if present.size else 0.0,
+    return {"frame_acc": right / n, "score_acc": scored / n, "frame_nll": nll / n,
+            "posterior_entropy": entropy / n, "frames": frames,
+            "class_recall": float(recall.mean()) if present.size else 0.0,
             "recall_by_frequency": [float(recall[t].mean()) if t.size else 0.0
                                     for t in thirds]}

@@ -44,15 +44,19 @@ def _files(tmp_path, prior_scale: float, lengths=(4, 7, 3)):
 def test_frame_scores_match_a_frame_by_frame_reference(tmp_path, prior_scale):
     priors, labels, log_post = _files(tmp_path, prior_scale)
     got = frame_stats(tmp_path / "ll.h5", tmp_path / "test.h5", priors, prior_scale)
-    right = nll = ent = 0.0
+    right = nll = ent = scored = 0.0
+    p = (np.array([50.0, 10.0, 0.0, 25.0, 15.0]) + 1) / (100 + CLASSES)
     for t, label in enumerate(labels):
         probs = [math.exp(v) for v in log_post[t]]
         right += max(range(CLASSES), key=lambda c: probs[c]) == label
+        # The decoder's view: each posterior over its prior raised to the exponent.
+        scored += max(range(CLASSES), key=lambda c: probs[c] / p[c] ** prior_scale) == label
         nll += -log_post[t][label]
         ent += -sum(q * math.log(q) for q in probs)
     n = len(labels)
     assert got["frames"] == n
     assert got["frame_acc"] == pytest.approx(right / n)
+    assert got["score_acc"] == pytest.approx(scored / n)
     assert got["frame_nll"] == pytest.approx(nll / n, rel=1e-5)
     assert got["posterior_entropy"] == pytest.approx(ent / n, rel=1e-5)
     assert 0 < got["posterior_entropy"] < math.log(CLASSES)
