@@ -13,6 +13,7 @@ adding the run's ``P log p(s)`` back gives the log-posteriors the network output
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -23,7 +24,7 @@ BLOCK = 1 << 16
 """Frames read at a time (the whole test set is ~1M frames of 120 classes)."""
 
 
-def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict[str, float]:
+def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict[str, Any]:
     """Accuracy, cross-entropy and mean posterior entropy of ``ll`` against ``feats``' labels.
 
     Args:
@@ -35,11 +36,11 @@ def frame_stats(ll: Path, feats: Path, priors: Path, prior_scale: float) -> dict
     Returns:
         ``frame_acc`` (the argmax is the aligned label), ``score_acc`` (the same of the
         scores as written, the posteriors divided by the priors: what the decoder weighs),
-        ``frame_nll`` (nats a frame),
-        ``posterior_entropy`` (nats a frame), ``frames``, ``class_recall`` (the mean over
-        the classes present of each one's recall) and ``recall_by_frequency``: the same mean
-        over each third of those classes ordered by their training frames, rarest first (a
-        code that starves small gradients shows in the rare third first).
+        ``frame_nll`` and ``posterior_entropy`` (nats a frame), ``frames``,
+        ``class_recall`` (the mean over the classes present of each one's recall) and
+        ``recall_by_frequency``: the same mean over each third of those classes ordered by
+        their training frames, rarest first (a code that starves small gradients shows in
+        the rare third first).
 
     Raises:
         ValueError: If the two files do not hold the same utterances frame by frame.
