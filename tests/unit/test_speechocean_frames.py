@@ -13,14 +13,16 @@ from hadpsgd.data.priors import Priors, save_priors
 from hadpsgd.data.writer import FeatureWriter
 
 CLASSES = 5
+COUNTS = [50.0, 10.0, 0.0, 25.0, 15.0]
+"""Training frames of each class (the priors' counts)."""
+PRIORS = [(c + 1) / (sum(COUNTS) + CLASSES) for c in COUNTS]
+"""The priors by add-one smoothing, from the priors' documented formula."""
 
 
 def _files(tmp_path, prior_scale: float, lengths=(4, 7, 3)):
     """Features with labels, the priors, and pseudo-log-likelihoods as the forward writes them."""
     rng = np.random.default_rng(0)
-    counts = np.array([50.0, 10.0, 0.0, 25.0, 15.0])
-    priors = save_priors(Priors(counts, "train.h5"), tmp_path / "priors.json")
-    p = (counts + 1) / (counts.sum() + CLASSES)  # add-one smoothing, from the priors' doc
+    priors = save_priors(Priors(np.array(COUNTS), "train.h5"), tmp_path / "priors.json")
     ids = [f"utt{i}" for i in range(len(lengths))]
     labels = [rng.integers(0, CLASSES, n) for n in lengths]
     logits = [rng.normal(0, 2, (n, CLASSES)) for n in lengths]
@@ -33,7 +35,7 @@ def _files(tmp_path, prior_scale: float, lengths=(4, 7, 3)):
         for z in logits:
             log_post = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
             posts.append(log_post)
-            rows.append(log_post - prior_scale * np.log(p))
+            rows.append(log_post - prior_scale * np.log(PRIORS))
         h5["loglikes"] = np.concatenate(rows).astype(np.float32)
         h5["offsets"] = np.cumsum([0, *lengths])
         h5.create_dataset("utt_ids", data=ids, dtype=h5py.string_dtype())
@@ -45,12 +47,11 @@ def test_frame_scores_match_a_frame_by_frame_reference(tmp_path, prior_scale):
     priors, labels, log_post = _files(tmp_path, prior_scale)
     got = frame_stats(tmp_path / "ll.h5", tmp_path / "test.h5", priors, prior_scale)
     right = nll = ent = scored = 0.0
-    p = (np.array([50.0, 10.0, 0.0, 25.0, 15.0]) + 1) / (100 + CLASSES)
     for t, label in enumerate(labels):
         probs = [math.exp(v) for v in log_post[t]]
         right += max(range(CLASSES), key=lambda c: probs[c]) == label
         # The decoder's view: each posterior over its prior raised to the exponent.
-        scored += max(range(CLASSES), key=lambda c: probs[c] / p[c] ** prior_scale) == label
+        scored += max(range(CLASSES), key=lambda c: probs[c] / PRIORS[c] ** prior_scale) == label
         nll += -log_post[t][label]
         ent += -sum(q * math.log(q) for q in probs)
     n = len(labels)
@@ -68,7 +69,7 @@ def test_frame_scores_match_a_frame_by_frame_reference(tmp_path, prior_scale):
         if frames:
             recall[c] = sum(int(np.argmax(log_post[t]) == c) for t in frames) / len(frames)
     assert got["class_recall"] == pytest.approx(sum(recall.values()) / len(recall))
-    by_count = sorted(recall, key=lambda c: [50.0, 10.0, 0.0, 25.0, 15.0][c])
+    by_count = sorted(recall, key=lambda c: COUNTS[c])
     sizes = [len(by_count) // 3 + (i < len(by_count) % 3) for i in range(3)]  # larger first
     thirds = [by_count[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(3)]
     assert got["recall_by_frequency"] == pytest.approx(
