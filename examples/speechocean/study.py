@@ -223,11 +223,6 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # The slow-link recipe as a user types it: every default (the block, the share that
     # follows it, the rounding's place) left to BMUF.
     "bmuf-signtopk": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node", "1"]),
-    # ... with the workers at half the global rate and block momentum 0.5 (the same
-    # steady-state step), every other default BMUF's: at 16 workers error feedback and a
-    # block of 4 (issue 57).
-    "bmuf-signtopk-half": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
-                                  "1", "--lr", "0.25", "--block-momentum", "0.5"]),
     # The recipe's own block and share for the workers (tau 6 and 76 of 4,096 at 8), with
     # the rounding's place chosen: where the model form's line between 4 and 16 sits.
     "bmuf-signtopk-model": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
