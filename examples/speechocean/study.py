@@ -179,12 +179,6 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                             "--sync-period", "8", "--ranks-per-node", "1",
                                             "--bmuf-residual", "model", "--block-momentum",
                                             "0.5", "--block-lr", "0.5"]),
-    # ... each row of a parameter chosen and coded on its own scale (--bmuf-wire-scale rows,
-    # hadpsgd.algorithms.bmuf.rowscale: a screen of issue 57's rare-classes lead).
-    "bmuf-signtopk-tau8-keep-rows": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                            "--sync-period", "8", "--ranks-per-node", "1",
-                                            "--bmuf-residual", "model", "--bmuf-wire-scale",
-                                            "rows"]),
     # ... with error feedback instead (--bmuf-residual delta), the form that moved signtopk
     # at 16 workers, tried at 4 (issue 57).
     "bmuf-signtopk-tau8-ef": (None, ["--algo", "bmuf", "--wire", "signtopk", "--sync-period",

@@ -125,8 +125,7 @@ class BMUF(BlockCheckpoint, Algorithm):
         self.moments = BlockMoments(optimizer, opts.adam_moments, self._layout())
         self.moments.floor_second_moment = opts.wire != "fp32"
         self.filter = BlockFilter(self.params.buffers, self.moments, self.eta,
-                                  float(opts.block_lr), opts.nesterov, opts.wire != "fp32",
-                                  rows=opts.wire_scale == "rows")
+                                  float(opts.block_lr), opts.nesterov, opts.wire != "fp32")
         self.fragments: list[Fragment] = split(self.moments.layout, list(self.params.params),
                                                opts.fragments, self.tau)
         self.exchange = BlockExchange(topo, wire_spec(opts.wire, self.share), opts.block_overlap,
@@ -336,17 +335,11 @@ class BMUF(BlockCheckpoint, Algorithm):
         plus that, so its next delta carries it once, and nothing it learned is redone.
         """
         self.exchange.wait(frag.average)
-        scales = frag.average.scales if frag.average is not None else None
         self.filter.apply(frag)
         if self.residual == "model":
             for dtype, (lo, hi) in frag.spans.items():
-                local = self.params.buffers[dtype][lo:hi]
-                if scales is None:
-                    self.exchange.move_model_residual_(frag.index, dtype, local)
-                else:  # the rounding is on the rows' scales (--bmuf-wire-scale rows)
-                    rounding = torch.zeros_like(local)
-                    self.exchange.move_model_residual_(frag.index, dtype, rounding)
-                    local.add_(rounding.mul_(scales[dtype]))
+                self.exchange.move_model_residual_(frag.index, dtype,
+                                                   self.params.buffers[dtype][lo:hi])
 
     def defaults_note(self) -> str:
         """The block and the rounding's place where the workers chose them (not the user)."""

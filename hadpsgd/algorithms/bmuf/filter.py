@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout, Slots
-from hadpsgd.algorithms.bmuf.rowscale import RowScales
 from hadpsgd.comm.side import Job
 
 Flat = dict[torch.dtype, torch.Tensor]
@@ -55,8 +54,6 @@ class BlockAverage:
     """The background reduction (None once waited for)."""
     since: int = 0
     """Local steps taken since the block ended."""
-    scales: Flat | None = None
-    """``--bmuf-wire-scale rows``: per dtype, what the model's progress was divided by."""
 
 
 @dataclass
@@ -158,14 +155,11 @@ class BlockFilter:
         nesterov: Nesterov (start at ``theta_n + eta * Delta_n``) or classical.
         compressed: The packs hold progress since the block's start, not values (a
             compressed wire).
-        rows: Each row's progress on the wire's scale (``--bmuf-wire-scale rows``,
-            :mod:`hadpsgd.algorithms.bmuf.rowscale`), or None for the wire's own.
     """
 
     def __init__(self, params: Flat, moments: BlockMoments, eta: float, zeta: float,
-                 nesterov: bool, compressed: bool, rows: bool = False) -> None:
+                 nesterov: bool, compressed: bool) -> None:
         self.params, self.moments = params, moments
-        self.rows = RowScales(params) if rows and compressed else None
         self.eta, self.zeta, self.nesterov, self.compressed = eta, zeta, nesterov, compressed
         self.global_model: Flat = {}
         """theta_n per dtype (what is evaluated and deployed)."""
@@ -192,7 +186,6 @@ class BlockFilter:
         tau, frag.block_steps = frag.block_steps, 0
         packs: Flat = {}
         snaps: dict[torch.dtype, list[torch.Tensor]] | None = {} if overlap else None
-        scales: Flat | None = {} if self.rows is not None else None
         segments = 1 + len(moments.sent_keys)
         for dtype, (lo, hi) in frag.spans.items():
             n = hi - lo
@@ -203,16 +196,13 @@ class BlockFilter:
             moments.pack(dtype, parts[1:], frag.slots[dtype], lo)
             if self.compressed:
                 parts[0].sub_(self.start_point[dtype][lo:hi])
-                if scales is not None and self.rows is not None:
-                    scales[dtype] = self.rows.scale(frag.slots[dtype], dtype, lo, hi)
-                    parts[0].div_(scales[dtype])
                 if moments.strategy == "corrected" and moments.sent_keys:
                     for part, init in zip(parts[1:], moments.init[dtype], strict=True):
                         part.sub_(init[lo:hi])
             packs[dtype] = pack
             if snaps is not None:
                 snaps[dtype] = [local.clone(), *moments.snapshot(dtype, frag.slots[dtype], lo, n)]
-        frag.average = BlockAverage(tau, packs, snaps, scales=scales)
+        frag.average = BlockAverage(tau, packs, snaps)
         return frag.average
 
     def apply(self, frag: Fragment) -> None:
@@ -234,9 +224,6 @@ class BlockFilter:
             delta, glob = self.delta[dtype][lo:hi], self.global_model[dtype][lo:hi]
             if not self.compressed:
                 bar.sub_(init)                               # theta_bar - theta_init_{n-1}
-            elif avg.scales is not None and self.rows is not None:
-                bar.mul_(avg.scales[dtype])                  # back from the rows' scales
-                self.rows.update(frag.slots[dtype], dtype, lo, bar)
             if self.compressed and moments.strategy == "corrected" and moments.sent_keys:
                 for part, m_init in zip(parts[1:], moments.init[dtype], strict=True):
                     part.add_(m_init[lo:hi])                 # m_bar = m_init + mean progress
@@ -270,11 +257,8 @@ class BlockFilter:
                 "delta": flat(self.delta),
                 "fragments": [f.state_dict() for f in fragments],
                 "pending": {f.index: {"tau": f.average.tau, "since": f.average.since,
-                                      "packs": flat(f.average.packs),
-                                      **({"scales": flat(f.average.scales)}
-                                         if f.average.scales is not None else {})}
-                            for f in fragments if f.average is not None},
-                **({"rows": self.rows.state_dict()} if self.rows is not None else {})}
+                                      "packs": flat(f.average.packs)}
+                            for f in fragments if f.average is not None}}
 
     def load_state_dict(self, state: dict[str, Any], fragments: list[Fragment]) -> None:
         """Restore :meth:`state_dict` (of a checkpoint of one fragment too)."""
@@ -285,11 +269,7 @@ class BlockFilter:
         for index, p in state.get("pending", {}).items():
             frag = fragments[int(index)]
             frag.average = BlockAverage(int(p["tau"]), self._here(p["packs"], frag.spans),
-                                        since=int(p["since"]),
-                                        scales=(self._here(p["scales"], frag.spans)
-                                                if "scales" in p else None))
-        if self.rows is not None and "rows" in state:
-            self.rows.load_state_dict(state["rows"])
+                                        since=int(p["since"]))
         for name in ("global_model", "start_point", "delta"):
             target: Flat = getattr(self, name)
             target.clear()

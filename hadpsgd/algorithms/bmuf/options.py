@@ -23,7 +23,6 @@ WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
 WARMUP_LRS: tuple[str, ...] = ("worker", "world")
 RESIDUALS: tuple[str, ...] = ("delta", "model")
-WIRE_SCALES: tuple[str, ...] = ("chunk", "rows")
 ADAM_SLOW_LINK = ("--adam-moments local --bmuf-worker-lr global --block-momentum 0 "
                   "--max-grad-norm 1")
 """BMUF with Adam in the SGD recipe's shape: the best measured on a wire below 8 bits
@@ -208,14 +207,6 @@ class BMUFOptions(WireOptions):
     sync sends it once. Only the model's part; a moment buffer's rounding stays error
     feedback. Default: model on a sparse wire (topk, signtopk) up to 4 super-learners,
     delta otherwise (default_residual: at 16 workers delta was 3.8-6.0 WER points better)."""
-    wire_scale: str = field(default="chunk", metadata={"choices": WIRE_SCALES,
-                                                       "flag": "bmuf-wire-scale"})
-    """BMUF on a sparse --wire (topk, signtopk): the scale the model's progress is chosen
-    and coded on. chunk: the wire's own (each 4,096 values' largest, one magnitude a chunk);
-    rows: each row of a parameter (a vector is one row) divided by its own scale first, the
-    root of an average of that row's squared mean progress, which every node holds (no
-    byte), so a row of small progress (a rare class's) is chosen as often as a large one
-    and comes back at its own size (hadpsgd.algorithms.bmuf.rowscale)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -224,8 +215,7 @@ class BMUFOptions(WireOptions):
 
     # --bmuf-residual is read by the compressed wires only (WireOptions.wire_readers).
     wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
-        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32"),
-        "wire_scale": SPARSE_WIRES}
+        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32")}
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
