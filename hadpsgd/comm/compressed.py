@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from hadpsgd.comm.backends import IntraBackend
-from hadpsgd.comm.codec import check_wire, decode_rows, encode_rows, payload_bytes, reinterpret
+from hadpsgd.comm.codec import check_wire, decode_rows, encode_rows, reinterpret
 from hadpsgd.comm.deadline import Watchdog
 from hadpsgd.comm.flat import zeros
 from hadpsgd.comm.staging import Stager
@@ -139,36 +139,6 @@ class CompressedMean:
             self._bucket(flat[lo:hi], lo, shard, server)
         return t
 
-    def flush_(self, t: torch.Tensor, wire: str) -> torch.Tensor:
-        """The mean of ``t`` with every rounding still held back, sent once in ``wire``.
-
-        As :meth:`mean_`, but each node adds its worker residual to what it sends and each
-        server its residual to the mean it sends back, in ``wire`` (any wire, fp32 too), and
-        neither keeps the rounding of this exchange: afterwards nothing is held back. For an
-        end of training, where the deployed model should hold what every error feedback
-        still waits to send (BMUF's closing flush).
-        """
-        check_wire(wire)
-        if t.numel() != self.numel or t.dtype != self.dtype or t.device != self.device \
-                or not t.is_contiguous():
-            raise ValueError(f"flush_: expected a contiguous tensor of {self.numel} "
-                             f"{self.dtype} on {self.device}, got {t.numel()} {t.dtype} on "
-                             f"{t.device}")
-        if self.num_nodes > 1:
-            flat = t.view(-1)
-            for lo, hi, shard, server in self._buckets:
-                self._bucket(flat[lo:hi], lo, shard, server, wire=wire)
-        self._worker.zero_()
-        self._server.zero_()
-        return t
-
-    def bytes_of(self, wire: str) -> int:
-        """Bytes this rank sends in one mean (or flush) in ``wire``: both stages, every bucket."""
-        if self.num_nodes == 1:
-            return 0
-        return sum(2 * (self.num_nodes - 1) * payload_bytes(shard, wire, self.elem)
-                   for _, _, shard, _ in self._buckets)
-
     def _mpi(self, what: str, group: list[int] | None, fn: Any, *bufs: torch.Tensor) -> None:
         what = f"compressed mean ({self.wire}) of {self.numel} {self.dtype}: {what}"
         arrays = [b.numpy() for b in bufs]
@@ -180,20 +150,13 @@ class CompressedMean:
         with self.watchdog.guard(what, group):
             fn(*arrays)
 
-    def _bucket(self, seg: torch.Tensor, lo: int, shard: int, server: int,
-                wire: str | None = None) -> None:
-        """One bucket's two stages; with ``wire`` (a flush) the residuals are sent, not kept."""
+    def _bucket(self, seg: torch.Tensor, lo: int, shard: int, server: int) -> None:
         n, nodes, feedback = seg.numel(), self.num_nodes, self._worker.numel() > 0
-        flush, wire = wire is not None, wire or self.wire
         rows = self.slices * nodes
         x = torch.zeros(rows * shard, dtype=self.dtype, device=self.device)
         x[:n] = seg
         mine = slice(self.slice * nodes, (self.slice + 1) * nodes)  # this rank's slice
-        if flush:
-            if feedback:
-                x[:n].add_(self._worker[lo:lo + n])
-            payload = encode_rows(x.view(rows, shard)[mine], wire)
-        elif feedback:
+        if feedback:
             worker = self._worker[lo:lo + n]
             x[:n].add_(worker)
             payload = encode_rows(x.view(rows, shard), self.wire)
@@ -210,18 +173,13 @@ class CompressedMean:
         recv = self._stager.buffer(torch.uint8, nodes * size, slot=1, device_copy=on_gpu)
         send.copy_(payload.reshape(-1))
         self._mpi("all-to-all", self.inter_ranks, self.inter.Alltoall, send, recv)
-        versions = decode_rows(recv.view(nodes, size).to(self.device), shard, wire, self.dtype)
+        versions = decode_rows(recv.view(nodes, size).to(self.device), shard, self.wire,
+                               self.dtype)
         mean = versions[0].clone()
         for k in range(1, nodes):  # in node order: the same bits on every node
             mean.add_(versions[k])
         mean.div_(nodes)
-        if flush:
-            if feedback:
-                mean.add_(self._server[server + self.slice * shard:
-                                       server + (self.slice + 1) * shard])
-            out = encode_rows(mean.view(1, shard), wire)
-            feedback = False  # nothing kept: no server residual to pass on below
-        elif feedback:
+        if feedback:
             residual = self._server[server:server + self.slices * shard].view(self.slices, shard)
             mean.add_(residual[self.slice])
             out = encode_rows(mean.view(1, shard), self.wire)
@@ -253,7 +211,8 @@ class CompressedMean:
             if feedback:
                 residual.copy_(reinterpret(node[:, nodes * size:], self.dtype))
             record = node[:, :nodes * size]
-        result = decode_rows(record.reshape(rows, size).to(self.device), shard, wire, self.dtype)
+        result = decode_rows(record.reshape(rows, size).to(self.device), shard, self.wire,
+                             self.dtype)
         seg.copy_(result.reshape(-1)[:n])
 
     def move_worker_residual_(self, into: torch.Tensor) -> None:

@@ -198,34 +198,6 @@ class SideChannel:
         self.bytes_sent += 2 * (n - 1) * payload_bytes(t.numel(), "fp32", t.element_size()) // n
         return t
 
-    def flush_(self, key: str, t: torch.Tensor, wire: str) -> torch.Tensor:
-        """Average ``t`` across nodes with ``key``'s held-back roundings, sent once in ``wire``.
-
-        Each node adds its worker residual of ``key`` to ``t`` and each server its residual
-        to the mean, the exchange runs in ``wire`` (any wire), and nothing is kept after
-        (:meth:`CompressedMean.flush_`). A key never sent compressed holds nothing back and
-        is averaged in ``wire`` alone. A collective over every rank; bit-identical result.
-        """
-        if self.num_nodes == 1:
-            return t
-        comp = self._compressors.get(key) or CompressedMean(
-            self.inter, self.watchdog, self.inter_ranks, t.numel(), t.dtype, t.device, wire,
-            intra=self.intra, node_ranks=self.node_ranks, polled=self.background,
-            feedback=False)
-        before = comp.bytes_sent
-        comp.flush_(t, wire)
-        self.bytes_sent += comp.bytes_sent - before
-        return t
-
-    def flush_bytes(self, key: str, t: torch.Tensor, wire: str) -> int:
-        """Bytes this rank would send in :meth:`flush_` of ``key`` (``t``'s size) in ``wire``."""
-        if self.num_nodes == 1:
-            return 0
-        comp = self._compressors.get(key) or CompressedMean(
-            self.inter, self.watchdog, self.inter_ranks, t.numel(), t.dtype, t.device, wire,
-            intra=self.intra, node_ranks=self.node_ranks, feedback=False)
-        return comp.bytes_of(wire)
-
     def _host_mean_(self, flat: torch.Tensor, what: str) -> None:
         """The mean of the 1-D host tensor ``flat`` across nodes, in place (``what``: errors)."""
         self._host_sum_(self.inter, flat, what, self.inter_ranks)

@@ -30,8 +30,6 @@ from hadpsgd.algorithms.bmuf.filter import BlockFilter, Fragment, split
 from hadpsgd.algorithms.bmuf.moments import BlockMoments, Layout
 from hadpsgd.algorithms.bmuf.options import (
     DEFAULT_SYNC_PERIOD,
-    FLUSH_AUTO_WIRE,
-    FLUSH_SHARE,
     MODEL_RESIDUAL_UP_TO,
     SHARE_CHUNK,
     BMUFOptions,
@@ -270,8 +268,7 @@ class BMUF(BlockCheckpoint, Algorithm):
         """End of training: apply what is in flight, then close partial blocks, blocking.
 
         No trained step is lost: an overlapped average is applied (re-based), then each
-        fragment's steps since its last sync are averaged and filtered at once; on a
-        compressed wire what the roundings still hold back follows (:meth:`_flush`).
+        fragment's steps since its last sync are averaged and filtered at once.
         """
         if not self.started:
             return
@@ -284,55 +281,11 @@ class BMUF(BlockCheckpoint, Algorithm):
                 self._apply(frag)
             if frag.block_steps > 0:
                 self._sync_fragment(frag, blocking=True)
-        self._flush()
-
-    def flush_wire(self) -> str | None:
-        """The closing flush's wire (``--bmuf-flush``), or None where there is none.
-
-        ``auto``: on a sparse wire (topk, signtopk: most of each sync waits),
-        :data:`FLUSH_AUTO_WIRE` where it costs at most 1/:data:`FLUSH_SHARE` of the bytes
-        the block syncs sent so far (the same on every rank: every sync's payload has a
-        fixed size), else none. Only on a compressed wire across nodes, where roundings are
-        held back.
-        """
-        opts = self.options
-        if opts.wire == "fp32" or self.topo.num_nodes == 1 or opts.flush == "none":
-            return None
-        if opts.flush != "auto":
-            return opts.flush
-        if opts.wire not in SPARSE_WIRES:
-            return None
-        cost = sum(self.exchange.flush_bytes(f.index, dtype,
-                                             self.params.buffers[dtype][lo:hi],
-                                             FLUSH_AUTO_WIRE)
-                   for f in self.fragments for dtype, (lo, hi) in f.spans.items())
-        return FLUSH_AUTO_WIRE if cost * FLUSH_SHARE <= self.exchange.bytes_sent else None
-
-    def _flush(self) -> None:
-        """Send once what the roundings hold back into the global model (``--bmuf-flush``).
-
-        A compressed sync leaves progress on the way: each worker's rounding (in its model
-        with ``--bmuf-residual model``, else its error feedback) and each server's rounding
-        of the mean. At the end of training that is progress the deployed model would never
-        get: on speechocean762 its norm was ~1.2 against a block's ~0.4, and adding it in
-        fp32 took the test WER 0.1-0.3 points lower on every seed (docs/results.md). After
-        the flush nothing is held back and every worker starts at the new start point.
-        """
-        wire = self.flush_wire()
-        if wire is None:
-            return
-        for frag in self.fragments:
-            for dtype, (lo, hi) in frag.spans.items():
-                progress = (self.params.buffers[dtype][lo:hi]
-                            - self.filter.start_point[dtype][lo:hi]).contiguous()
-                self.exchange.flush_(frag.index, dtype, progress, wire)
-                self.filter.take_in(dtype, lo, hi, progress)
 
     def finish_changes_state(self) -> bool:
-        """Whether a block is partial, a mean pending or a flush due: :meth:`finish` acts."""
-        return self.started and (any(f.block_steps or f.average is not None
-                                     for f in self.fragments)
-                                 or self.flush_wire() is not None)
+        """Whether a block is partial or a mean is pending: :meth:`finish` would close it."""
+        return self.started and any(f.block_steps or f.average is not None
+                                    for f in self.fragments)
 
     def steps_not_deployed(self) -> int:
         """The steps since the oldest block the global model has not taken in.

@@ -112,26 +112,6 @@ class BlockExchange:
         if self.side is not None:
             self.side.move_residual_(part_key(index, dtype, 0), into)
 
-    def flush_(self, index: int, dtype: torch.dtype, part: torch.Tensor, wire: str) -> None:
-        """Average a fragment's model ``part`` with what its roundings hold back, in ``wire``.
-
-        Each node adds its worker residual, each server its own, and none is kept (the
-        side channel's :meth:`~hadpsgd.comm.side.SideChannel.flush_`); counted as sent.
-        Nothing on fp32 without a side channel or on a single node.
-        """
-        if self.side is None or self.topo.num_nodes == 1:
-            return
-        before = self.side.bytes_sent
-        self.side.flush_(part_key(index, dtype, 0), part, wire)
-        self.bytes_sent += self.side.bytes_sent - before
-        self.bytes_received += self.side.bytes_sent - before
-
-    def flush_bytes(self, index: int, dtype: torch.dtype, part: torch.Tensor, wire: str) -> int:
-        """Bytes this rank would send in :meth:`flush_` of ``part`` in ``wire``."""
-        if self.side is None or self.topo.num_nodes == 1:
-            return 0
-        return self.side.flush_bytes(part_key(index, dtype, 0), part, wire)
-
     def state_dict(self) -> dict[str, Any]:
         """The wire's rounding errors (per super-learner), or nothing without a side channel."""
         return self.side.state_dict() if self.side is not None else {}

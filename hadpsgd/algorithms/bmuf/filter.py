@@ -244,17 +244,6 @@ class BlockFilter:
         frag.num_syncs += 1
         frag.average = None
 
-    def take_in(self, dtype: torch.dtype, lo: int, hi: int, progress: torch.Tensor) -> None:
-        """Add averaged ``progress`` of ``[lo, hi)`` to theta_n and theta_init_n, unfiltered.
-
-        For what a closing flush brings (what the roundings held back, no new block): at the
-        block rate, without block momentum; the local model then starts at theta_init_n.
-        """
-        self.global_model[dtype][lo:hi].add_(progress, alpha=self.zeta)
-        init = self.start_point[dtype][lo:hi]
-        init.add_(progress, alpha=self.zeta)
-        self.params[dtype][lo:hi].copy_(init)
-
     def state_dict(self, fragments: list[Fragment]) -> dict[str, Any]:
         """theta, theta_init, Delta, and every fragment's counters and reduced average.
 

@@ -23,13 +23,6 @@ WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
 WORKER_LRS: tuple[str, ...] = ("single", "global")
 WARMUP_LRS: tuple[str, ...] = ("worker", "world")
 RESIDUALS: tuple[str, ...] = ("delta", "model")
-FLUSHES: tuple[str, ...] = ("auto", "none", "fp32", "bf16", "int8", "int4")
-FLUSH_AUTO_WIRE = "int4"
-"""The wire of ``--bmuf-flush auto``: on speechocean762 at 4 workers it kept most of what an
-fp32 flush gained (docs/results.md)."""
-FLUSH_SHARE = 16
-"""``--bmuf-flush auto`` flushes where that costs at most 1/16 of the bytes the run's block
-syncs sent: a ~1,100x run (--wire signtopk) stays above 1,000x."""
 ADAM_SLOW_LINK = ("--adam-moments local --bmuf-worker-lr global --block-momentum 0 "
                   "--max-grad-norm 1")
 """BMUF with Adam in the SGD recipe's shape: the best measured on a wire below 8 bits
@@ -214,13 +207,6 @@ class BMUFOptions(WireOptions):
     sync sends it once. Only the model's part; a moment buffer's rounding stays error
     feedback. Default: model on a sparse wire (topk, signtopk) up to 4 super-learners,
     delta otherwise (default_residual: at 16 workers delta was 3.8-6.0 WER points better)."""
-    flush: str = field(default="auto", metadata={"choices": FLUSHES, "flag": "bmuf-flush"})
-    """BMUF on a compressed --wire: at the end of training, send once, in this wire, what
-    the roundings still hold back (each worker's unsent progress, each server's residual),
-    so that the deployed global model is the workers' mean: none; a wire (int4, int8, bf16,
-    fp32); or auto, on a sparse wire (topk, signtopk) int4 where that costs at most 1/16 of
-    the bytes the run's block syncs sent (long runs: speechocean762's 2,896 steps, not
-    FSDD's 160), else none."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -229,8 +215,7 @@ class BMUFOptions(WireOptions):
 
     # --bmuf-residual is read by the compressed wires only (WireOptions.wire_readers).
     wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
-        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32"),
-        "flush": tuple(w for w in WIRES if w != "fp32")}
+        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32")}
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
