@@ -356,7 +356,7 @@ def train_summary(run: Path) -> dict[str, Any]:
         elif row.get("kind") == "train":
             fps.append(row.get("frames_per_s", 0.0))
             internode = max(internode, row.get("internode_bytes", 0.0) or 0.0)
-        elif row.get("kind") == "bytes":  # the run's closing count: BMUF's flush included
+        elif row.get("kind") == "bytes":  # the run's closing count: its last syncs too
             internode = max(internode, float(row.get("rank0_internode_bytes") or 0.0))
     return {"heldout_loss": [evals[k] for k in sorted(evals)],
             "frames_per_s": statistics.median(fps) if fps else None,

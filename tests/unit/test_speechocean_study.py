@@ -57,7 +57,7 @@ def test_train_summary_reads_the_loss_at_each_epochs_end_and_the_bytes(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     s = study.train_summary(tmp_path)
     assert s == {"heldout_loss": [2.0, 1.5], "frames_per_s": 200.0, "internode_bytes": 30.0}
-    # The run's closing count (after BMUF's closing flush) is the run's bytes.
+    # The run's closing count (a partial block's closing sync included) is its bytes.
     rows.append({"kind": "bytes", "step": 40, "rank0_internode_bytes": 36})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert study.train_summary(tmp_path)["internode_bytes"] == 36.0
