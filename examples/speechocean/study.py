@@ -179,6 +179,12 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                             "--sync-period", "8", "--ranks-per-node", "1",
                                             "--bmuf-residual", "model", "--block-momentum",
                                             "0.5", "--block-lr", "0.5"]),
+    # ... half of each worker's rounding taken back into its model, half error feedback
+    # (the half rate's halved rounding at the global rate; issue 57 screen).
+    "bmuf-signtopk-tau8-keep-split": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                             "--sync-period", "8", "--ranks-per-node", "1",
+                                             "--bmuf-residual", "model",
+                                             "--bmuf-residual-keep", "0.5"]),
     # ... with error feedback instead (--bmuf-residual delta), the form that moved signtopk
     # at 16 workers, tried at 4 (issue 57).
     "bmuf-signtopk-tau8-ef": (None, ["--algo", "bmuf", "--wire", "signtopk", "--sync-period",

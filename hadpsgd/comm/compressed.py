@@ -215,16 +215,21 @@ class CompressedMean:
                              self.dtype)
         seg.copy_(result.reshape(-1)[:n])
 
-    def move_worker_residual_(self, into: torch.Tensor) -> None:
+    def move_worker_residual_(self, into: torch.Tensor, keep: float = 1.0) -> None:
         """Add the worker residual to ``into`` and start it again from zero.
 
         For a caller that keeps its own rounding error (BMUF's ``--bmuf-residual model``: in
         the worker's model, whose next delta then carries it). Identical on the learners of
-        a node, as the residual is. Nothing without error feedback.
+        a node, as the residual is. Nothing without error feedback. ``keep`` < 1 moves that
+        share and leaves the rest as error feedback.
         """
         if self._worker.numel():
-            into.add_(self._worker.view_as(into))
-            self._worker.zero_()
+            if keep == 1.0:
+                into.add_(self._worker.view_as(into))
+                self._worker.zero_()
+            else:
+                into.add_(self._worker.view_as(into), alpha=keep)
+                self._worker.mul_(1.0 - keep)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -233,7 +233,7 @@ class SideChannel:
         for key, saved in state.items():
             self._compressor(key, like[key]).load_state_dict(saved)
 
-    def move_residual_(self, key: str, into: torch.Tensor) -> None:
+    def move_residual_(self, key: str, into: torch.Tensor, keep: float = 1.0) -> None:
         """Add the worker rounding error of ``key``'s compressed mean to ``into``; zero it.
 
         Nothing where ``key`` has no compressed mean (fp32, one node, never sent) or no error
@@ -241,7 +241,7 @@ class SideChannel:
         """
         comp = self._compressors.get(key)
         if comp is not None:
-            comp.move_worker_residual_(into)
+            comp.move_worker_residual_(into, keep)
 
     def _compressor(self, key: str, t: torch.Tensor, feedback: bool = True) -> CompressedMean:
         """The compressed mean of ``key`` (made on first use; it keeps that key's residuals)."""

@@ -43,12 +43,12 @@ def _residuals(algo: BMUF) -> tuple[torch.Tensor, torch.Tensor]:
     return saved["worker"].clone(), saved["server"].clone()
 
 
-def _learner(world: World, residual: str | None, wire: str) -> dict:
+def _learner(world: World, residual: str | None, wire: str, keep: float = 1.0) -> dict:
     torch.manual_seed(0)  # the same initial model on both learners
     model = torch.nn.Linear(100, 50)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     algo = BMUF(model, opt, world, sync_period=TAU, block_momentum=0.0, wire=wire,
-                residual=residual, worker_lr="global")
+                residual=residual, worker_lr="global", residual_keep=keep)
     syncs: list[dict] = []
     send = algo.exchange.send
 
@@ -74,8 +74,8 @@ def _learner(world: World, residual: str | None, wire: str) -> dict:
             "note": algo.defaults_note(), "wire": algo.exchange.wire}
 
 
-def _run(residual: str | None, wire: str, workers: int = 2) -> list[dict]:
-    return ThreadJob(workers, timeout=60).run(lambda w: _learner(w, residual, wire))
+def _run(residual: str | None, wire: str, workers: int = 2, keep: float = 1.0) -> list[dict]:
+    return ThreadJob(workers, timeout=60).run(lambda w: _learner(w, residual, wire, keep))
 
 
 def _server(shards: list[torch.Tensor], n: int) -> torch.Tensor:
@@ -85,6 +85,15 @@ def _server(shards: list[torch.Tensor], n: int) -> torch.Tensor:
     return torch.cat(shards)[:n]
 
 
+def _held(s: list[dict], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two workers' mean model plus every waiting residual, before a sync and after."""
+    before = (sum(x["local"] for x in s) / 2 + sum(x["worker"] for x in s) / 2
+              + _server([x["server"] for x in s], n))
+    after = (sum(x["after"] for x in s) / 2 + sum(x["worker_after"] for x in s) / 2
+             + _server([x["server_after"] for x in s], n))
+    return before, after
+
+
 @pytest.mark.parametrize("wire", ["sign", "topk", "signtopk"])
 @pytest.mark.parametrize("residual", ["delta", "model"])
 def test_nothing_learned_is_lost(residual, wire):
@@ -92,10 +101,7 @@ def test_nothing_learned_is_lost(residual, wire):
     n = runs[0]["syncs"][0]["local"].numel()
     for b in range(BLOCKS):
         s = [r["syncs"][b] for r in runs]
-        before = (sum(x["local"] for x in s) / 2 + sum(x["worker"] for x in s) / 2
-                  + _server([x["server"] for x in s], n))
-        after = (sum(x["after"] for x in s) / 2 + sum(x["worker_after"] for x in s) / 2
-                 + _server([x["server_after"] for x in s], n))
+        before, after = _held(s, n)
         torch.testing.assert_close(after, before, rtol=0, atol=1e-6,
                                    msg=f"{residual}, {wire}, sync {b}")
         start = s[0]["start"]
@@ -110,6 +116,29 @@ def test_nothing_learned_is_lost(residual, wire):
                 assert x["worker_after"].abs().max() > 0
         if residual == "model":  # each worker kept its own rounding error
             assert not torch.equal(s[0]["after"], s[1]["after"])
+
+
+@pytest.mark.parametrize("wire", ["sign", "signtopk"])
+def test_a_kept_share_splits_the_rounding_and_loses_nothing(wire):
+    """--bmuf-residual-keep 0.5: half of each worker's rounding in its model, half still its
+    error feedback; the mean model plus every waiting residual is kept as in both forms."""
+    runs = _run("model", wire, keep=0.5)
+    n = runs[0]["syncs"][0]["local"].numel()
+    for b in range(BLOCKS):
+        s = [r["syncs"][b] for r in runs]
+        before, after = _held(s, n)
+        torch.testing.assert_close(after, before, rtol=0, atol=1e-6, msg=f"{wire}, sync {b}")
+        for x in s:  # the two halves are equal, and not nothing
+            torch.testing.assert_close(x["after"] - s[0]["start"], x["worker_after"],
+                                       rtol=0, atol=1e-6)
+            assert x["worker_after"].abs().max() > 0
+
+
+def test_a_kept_share_is_refused_without_the_model_form():
+    with pytest.raises(ConfigError, match="--bmuf-residual-keep is read with --bmuf-residual"):
+        _run("delta", "sign", keep=0.5)
+    with pytest.raises(ConfigError, match=r"--bmuf-residual-keep must be in \[0, 1\]"):
+        BMUFOptions(wire="sign", residual="model", residual_keep=1.5)
 
 
 @pytest.mark.parametrize("workers,form", [(2, "model"), (5, "delta")])

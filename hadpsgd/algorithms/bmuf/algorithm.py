@@ -36,6 +36,7 @@ from hadpsgd.algorithms.bmuf.options import (
 )
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
+from hadpsgd.cli import ConfigError
 from hadpsgd.comm import World
 from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, wire_spec
 from hadpsgd.comm.overlap import GradScope
@@ -113,6 +114,10 @@ class BMUF(BlockCheckpoint, Algorithm):
         """The synchronous warm-up's rate in use: ``warmup_lr``, or its default."""
         self.residual = opts.residual_mode(topo.num_nodes)
         """Where a compressed sync's rounding goes: ``residual``, or its default."""
+        if opts.residual_keep != 1.0 and self.residual != "model":
+            raise ConfigError(f"{opts.flag('residual_keep')} is read with {opts.flag('residual')} "
+                              f"model only; this run's rounding is {self.residual} (drop it or "
+                              f"give {opts.flag('residual')} model)")
         self.share = opts.share(self.tau)
         """A sparse wire's share in use: ``topk_fraction``, or its default for the block
         (None on a dense wire)."""
@@ -339,7 +344,8 @@ class BMUF(BlockCheckpoint, Algorithm):
         if self.residual == "model":
             for dtype, (lo, hi) in frag.spans.items():
                 self.exchange.move_model_residual_(frag.index, dtype,
-                                                   self.params.buffers[dtype][lo:hi])
+                                                   self.params.buffers[dtype][lo:hi],
+                                                   self.options.residual_keep)
 
     def defaults_note(self) -> str:
         """The block and the rounding's place where the workers chose them (not the user)."""

@@ -103,14 +103,15 @@ class BlockExchange:
                 for i, part in enumerate(pack.split(pack.numel() // self.segments))}
 
     def move_model_residual_(self, index: int, dtype: torch.dtype,
-                             into: torch.Tensor) -> None:
+                             into: torch.Tensor, keep: float = 1.0) -> None:
         """Add fragment ``index``'s model rounding error of its last mean to ``into``; zero it.
 
         The model's part (segment 0 of :meth:`_parts`); nothing on fp32 or a single node.
-        Call it once the mean has arrived (:meth:`wait`).
+        Call it once the mean has arrived (:meth:`wait`). ``keep``: the share moved (the
+        rest stays error feedback).
         """
         if self.side is not None:
-            self.side.move_residual_(part_key(index, dtype, 0), into)
+            self.side.move_residual_(part_key(index, dtype, 0), into, keep)
 
     def state_dict(self) -> dict[str, Any]:
         """The wire's rounding errors (per super-learner), or nothing without a side channel."""

@@ -207,6 +207,10 @@ class BMUFOptions(WireOptions):
     sync sends it once. Only the model's part; a moment buffer's rounding stays error
     feedback. Default: model on a sparse wire (topk, signtopk) up to 4 super-learners,
     delta otherwise (default_residual: at 16 workers delta was 3.8-6.0 WER points better)."""
+    residual_keep: float = field(default=1.0, metadata={"flag": "bmuf-residual-keep"})
+    """BMUF with --bmuf-residual model: the share of a worker's rounding it takes back into
+    its model after a sync (1: all of it); the rest stays error feedback, added to its next
+    delta as it is sent, so every bit of progress is still sent once (issue 57 screen)."""
     sync_buffers: bool = True
     """Keep the model's buffers (BatchNorm's running statistics) in agreement: ssgd takes
     rank 0's after every step (DDP's broadcast_buffers), bmuf and adpsgd average the
@@ -215,7 +219,8 @@ class BMUFOptions(WireOptions):
 
     # --bmuf-residual is read by the compressed wires only (WireOptions.wire_readers).
     wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
-        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32")}
+        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32"),
+        "residual_keep": tuple(w for w in WIRES if w != "fp32")}
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
@@ -332,6 +337,9 @@ class BMUFOptions(WireOptions):
         if self.warmup_steps < 0:
             raise ConfigError(f"{self.flag('warmup_steps')} must be >= 0, got "
                               f"{self.warmup_steps}")
+        if not 0.0 <= self.residual_keep <= 1.0:
+            raise ConfigError(f"{self.flag('residual_keep')} must be in [0, 1], got "
+                              f"{self.residual_keep}")
         if self.fragments < 1:
             raise ConfigError(f"{self.flag('fragments')} must be >= 1, got {self.fragments}")
         # Without --sync-period the default is at most DEFAULT_SYNC_PERIOD; the block length
