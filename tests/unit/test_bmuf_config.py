@@ -430,7 +430,8 @@ def test_checkpoint_saves_options_by_their_names_and_old_ones_resume():
     saved = state["bmuf"]["options"]
     assert saved == {**dataclasses.asdict(algo.options), "block_momentum": 0.5,
                      "warmup_lr": "worker",  # resolved: one worker (default_warmup_lr)
-                     "residual": "delta"}  # resolved: fp32 (default_residual)
+                     "residual": "delta",  # resolved: fp32 (default_residual)
+                     "residual_keep": 1.0}  # resolved: fp32 (default_keep)
     # A checkpoint written before the options had one name each ("overlap") resumes alike.
     old = {k: v for k, v in saved.items() if k not in ("block_overlap",)}
     state["bmuf"]["options"] = {**old, "overlap": False}

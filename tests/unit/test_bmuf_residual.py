@@ -43,7 +43,7 @@ def _residuals(algo: BMUF) -> tuple[torch.Tensor, torch.Tensor]:
     return saved["worker"].clone(), saved["server"].clone()
 
 
-def _learner(world: World, residual: str | None, wire: str, keep: float = 1.0) -> dict:
+def _learner(world: World, residual: str | None, wire: str, keep: float | None = None) -> dict:
     torch.manual_seed(0)  # the same initial model on both learners
     model = torch.nn.Linear(100, 50)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -74,7 +74,8 @@ def _learner(world: World, residual: str | None, wire: str, keep: float = 1.0) -
             "note": algo.defaults_note(), "wire": algo.exchange.wire}
 
 
-def _run(residual: str | None, wire: str, workers: int = 2, keep: float = 1.0) -> list[dict]:
+def _run(residual: str | None, wire: str, workers: int = 2,
+         keep: float | None = None) -> list[dict]:
     return ThreadJob(workers, timeout=60).run(lambda w: _learner(w, residual, wire, keep))
 
 
@@ -97,7 +98,8 @@ def _held(s: list[dict], n: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("wire", ["sign", "topk", "signtopk"])
 @pytest.mark.parametrize("residual", ["delta", "model"])
 def test_nothing_learned_is_lost(residual, wire):
-    runs = _run(residual, wire)
+    # The model form whole (--bmuf-residual-keep 1; signtopk's default keeps half, below).
+    runs = _run(residual, wire, keep=1.0 if residual == "model" else None)
     n = runs[0]["syncs"][0]["local"].numel()
     for b in range(BLOCKS):
         s = [r["syncs"][b] for r in runs]
@@ -157,23 +159,29 @@ def test_a_sparse_wire_without_a_choice_takes_the_form_measured_for_its_workers(
                                f"--bmuf-residual {form}: the rounding of --wire signtopk "
                                + ("kept in each worker's model" if form == "model"
                                   else "error feedback") + " (model up to 4 workers, delta "
-                               "above)")
-    for r in runs:
+                               "above)" + ("; --bmuf-residual-keep 0.5: that share of each "
+                                           "worker's rounding taken back into its model, the "
+                                           "rest error feedback" if form == "model" else ""))
+    for r in runs:  # the model form on signtopk takes back half (default_keep)
         last = r["syncs"][-1]
-        kept = last["worker_after"].abs().max() > 0
-        assert kept == (form == "delta")
+        assert last["worker_after"].abs().max() > 0
         assert torch.equal(last["after"], last["start"]) == (form == "delta")
+        if form == "model":
+            torch.testing.assert_close(last["after"] - last["start"], last["worker_after"],
+                                       rtol=0, atol=1e-6)
     def note_at_8(world: World) -> str:
         model = torch.nn.Linear(3, 2)
         return BMUF(model, torch.optim.SGD(model.parameters(), lr=0.1), world,
                     wire="signtopk", worker_lr="global", residual="model").defaults_note()
 
     at8 = ThreadJob(2, timeout=60).run(note_at_8)
-    assert at8 == ["bmuf: --sync-period 8 (the default for 2 workers)"] * 2  # the wire's share
+    keep = ("--bmuf-residual-keep 0.5: that share of each worker's rounding taken back into "
+            "its model, the rest error feedback")  # the user chose the form, not the share
+    assert at8 == [f"bmuf: --sync-period 8 (the default for 2 workers); {keep}"] * 2
     dense = _run(None, "sign", 2)
     assert {r["residual"] for r in dense} == {"delta"} and dense[0]["note"] == ""  # dense code
     chosen = _run("model", "signtopk", 2)[0]["note"]  # the user's choice: unsaid
-    assert chosen.startswith("bmuf: --topk-fraction") and "residual" not in chosen
+    assert chosen.startswith("bmuf: --topk-fraction") and "--bmuf-residual model" not in chosen
 
 
 def test_the_wire_carries_the_same_bytes():
@@ -214,6 +222,14 @@ def _resume_checks(world: World) -> dict:
     except ValueError as e:
         out["refused"] = str(e)
     make(3, topk_fraction=112 / 4096)[1].load_state_dict(state)  # named: it resumes
+    # A state saved before the model form kept a share took all of the rounding back.
+    old = copy.deepcopy(algo.state_dict())
+    out["keep"] = old["bmuf"]["options"].pop("residual_keep")
+    try:
+        make(4)[1].load_state_dict(old)
+    except ValueError as e:
+        out["keep_refused"] = str(e)
+    make(5, residual_keep=1.0)[1].load_state_dict(old)  # named: it resumes
     return out
 
 
@@ -221,3 +237,4 @@ def test_a_sparse_wires_share_is_saved_resolved_and_an_older_state_names_its_own
     for r in ThreadJob(2, timeout=60).run(_resume_checks):
         assert r["saved"] == r["share"] == 32 / 4096  # a block of 3: 32 of 4,096
         assert "resume with --topk-fraction 0.02734375" in r["refused"]
+        assert r["keep"] == 0.5 and "resume with --bmuf-residual-keep 1.0" in r["keep_refused"]

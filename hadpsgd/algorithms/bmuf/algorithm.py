@@ -114,10 +114,12 @@ class BMUF(BlockCheckpoint, Algorithm):
         """The synchronous warm-up's rate in use: ``warmup_lr``, or its default."""
         self.residual = opts.residual_mode(topo.num_nodes)
         """Where a compressed sync's rounding goes: ``residual``, or its default."""
-        if opts.residual_keep != 1.0 and self.residual != "model":
+        if opts.residual_keep is not None and self.residual != "model":
             raise ConfigError(f"{opts.flag('residual_keep')} is read with {opts.flag('residual')} "
                               f"model only; this run's rounding is {self.residual} (drop it or "
                               f"give {opts.flag('residual')} model)")
+        self.keep = opts.keep(self.residual)
+        """The share of the rounding taken back into the model (``residual`` model)."""
         self.share = opts.share(self.tau)
         """A sparse wire's share in use: ``topk_fraction``, or its default for the block
         (None on a dense wire)."""
@@ -345,7 +347,7 @@ class BMUF(BlockCheckpoint, Algorithm):
             for dtype, (lo, hi) in frag.spans.items():
                 self.exchange.move_model_residual_(frag.index, dtype,
                                                    self.params.buffers[dtype][lo:hi],
-                                                   self.options.residual_keep)
+                                                   self.keep)
 
     def defaults_note(self) -> str:
         """The block and the rounding's place where the workers chose them (not the user)."""
@@ -365,6 +367,9 @@ class BMUF(BlockCheckpoint, Algorithm):
             said.append(f"{opts.flag('residual')} {self.residual}: the rounding of --wire "
                         f"{opts.wire} {form} (model up to {MODEL_RESIDUAL_UP_TO} workers, "
                         "delta above)")
+        if opts.residual_keep is None and self.residual == "model" and self.keep != 1.0:
+            said.append(f"{opts.flag('residual_keep')} {self.keep}: that share of each "
+                        "worker's rounding taken back into its model, the rest error feedback")
         return f"bmuf: {'; '.join(said)}" if said else ""
 
     def evaluation_note(self) -> str:

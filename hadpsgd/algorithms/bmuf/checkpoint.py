@@ -39,6 +39,7 @@ class BlockCheckpoint:
     warmup_lr: str
     residual: str
     share: float | None
+    keep: float
     started: bool
     filter: BlockFilter
     moments: BlockMoments
@@ -72,7 +73,8 @@ class BlockCheckpoint:
             "wire_bytes_received": self.exchange.bytes_received,
             "options": {**dataclasses.asdict(self.options), "block_momentum": self.eta,
                         "sync_period": self.tau, "warmup_lr": self.warmup_lr,
-                        "residual": self.residual, "topk_fraction": self.share},
+                        "residual": self.residual, "topk_fraction": self.share,
+                        "residual_keep": self.keep},
             "flat_layout": self.flat_layout(),  # the flat tensors' order (relayout.py)
         }
         if self._agreed is not None:  # the global model's buffers, the same on every learner
@@ -144,6 +146,14 @@ class BlockCheckpoint:
                 flag = self.options.flag(name)
                 raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
                                  f"(now {now}); resume with {flag} {then}")
+        # The share of the rounding kept in the model (states before it: all of it). Another
+        # share resumes, but not the run it was: refused as the wire is.
+        then = was.get("residual_keep", 1.0)
+        if self.residual == "model" and was.get("residual", "model") == "model" and (
+                then != self.keep):
+            flag = self.options.flag("residual_keep")
+            raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
+                             f"(now {self.keep}); resume with {flag} {then}")
         self.started = bool(b["started"])
         if self.syncs_buffers:  # a state without them: the loaded model's are the global ones
             self._agreed = self.buffers.copy() if self.started else None
