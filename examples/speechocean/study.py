@@ -251,6 +251,9 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # recipe between 4 super-learners, and SSGD over the same nodes for its bytes.
     "bmuf-signtopk-rpn4": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                   "4"]),
+    # ... taking all of each worker's rounding back, the default before 2026-12-07.
+    "bmuf-signtopk-rpn4-keep1": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                        "--ranks-per-node", "4", "--bmuf-residual-keep", "1"]),
     "bmuf-signtopk-rpn2": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                   "2"]),
     "ssgd-rpn4": (None, ["--algo", "ssgd", "--ranks-per-node", "4"]),
