@@ -216,7 +216,7 @@ class CompressedMean:
         seg.copy_(result.reshape(-1)[:n])
 
     def move_worker_residual_(self, into: torch.Tensor, keep: float = 1.0) -> None:
-        """Add the worker residual to ``into`` and start it again from zero.
+        """Add the worker residual (``keep`` of it) to ``into``; what is added leaves it.
 
         For a caller that keeps its own rounding error (BMUF's ``--bmuf-residual model``: in
         the worker's model, whose next delta then carries it). Identical on the learners of

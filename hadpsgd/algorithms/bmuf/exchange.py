@@ -104,11 +104,11 @@ class BlockExchange:
 
     def move_model_residual_(self, index: int, dtype: torch.dtype,
                              into: torch.Tensor, keep: float = 1.0) -> None:
-        """Add fragment ``index``'s model rounding error of its last mean to ``into``; zero it.
+        """Add fragment ``index``'s model rounding error of its last mean to ``into``.
 
         The model's part (segment 0 of :meth:`_parts`); nothing on fp32 or a single node.
-        Call it once the mean has arrived (:meth:`wait`). ``keep``: the share moved (the
-        rest stays error feedback).
+        Call it once the mean has arrived (:meth:`wait`). ``keep``: the share moved; the
+        rest stays error feedback (all of it moved: the residual is zero after).
         """
         if self.side is not None:
             self.side.move_residual_(part_key(index, dtype, 0), into, keep)

@@ -119,10 +119,11 @@ def default_keep(wire: str, residual: str) -> float:
     4 workers restarted from the global model plus a rounding of norm ~0.9 (a block's update
     ~0.4) and the rare classes' frames lost recall (23 % against SSGD's 28); leaving half as
     error feedback (sent with the next delta, so nothing is lost) was 1.05 ± 0.20 WER points
-    better on speechocean762 (4 nodes, 5 seeds, better on each; +0.38 ± 0.25 against SSGD,
-    rare-class recall 25 %), +0.31 ± 0.55 against SSGD on FSDD's folds and −0.24 ± 0.29
-    on espeak (docs/results.md, *Half the rounding kept*). 1 on every other wire (measured
-    whole) and meaningless with error feedback.
+    better on speechocean762 (4 nodes, 5 seeds, better on each; +0.37 ± 0.20 against SSGD
+    over 6, rare-class recall 25 %), and against SSGD +0.31 ± 0.55 on FSDD's folds (15
+    runs, 0.53 ± 0.42 behind all of it) and −0.14 ± 0.24 on espeak (5 seeds)
+    (docs/results.md, *Half the rounding kept*). 1 on every other wire (measured whole)
+    and meaningless with error feedback.
     """
     return SIGNTOPK_KEEP if wire == "signtopk" and residual == "model" else 1.0
 
