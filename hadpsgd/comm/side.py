@@ -234,8 +234,7 @@ class SideChannel:
             self._compressor(key, like[key]).load_state_dict(saved)
 
     def move_residual_(self, key: str, into: torch.Tensor, keep: float = 1.0) -> None:
-        """Add the worker rounding error of ``key``'s compressed mean (``keep`` of it) to
-        ``into``; what is added leaves the residual.
+        """Add ``keep`` of ``key``'s worker rounding error to ``into``; that part leaves it.
 
         Nothing where ``key`` has no compressed mean (fp32, one node, never sent) or no error
         feedback. Call it between means (after the job that ran it was waited for).
