@@ -36,7 +36,6 @@ from hadpsgd.algorithms.bmuf.options import (
 )
 from hadpsgd.algorithms.gradsync import GradCheck
 from hadpsgd.algorithms.registry import register
-from hadpsgd.cli import ConfigError
 from hadpsgd.comm import World
 from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, wire_spec
 from hadpsgd.comm.overlap import GradScope
@@ -114,10 +113,6 @@ class BMUF(BlockCheckpoint, Algorithm):
         """The synchronous warm-up's rate in use: ``warmup_lr``, or its default."""
         self.residual = opts.residual_mode(topo.num_nodes)
         """Where a compressed sync's rounding goes: ``residual``, or its default."""
-        if opts.residual_keep is not None and self.residual != "model":
-            raise ConfigError(f"{opts.flag('residual_keep')} is read with {opts.flag('residual')} "
-                              f"model only; this run's rounding is {self.residual} (drop it or "
-                              f"give {opts.flag('residual')} model)")
         self.keep = opts.keep(self.residual)
         """The share of the rounding taken back into the model (``residual`` model)."""
         self.share = opts.share(self.tau)

@@ -134,7 +134,9 @@ class BlockCheckpoint:
         # What is in flight was packed for one fragment layout and one wire: refuse another.
         # The wire with its fraction, which only counts for a sparse wire (its default where
         # none was given: a state written with 0.015625 for topk is topk's default).
-        for name in ("fragments", "wire", "topk_fraction"):
+        # And the share of the rounding the model form takes back: another share resumes,
+        # but not the run it was.
+        for name in ("fragments", "wire", "topk_fraction", "residual_keep"):
             then, now = was.get(name, getattr(BMUFOptions(), name)), getattr(self.options, name)
             if name == "topk_fraction":  # the share in use (states before: None, 112/4096)
                 default = FORMATS[self.options.wire].fraction
@@ -142,18 +144,15 @@ class BlockCheckpoint:
                     continue
                 then = default if then is None else then
                 now = self.share
+            if name == "residual_keep":  # in use with the model form (states before: all)
+                if self.residual != "model" or was.get("residual", "model") != "model":
+                    continue
+                then = 1.0 if then is None else then
+                now = self.keep
             if then != now:
                 flag = self.options.flag(name)
                 raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
                                  f"(now {now}); resume with {flag} {then}")
-        # The share of the rounding kept in the model (states before it: all of it). Another
-        # share resumes, but not the run it was: refused as the wire is.
-        then = was.get("residual_keep", 1.0)
-        if self.residual == "model" and was.get("residual", "model") == "model" and (
-                then != self.keep):
-            flag = self.options.flag("residual_keep")
-            raise ValueError(f"the checkpoint's BMUF state was written with {flag} {then} "
-                             f"(now {self.keep}); resume with {flag} {then}")
         self.started = bool(b["started"])
         if self.syncs_buffers:  # a state without them: the loaded model's are the global ones
             self._agreed = self.buffers.copy() if self.started else None

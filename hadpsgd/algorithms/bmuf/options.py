@@ -20,6 +20,9 @@ from hadpsgd.comm.codec import FORMATS, SPARSE_WIRES, WIRES, payload_bytes, wire
 from hadpsgd.comm.signtopk import SIGNTOPK_CHUNK
 
 WARMUP_MOMENTS: tuple[str, ...] = ("keep", "reset")
+LOSSY_WIRES: tuple[str, ...] = tuple(w for w in WIRES if w != "fp32")
+"""The wires that round a sync (every one but fp32): where --bmuf-residual and
+--bmuf-residual-keep are read."""
 WORKER_LRS: tuple[str, ...] = ("single", "global")
 WARMUP_LRS: tuple[str, ...] = ("worker", "world")
 RESIDUALS: tuple[str, ...] = ("delta", "model")
@@ -242,8 +245,7 @@ class BMUFOptions(WireOptions):
 
     # --bmuf-residual is read by the compressed wires only (WireOptions.wire_readers).
     wire_readers: ClassVar[dict[str, tuple[str, ...]]] = {
-        **WireOptions.wire_readers, "residual": tuple(w for w in WIRES if w != "fp32"),
-        "residual_keep": tuple(w for w in WIRES if w != "fp32")}
+        **WireOptions.wire_readers, "residual": LOSSY_WIRES, "residual_keep": LOSSY_WIRES}
 
     recipe_help = ("--algo bmuf defaults to SGD workers at the global rate with their momentum "
                    "kept and their gradient clipped, averaged every tau steps (--optimizer sgd "
@@ -440,10 +442,18 @@ class BMUFOptions(WireOptions):
         return default_share(self.wire, tau)
 
     def keep(self, residual: str) -> float:
-        """The share taken back into the model: ``residual_keep``, or its default."""
-        if self.residual_keep is not None:
-            return self.residual_keep
-        return default_keep(self.wire, residual)
+        """The share taken back into the model: ``residual_keep``, or its default.
+
+        Raises:
+            ConfigError: If ``residual_keep`` is given where the rounding is error feedback.
+        """
+        if self.residual_keep is None:
+            return default_keep(self.wire, residual)
+        if residual != "model":
+            raise ConfigError(f"{self.flag('residual_keep')} is read with "
+                              f"{self.flag('residual')} model only; this run's rounding is "
+                              f"{residual} (drop it or give {self.flag('residual')} model)")
+        return self.residual_keep
 
     def residual_mode(self, num_workers: int) -> str:
         """Where the rounding goes: ``residual``, or its default for the wire and workers."""
