@@ -169,3 +169,17 @@ def test_a_grid_of_scales_that_cannot_decode_is_refused_before_any_training(tmp_
         assert study.main([str(tmp_path / "build"), str(tmp_path / "runs"), *flags]) == 2
         assert named in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+
+def test_the_curve_past_a_thousand_sends_the_named_share_and_block_through_the_run_parser():
+    from hadpsgd.comm.signtopk import signtopk_shape
+    from hadpsgd.config import parse_config
+
+    for name, k, tau in (("bmuf-signtopk56-tau8", 56, 8), ("bmuf-signtopk28-tau8", 28, 8),
+                         ("bmuf-signtopk18-tau8", 18, 8), ("bmuf-signtopk48-tau16", 48, 16)):
+        bmuf = parse_config(study.CONFIGS[name][1]).algo_options()
+        assert signtopk_shape(4096, bmuf.topk_fraction)[2] == k  # the k its name says
+        assert (bmuf.sync_period, bmuf.residual, bmuf.residual_keep) == (tau, "model", 0.5)
+    ef = parse_config(study.CONFIGS["bmuf-signtopk18-tau8-ef"][1]).algo_options()
+    assert (ef.residual, ef.residual_keep) == ("delta", None)
