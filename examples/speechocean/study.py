@@ -57,16 +57,17 @@ from hadpsgd.data.writer import FeatureWriter  # noqa: E402
 PROG = "examples/speechocean/study.py"
 
 
-def _signtopk_curve(k: int, tau: int, residual: str = "model") -> list[str]:
+def _signtopk_curve(k: int, tau: int, residual: str = "model", keep: str = "0.5") -> list[str]:
     """A ``--wire signtopk`` config of ``k`` of each 4,096 values at block ``tau``, 4 nodes.
 
-    The model form takes back half of each worker's rounding (the default's share, pinned
-    so the row reruns as it was); ``delta`` is error feedback (issue 57's curve past 1,000x).
+    The model form takes back ``keep`` of each worker's rounding (the default's half unless
+    said, pinned so the row reruns as it was); ``delta`` is error feedback (issue 57's curve
+    past 1,000x).
     """
-    keep = ["--bmuf-residual-keep", "0.5"] if residual == "model" else []
+    kept = ["--bmuf-residual-keep", keep] if residual == "model" else []
     return ["--algo", "bmuf", "--wire", "signtopk", "--topk-fraction", str(k / 4096),
             "--sync-period", str(tau), "--ranks-per-node", "1", "--bmuf-residual", residual,
-            *keep]
+            *kept]
 
 
 #: name -> (learners: None for the worker count, 1 for the single learner; run.py options).
@@ -271,13 +272,17 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
                                   "2"]),
     # The bytes-WER curve past 1,000x at 4 nodes (issue 57, item 3), half of each worker's
     # rounding taken back as the default does: BMUF's block of 8 with 56 of 4,096 (~1,900x
-    # a step), 28 (~3,200x) and 18 (~4,400x), and the ~4,400x spent on a block of 16 (48).
+    # a step), 28 (~3,200x), 22 (~3,900x) and 18 (~4,400x), and the ~4,400x spent on a
+    # block of 16 (48).
     "bmuf-signtopk56-tau8": (None, _signtopk_curve(56, 8)),
     "bmuf-signtopk28-tau8": (None, _signtopk_curve(28, 8)),
+    "bmuf-signtopk22-tau8": (None, _signtopk_curve(22, 8)),
     "bmuf-signtopk18-tau8": (None, _signtopk_curve(18, 8)),
     "bmuf-signtopk48-tau16": (None, _signtopk_curve(48, 16)),
     # ... 18 of 4,096 with error feedback instead (each worker restarts from the global model).
     "bmuf-signtopk18-tau8-ef": (None, _signtopk_curve(18, 8, "delta")),
+    # ... and with three quarters of each worker's rounding taken back.
+    "bmuf-signtopk18-tau8-keep75": (None, _signtopk_curve(18, 8, keep="0.75")),
     "ssgd-rpn4": (None, ["--algo", "ssgd", "--ranks-per-node", "4"]),
     "adpsgd-topk-rpn4": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node",
                                 "4"]),

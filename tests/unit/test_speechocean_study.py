@@ -177,7 +177,8 @@ def test_the_curve_past_a_thousand_sends_the_named_share_and_block_through_the_r
     from hadpsgd.config import parse_config
 
     for name, k, tau in (("bmuf-signtopk56-tau8", 56, 8), ("bmuf-signtopk28-tau8", 28, 8),
-                         ("bmuf-signtopk18-tau8", 18, 8), ("bmuf-signtopk48-tau16", 48, 16)):
+                         ("bmuf-signtopk18-tau8", 18, 8), ("bmuf-signtopk48-tau16", 48, 16),
+                         ("bmuf-signtopk22-tau8", 22, 8)):
         bmuf = parse_config(study.CONFIGS[name][1]).algo_options()
         assert signtopk_shape(4096, bmuf.topk_fraction)[2] == k  # the k its name says
         assert (bmuf.sync_period, bmuf.residual, bmuf.residual_keep) == (tau, "model", 0.5)
