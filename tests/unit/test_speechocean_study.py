@@ -171,7 +171,6 @@ def test_a_grid_of_scales_that_cannot_decode_is_refused_before_any_training(tmp_
     assert not (tmp_path / "runs").exists()
 
 
-
 def test_the_curve_past_a_thousand_sends_the_named_share_and_block_through_the_run_parser():
     from hadpsgd.comm.signtopk import signtopk_shape
     from hadpsgd.config import parse_config
@@ -184,3 +183,5 @@ def test_the_curve_past_a_thousand_sends_the_named_share_and_block_through_the_r
         assert (bmuf.sync_period, bmuf.residual, bmuf.residual_keep) == (tau, "model", 0.5)
     ef = parse_config(study.CONFIGS["bmuf-signtopk18-tau8-ef"][1]).algo_options()
     assert (ef.residual, ef.residual_keep) == ("delta", None)
+    assert parse_config(study.CONFIGS["bmuf-signtopk18-tau8-keep75"][1]).algo_options() \
+        .residual_keep == 0.75
