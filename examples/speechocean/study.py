@@ -52,20 +52,21 @@ if __package__ in (None, ""):  # run as a file: make ``hadpsgd`` importable from
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.speechocean.frames import frame_stats  # noqa: E402
+from hadpsgd.comm.signtopk import SIGNTOPK_CHUNK  # noqa: E402
 from hadpsgd.data.writer import FeatureWriter  # noqa: E402
 
 PROG = "examples/speechocean/study.py"
 
 
-def _signtopk_curve(k: int, tau: int, residual: str = "model", keep: str = "0.5") -> list[str]:
-    """A ``--wire signtopk`` config of ``k`` of each 4,096 values at block ``tau``, 4 nodes.
+def _signtopk(k: int, tau: int, residual: str = "model", keep: str = "0.5") -> list[str]:
+    """A ``--wire signtopk`` config: ``k`` of each 4,096 values at block ``tau``.
 
-    The model form takes back ``keep`` of each worker's rounding (the default's half unless
-    said, pinned so the row reruns as it was); ``delta`` is error feedback (issue 57's curve
-    past 1,000x).
+    Every learner its own node. The model form takes back ``keep`` of each worker's
+    rounding (the default's half unless said, pinned so the row reruns as it was);
+    ``delta`` is error feedback (issue 57).
     """
     kept = ["--bmuf-residual-keep", keep] if residual == "model" else []
-    return ["--algo", "bmuf", "--wire", "signtopk", "--topk-fraction", str(k / 4096),
+    return ["--algo", "bmuf", "--wire", "signtopk", "--topk-fraction", str(k / SIGNTOPK_CHUNK),
             "--sync-period", str(tau), "--ranks-per-node", "1", "--bmuf-residual", residual,
             *kept]
 
@@ -213,39 +214,22 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # 4,096 at tau 12 (1,070x: Elias-Fano's places cost less at a higher share, so 16 values
     # a step against 14; +0.83 on 2 seeds) and 84 at tau 6 (1,033x, 14 a step; +0.60 +- 0.13
     # over 11 runs, no different from tau 8 on the same seeds).
-    "bmuf-signtopk192-tau12-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                           "--topk-fraction", "0.046875", "--sync-period",
-                                           "12", "--ranks-per-node", "1", "--bmuf-residual",
-                                           "model", "--bmuf-residual-keep", "1"]),
-    "bmuf-signtopk84-tau6-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                         "--topk-fraction", "0.0205078125", "--sync-period",
-                                         "6", "--ranks-per-node", "1", "--bmuf-residual",
-                                         "model", "--bmuf-residual-keep", "1"]),
+    "bmuf-signtopk192-tau12-keep": (None, _signtopk(192, 12, keep="1")),
+    "bmuf-signtopk84-tau6-keep": (None, _signtopk(84, 6, keep="1")),
     # ... and at a block of 4 with 48 of 4,096 (~1,025x at 16 workers, BMUF's block there):
     # 67.33 % against SSGD's 61.74 at 16 workers, 8 epochs, seed 0 (issue 57).
-    "bmuf-signtopk48-tau4-keep": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                         "--topk-fraction", "0.01171875", "--sync-period",
-                                         "4", "--ranks-per-node", "1", "--bmuf-residual",
-                                         "model", "--bmuf-residual-keep", "1"]),
+    "bmuf-signtopk48-tau4-keep": (None, _signtopk(48, 4, keep="1")),
     # ... with error feedback instead (--bmuf-residual delta: each worker restarts from the
     # global model, its rounding joins its next delta): at 16 workers, 8 epochs, seeds 0-4,
     # +1.24 +- 0.40 against SSGD where the model form was +5.6 (seed 0): the default above 4
     # workers since (issue 57).
-    "bmuf-signtopk48-tau4-ef": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                       "--topk-fraction", "0.01171875", "--sync-period", "4",
-                                       "--ranks-per-node", "1", "--bmuf-residual", "delta"]),
+    "bmuf-signtopk48-tau4-ef": (None, _signtopk(48, 4, "delta")),
     # ... at the same bytes a step on a block of 2 (20 of 4,096), error feedback (issue 57).
-    "bmuf-signtopk20-tau2-ef": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                       "--topk-fraction", "0.0048828125", "--sync-period", "2",
-                                       "--ranks-per-node", "1", "--bmuf-residual", "delta"]),
+    "bmuf-signtopk20-tau2-ef": (None, _signtopk(20, 2, "delta")),
     # ... with each worker at one learner's rate and block momentum 1 - 1/N (the BMUF papers'
     # form): a worker's rounding kept in its model is then 1/N of the global rate's. At 16
     # workers, 2 epochs, seed 1 it diverged (99.5 % WER; the global rate's 76.7, SSGD 66.6).
-    "bmuf-signtopk48-tau4-keep-single": (None, ["--algo", "bmuf", "--wire", "signtopk",
-                                                "--topk-fraction", "0.01171875",
-                                                "--sync-period", "4", "--ranks-per-node", "1",
-                                                "--bmuf-residual", "model",
-                                                "--bmuf-residual-keep", "1",
+    "bmuf-signtopk48-tau4-keep-single": (None, [*_signtopk(48, 4, keep="1"),
                                                 "--bmuf-worker-lr", "single"]),
     # The slow-link recipe as a user types it: every default (the block, the share that
     # follows it, the rounding's place) left to BMUF.
@@ -274,15 +258,15 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # rounding taken back as the default does: BMUF's block of 8 with 56 of 4,096 (~1,900x
     # a step), 28 (~3,200x), 22 (~3,900x) and 18 (~4,400x), and the ~4,400x spent on a
     # block of 16 (48).
-    "bmuf-signtopk56-tau8": (None, _signtopk_curve(56, 8)),
-    "bmuf-signtopk28-tau8": (None, _signtopk_curve(28, 8)),
-    "bmuf-signtopk22-tau8": (None, _signtopk_curve(22, 8)),
-    "bmuf-signtopk18-tau8": (None, _signtopk_curve(18, 8)),
-    "bmuf-signtopk48-tau16": (None, _signtopk_curve(48, 16)),
+    "bmuf-signtopk56-tau8": (None, _signtopk(56, 8)),
+    "bmuf-signtopk28-tau8": (None, _signtopk(28, 8)),
+    "bmuf-signtopk22-tau8": (None, _signtopk(22, 8)),
+    "bmuf-signtopk18-tau8": (None, _signtopk(18, 8)),
+    "bmuf-signtopk48-tau16": (None, _signtopk(48, 16)),
     # ... 18 of 4,096 with error feedback instead (each worker restarts from the global model).
-    "bmuf-signtopk18-tau8-ef": (None, _signtopk_curve(18, 8, "delta")),
+    "bmuf-signtopk18-tau8-ef": (None, _signtopk(18, 8, "delta")),
     # ... and with three quarters of each worker's rounding taken back.
-    "bmuf-signtopk18-tau8-keep75": (None, _signtopk_curve(18, 8, keep="0.75")),
+    "bmuf-signtopk18-tau8-keep75": (None, _signtopk(18, 8, keep="0.75")),
     "ssgd-rpn4": (None, ["--algo", "ssgd", "--ranks-per-node", "4"]),
     "adpsgd-topk-rpn4": (None, ["--algo", "adpsgd", "--wire", "topk", "--ranks-per-node",
                                 "4"]),
