@@ -185,3 +185,15 @@ def test_the_curve_past_a_thousand_sends_the_named_share_and_block_through_the_r
     assert (ef.residual, ef.residual_keep) == ("delta", None)
     assert parse_config(study.CONFIGS["bmuf-signtopk18-tau8-keep75"][1]).algo_options() \
         .residual_keep == 0.75
+
+
+def test_the_sixteen_node_share_screen_sends_the_named_share_with_error_feedback():
+    from hadpsgd.comm.signtopk import signtopk_shape
+    from hadpsgd.config import parse_config
+
+    for name, k in (("bmuf-signtopk92-tau4-ef", 92), ("bmuf-signtopk184-tau4-ef", 184)):
+        bmuf = parse_config(study.CONFIGS[name][1]).algo_options()
+        assert signtopk_shape(4096, bmuf.topk_fraction)[2] == k  # the k its name says
+        assert (bmuf.sync_period, bmuf.residual, bmuf.residual_keep) == (4, "delta", None)
+    topk = parse_config(study.CONFIGS["bmuf-topk"][1]).algo_options()
+    assert (topk.wire, topk.topk_fraction, topk.sync_period) == ("topk", None, None)  # defaults
