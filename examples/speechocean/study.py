@@ -231,8 +231,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # workers, 2 epochs, seed 1 it diverged (99.5 % WER; the global rate's 76.7, SSGD 66.6).
     "bmuf-signtopk48-tau4-keep-single": (None, [*_signtopk(48, 4, keep="1"),
                                                 "--bmuf-worker-lr", "single"]),
-    # ... twice and four times the share at the same block (~530x and ~270x): does a
-    # larger share close the 16-node gap at all? (issue 57 screen)
+    # ... twice and four times the share at the same block (611x and 353x at 16 workers):
+    # does a larger share close the 16-node gap at all? (issue 57 screen)
     "bmuf-signtopk92-tau4-ef": (None, _signtopk(92, 4, "delta")),
     "bmuf-signtopk184-tau4-ef": (None, _signtopk(184, 4, "delta")),
     # ... top-k's 2-bit values in the place of signs, at its default's bytes a step.
