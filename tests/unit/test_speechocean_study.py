@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 
 import h5py
@@ -171,29 +172,26 @@ def test_a_grid_of_scales_that_cannot_decode_is_refused_before_any_training(tmp_
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_curve_past_a_thousand_sends_the_named_share_and_block_through_the_run_parser():
+#: A signtopk config's suffix -> where its rounding goes and how much the model takes back.
+_RESIDUAL_BY_SUFFIX = {"": ("model", 0.5), "-ef": ("delta", None), "-keep75": ("model", 0.75),
+                       "-keep": ("model", 1.0), "-keep-single": ("model", 1.0)}
+
+
+def test_every_signtopk_config_sends_the_share_block_and_residual_its_name_says():
     from hadpsgd.comm.signtopk import signtopk_shape
     from hadpsgd.config import parse_config
 
-    for name, k, tau in (("bmuf-signtopk56-tau8", 56, 8), ("bmuf-signtopk28-tau8", 28, 8),
-                         ("bmuf-signtopk18-tau8", 18, 8), ("bmuf-signtopk48-tau16", 48, 16),
-                         ("bmuf-signtopk22-tau8", 22, 8)):
+    named = {n: re.fullmatch(r"bmuf-signtopk(\d+)-tau(\d+)(-.*)?", n) for n in study.CONFIGS}
+    named = {n: m for n, m in named.items() if m}
+    # The curve past 1,000x at 4 nodes and the 16-node share screen are among them.
+    assert {"bmuf-signtopk56-tau8", "bmuf-signtopk28-tau8", "bmuf-signtopk22-tau8",
+            "bmuf-signtopk18-tau8", "bmuf-signtopk48-tau16", "bmuf-signtopk18-tau8-ef",
+            "bmuf-signtopk18-tau8-keep75", "bmuf-signtopk92-tau4-ef",
+            "bmuf-signtopk184-tau4-ef"} <= set(named)
+    for name, m in named.items():
         bmuf = parse_config(study.CONFIGS[name][1]).algo_options()
-        assert signtopk_shape(4096, bmuf.topk_fraction)[2] == k  # the k its name says
-        assert (bmuf.sync_period, bmuf.residual, bmuf.residual_keep) == (tau, "model", 0.5)
-    ef = parse_config(study.CONFIGS["bmuf-signtopk18-tau8-ef"][1]).algo_options()
-    assert (ef.residual, ef.residual_keep) == ("delta", None)
-    assert parse_config(study.CONFIGS["bmuf-signtopk18-tau8-keep75"][1]).algo_options() \
-        .residual_keep == 0.75
-
-
-def test_the_sixteen_node_share_screen_sends_the_named_share_with_error_feedback():
-    from hadpsgd.comm.signtopk import signtopk_shape
-    from hadpsgd.config import parse_config
-
-    for name, k in (("bmuf-signtopk92-tau4-ef", 92), ("bmuf-signtopk184-tau4-ef", 184)):
-        bmuf = parse_config(study.CONFIGS[name][1]).algo_options()
-        assert signtopk_shape(4096, bmuf.topk_fraction)[2] == k  # the k its name says
-        assert (bmuf.sync_period, bmuf.residual, bmuf.residual_keep) == (4, "delta", None)
+        assert signtopk_shape(4096, bmuf.topk_fraction)[2] == int(m[1]), name  # the k it says
+        assert bmuf.sync_period == int(m[2]), name
+        assert (bmuf.residual, bmuf.residual_keep) == _RESIDUAL_BY_SUFFIX[m[3] or ""], name
     topk = parse_config(study.CONFIGS["bmuf-topk"][1]).algo_options()
     assert (topk.wire, topk.topk_fraction, topk.sync_period) == ("topk", None, None)  # defaults
