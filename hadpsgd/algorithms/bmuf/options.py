@@ -408,19 +408,19 @@ class BMUFOptions(WireOptions):
         """What to say when a sparse wire averages more than 4 super-learners.
 
         On speechocean762 (8 epochs, docs/results.md, *Sixteen learners as four nodes*)
-        ``--wire signtopk`` trailed SSGD by 1.56 ± 0.36 WER points with 16 learners each
-        its own node (5 seeds), by 0.93 ± 0.12 with the same 16 learners as 4 nodes of 4
-        (SSGD inside a node, the code only between nodes; 5 seeds, 0.63 ± 0.28 better
-        paired; all of each worker's rounding taken back, alike with half on 2 seeds) and
-        by 0.37 ± 0.20 with 4 learners (6 seeds, half taken back: default_keep): fewer
-        nodes averaged cost less, so learners that share a fast link belong in one node.
+        ``--wire signtopk`` trailed SSGD by 1.65 ± 0.29 WER points with 16 learners each
+        its own node (5 seeds), by 0.42 ± 0.33 with the same 16 learners as 4 nodes of 4
+        (SSGD inside a node, the code only between nodes, half of each worker's rounding
+        taken back: default_keep; 7 seeds, SSGD trained beside; 0.93 ± 0.12 taking all of
+        it back) and by 0.37 ± 0.20 with 4 learners (6 seeds): fewer nodes averaged cost
+        less, so learners that share a fast link belong in one node.
         None up to 4 super-learners or on a dense wire.
         """
         if self.wire not in SPARSE_WIRES or num_workers <= SPARSE_CLOSEST_UP_TO:
             return None
         return (f"bmuf --wire {self.wire} averages {num_workers} nodes: on speechocean762 "
                 "signtopk trailed SSGD by 1.6 WER points with 16 learners each its own node, "
-                "by 0.4-0.9 with 4 nodes, of 4 learners or of one (docs/results.md). "
+                "by 0.4 with 4 nodes, of 4 learners or of one (docs/results.md). "
                 "Learners that share a fast link belong in one node: --ranks-per-node (or "
                 "hosts with several learners each), so that only the nodes' means cross the "
                 "slow link")
