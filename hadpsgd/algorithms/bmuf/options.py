@@ -407,13 +407,14 @@ class BMUFOptions(WireOptions):
     def many_nodes_warning(self, num_workers: int) -> str | None:
         """What to say when a sparse wire averages more than 4 super-learners.
 
-        On speechocean762 (8 epochs, docs/results.md, *Sixteen learners as four nodes*)
-        ``--wire signtopk`` trailed SSGD by 1.65 ± 0.29 WER points with 16 learners each
-        its own node (5 seeds), by 0.42 ± 0.33 with the same 16 learners as 4 nodes of 4
-        (SSGD inside a node, the code only between nodes, half of each worker's rounding
-        taken back: default_keep; 7 seeds, SSGD trained beside; 0.93 ± 0.12 taking all of
-        it back) and by 0.37 ± 0.20 with 4 learners (6 seeds): fewer nodes averaged cost
-        less, so learners that share a fast link belong in one node.
+        On speechocean762 (8 epochs, docs/results.md, *Sixteen learners as four nodes of
+        four, half the rounding kept*) ``--wire signtopk`` trailed SSGD by 1.65 ± 0.29 WER
+        points with 16 learners each its own node (5 seeds), by 0.42 ± 0.33 with the same
+        16 learners as 4 nodes of 4 (SSGD inside a node, the code only between nodes, half
+        of each worker's rounding taken back: default_keep; 7 seeds, SSGD trained beside;
+        0.93 ± 0.12 taking all of it back) and by 0.37 ± 0.20 with 4 learners (6 seeds):
+        fewer nodes averaged cost less, so learners that share a fast link belong in one
+        node.
         None up to 4 super-learners or on a dense wire.
         """
         if self.wire not in SPARSE_WIRES or num_workers <= SPARSE_CLOSEST_UP_TO:
