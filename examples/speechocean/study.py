@@ -275,8 +275,8 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # ... and with three quarters of each worker's rounding taken back.
     "bmuf-signtopk18-tau8-keep75": (None, _signtopk(18, 8, keep="0.75")),
     # Past 4,000x between 4 nodes of 4 (issue 57, item 3 at 16 workers): 20 of 4,096 at
-    # BMUF's block of 8, half the rounding taken back (~4,040x: 3.9x fewer bytes a sync
-    # than the default's 112), and 56 (~1,800x).
+    # BMUF's block of 8, half the rounding taken back (4,021x: 3.9x fewer bytes a sync
+    # than the default's 112), and 56 (1,809x).
     "bmuf-signtopk20-tau8-rpn4": (None, _signtopk(20, 8, ranks_per_node=4)),
     "bmuf-signtopk56-tau8-rpn4": (None, _signtopk(56, 8, ranks_per_node=4)),
     "ssgd-rpn4": (None, ["--algo", "ssgd", "--ranks-per-node", "4"]),

@@ -184,17 +184,18 @@ def test_every_signtopk_config_sends_the_share_block_and_residual_its_name_says(
     named = {n: re.fullmatch(r"bmuf-signtopk(\d+)-tau(\d+)(-(?!rpn).*?)?(?:-rpn(\d+))?", n)
              for n in study.CONFIGS}
     named = {n: m for n, m in named.items() if m}
-    # The curve past 1,000x at 4 nodes and the 16-node share screen are among them.
+    # The curves past 1,000x (4 nodes, 4 nodes of 4) and the 16-node share screen are
+    # among them.
     assert {"bmuf-signtopk56-tau8", "bmuf-signtopk28-tau8", "bmuf-signtopk22-tau8",
             "bmuf-signtopk18-tau8", "bmuf-signtopk48-tau16", "bmuf-signtopk18-tau8-ef",
             "bmuf-signtopk18-tau8-keep75", "bmuf-signtopk92-tau4-ef",
             "bmuf-signtopk184-tau4-ef", "bmuf-signtopk20-tau8-rpn4"} <= set(named)
     for name, m in named.items():
-        bmuf = parse_config(study.CONFIGS[name][1]).algo_options()
+        config = parse_config(study.CONFIGS[name][1])
+        bmuf = config.algo_options()
         assert signtopk_shape(4096, bmuf.topk_fraction)[2] == int(m[1]), name  # the k it says
         assert bmuf.sync_period == int(m[2]), name
         assert (bmuf.residual, bmuf.residual_keep) == _RESIDUAL_BY_SUFFIX[m[3] or ""], name
-        comm = parse_config(study.CONFIGS[name][1]).comm
-        assert comm.ranks_per_node == int(m[4] or 1), name  # the nodes it says
+        assert config.comm.ranks_per_node == int(m[4] or 1), name  # the nodes it says
     topk = parse_config(study.CONFIGS["bmuf-topk"][1]).algo_options()
     assert (topk.wire, topk.topk_fraction, topk.sync_period) == ("topk", None, None)  # defaults
