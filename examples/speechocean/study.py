@@ -246,6 +246,11 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-signtopk-keep25": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                     "1", "--bmuf-residual", "model",
                                     "--bmuf-residual-keep", "0.25"]),
+    # ... the workers at half the global rate with block momentum 0.5 (the same steady-state
+    # step), error feedback as the default there: the lever that moved read speech most at 4
+    # nodes, untried at 16 (issue 57).
+    "bmuf-signtopk-half": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
+                                  "1", "--lr", "0.25", "--block-momentum", "0.5"]),
     # The recipe's own block and share for the workers (tau 6 and 76 of 4,096 at 8), with
     # the rounding's place chosen: where the model form's line between 4 and 16 sits.
     "bmuf-signtopk-model": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
@@ -259,6 +264,10 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     # ... taking all of each worker's rounding back, the default before 2026-12-07.
     "bmuf-signtopk-rpn4-keep1": (None, ["--algo", "bmuf", "--wire", "signtopk",
                                         "--ranks-per-node", "4", "--bmuf-residual-keep", "1"]),
+    # ... at BMUF's block of 4 between the 4 nodes (the share follows: 46 of 4,096, the same
+    # bytes a step), where shorter blocks cost a little less past 4,000x at 4 nodes.
+    "bmuf-signtopk-rpn4-tau4": (None, ["--algo", "bmuf", "--wire", "signtopk",
+                                       "--ranks-per-node", "4", "--sync-period", "4"]),
     "bmuf-signtopk-rpn2": (None, ["--algo", "bmuf", "--wire", "signtopk", "--ranks-per-node",
                                   "2"]),
     # The bytes-WER curve past 1,000x at 4 nodes (issue 57, item 3), half of each worker's
@@ -274,6 +283,10 @@ CONFIGS: dict[str, tuple[int | None, list[str]]] = {
     "bmuf-signtopk18-tau8-ef": (None, _signtopk(18, 8, "delta")),
     # ... and with three quarters of each worker's rounding taken back.
     "bmuf-signtopk18-tau8-keep75": (None, _signtopk(18, 8, keep="0.75")),
+    "bmuf-signtopk18-tau8-keep25": (None, _signtopk(18, 8, keep="0.25")),
+    # ... ~3,900x spent on shorter blocks: 15 of 4,096 at tau 6, 8 at tau 4.
+    "bmuf-signtopk15-tau6": (None, _signtopk(15, 6)),
+    "bmuf-signtopk8-tau4": (None, _signtopk(8, 4)),
     # Past 4,000x between 4 nodes of 4 (issue 57, item 3 at 16 workers): 20 of 4,096 at
     # BMUF's block of 8, half the rounding taken back (4,021x: 3.9x fewer bytes a sync
     # than the default's 112), and 56 (1,809x).

@@ -174,6 +174,7 @@ def test_a_grid_of_scales_that_cannot_decode_is_refused_before_any_training(tmp_
 
 #: A signtopk config's suffix -> where its rounding goes and how much the model takes back.
 _RESIDUAL_BY_SUFFIX = {"": ("model", 0.5), "-ef": ("delta", None), "-keep75": ("model", 0.75),
+                       "-keep25": ("model", 0.25),
                        "-keep": ("model", 1.0), "-keep-single": ("model", 1.0)}
 
 
@@ -188,7 +189,8 @@ def test_every_signtopk_config_sends_the_share_block_and_residual_its_name_says(
     # among them.
     assert {"bmuf-signtopk56-tau8", "bmuf-signtopk28-tau8", "bmuf-signtopk22-tau8",
             "bmuf-signtopk18-tau8", "bmuf-signtopk48-tau16", "bmuf-signtopk18-tau8-ef",
-            "bmuf-signtopk18-tau8-keep75", "bmuf-signtopk92-tau4-ef",
+            "bmuf-signtopk18-tau8-keep75", "bmuf-signtopk18-tau8-keep25",
+            "bmuf-signtopk92-tau4-ef",
             "bmuf-signtopk184-tau4-ef", "bmuf-signtopk20-tau8-rpn4"} <= set(named)
     for name, m in named.items():
         config = parse_config(study.CONFIGS[name][1])
