@@ -413,16 +413,16 @@ class BMUFOptions(WireOptions):
         16 learners as 4 nodes of 4 (SSGD inside a node, the code only between nodes, half
         of each worker's rounding taken back: default_keep; 9 seeds, SSGD trained beside;
         0.93 ± 0.12 taking all of it back; 0.20 ± 0.14 with ``--sync-period 4``, the same
-        9 seeds) and by 0.37 ± 0.20 with 4 learners (6 seeds): fewer nodes averaged cost
-        less, so learners that share a fast link belong in one node.
+        9 seeds, which on the espeak set was 0.84 ± 0.50 worse than tau 8 over 3 seeds, so
+        not said here) and by 0.37 ± 0.20 with 4 learners (6 seeds): fewer nodes averaged
+        cost less, so learners that share a fast link belong in one node.
         None up to 4 super-learners or on a dense wire.
         """
         if self.wire not in SPARSE_WIRES or num_workers <= SPARSE_CLOSEST_UP_TO:
             return None
         return (f"bmuf --wire {self.wire} averages {num_workers} nodes: on speechocean762 "
                 "signtopk trailed SSGD by 1.6 WER points with 16 learners each its own node, "
-                "by 0.4-0.5 with 4 nodes, of one learner or of 4 (0.2 for 4 nodes of 4 "
-                "with --sync-period 4; docs/results.md). "
+                "by 0.4-0.5 with 4 nodes, of one learner or of 4 (docs/results.md). "
                 "Learners that share a fast link belong in one node: --ranks-per-node (or "
                 "hosts with several learners each), so that only the nodes' means cross the "
                 "slow link")
