@@ -463,8 +463,8 @@ def test_a_wires_long_block_on_many_workers_is_said_at_start():
 
 
 def test_a_sparse_wire_on_many_nodes_says_where_learners_belong():
-    # docs/results.md: signtopk trailed SSGD by 1.6 points at 16 nodes of one learner, 0.5
-    # with the same 16 learners as 4 nodes of 4, 0.4 at 4 nodes of one learner.
+    # docs/results.md: signtopk trailed SSGD by 1.6 points at 16 nodes of one learner, 0.35
+    # with the same 16 learners as 4 nodes of 4 (11 seeds), 0.4 at 4 nodes of one learner.
     def said(nodes: int, *argv: str) -> str | None:
         return parse_config(["--algo", "bmuf", *argv]).algo_options().many_nodes_warning(nodes)
 

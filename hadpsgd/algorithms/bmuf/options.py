@@ -409,11 +409,11 @@ class BMUFOptions(WireOptions):
 
         On speechocean762 (8 epochs, docs/results.md, *Sixteen learners as four nodes of
         four, half the rounding kept*) ``--wire signtopk`` trailed SSGD by 1.65 ± 0.29 WER
-        points with 16 learners each its own node (5 seeds), by 0.50 ± 0.33 with the same
+        points with 16 learners each its own node (5 seeds), by 0.35 ± 0.29 with the same
         16 learners as 4 nodes of 4 (SSGD inside a node, the code only between nodes, half
-        of each worker's rounding taken back: default_keep; 9 seeds, SSGD trained beside;
-        0.93 ± 0.12 taking all of it back; 0.20 ± 0.14 with ``--sync-period 4``, the same
-        9 seeds, which on the espeak set was 0.84 ± 0.50 worse than tau 8 over 3 seeds, so
+        of each worker's rounding taken back: default_keep; 11 seeds, SSGD trained beside;
+        0.93 ± 0.12 taking all of it back; 0.20 ± 0.14 with ``--sync-period 4``, seeds
+        0-8, which on the espeak set was 0.84 ± 0.50 worse than tau 8 over 3 seeds, so
         not said here) and by 0.37 ± 0.20 with 4 learners (6 seeds): fewer nodes averaged
         cost less, so learners that share a fast link belong in one node. The 4 nodes of 4
         on the digit sets (*Sixteen learners as four nodes of four on the digit sets*):
@@ -424,7 +424,7 @@ class BMUFOptions(WireOptions):
             return None
         return (f"bmuf --wire {self.wire} averages {num_workers} nodes: on speechocean762 "
                 "signtopk trailed SSGD by 1.6 WER points with 16 learners each its own node, "
-                "by 0.4-0.5 with 4 nodes, of one learner or of 4 (docs/results.md). "
+                "by about 0.4 with 4 nodes, of one learner or of 4 (docs/results.md). "
                 "Learners that share a fast link belong in one node: --ranks-per-node (or "
                 "hosts with several learners each), so that only the nodes' means cross the "
                 "slow link")
